@@ -1,0 +1,142 @@
+//! The command line, as clap definitions. Option groups are shared with `flatten`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::config::parse_duration;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "pgmend",
+    version,
+    about = "Migrate a live PostgreSQL database that already holds broken data, repair it safely, and report what the breakage cost.",
+    after_help = "Exit codes: 0 done; 1 stopped safely because of the database's state (nothing half-done) or a check found problems; 2 an error in the input or the environment."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Versioned migrations: status, plan, apply, baseline.
+    #[command(subcommand)]
+    Migrate(MigrateCommand),
+    /// The pending release, as a dry run (today: the pending migrations).
+    Plan(PlanArgs),
+    /// Apply the pending release in order (today: the pending migrations).
+    Apply(ApplyArgs),
+    /// A throwaway local PostgreSQL with dirty legacy data, adopted and migrated.
+    Demo(DemoArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum MigrateCommand {
+    /// Every known migration and its state. Changes nothing.
+    Status(StatusArgs),
+    /// Dry run: the pending migrations, their SQL and the locks they take.
+    Plan(PlanArgs),
+    /// Apply the pending migrations in order.
+    Apply(ApplyArgs),
+    /// Adopt an existing legacy database: check its schema against V1, then record V1.
+    Baseline(BaselineArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub conn: ConnectionArgs,
+    #[command(flatten)]
+    pub migrations: MigrationsArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    pub conn: ConnectionArgs,
+    #[command(flatten)]
+    pub migrations: MigrationsArgs,
+    /// Stop at this version (inclusive) instead of the newest.
+    #[arg(long, value_name = "VERSION")]
+    pub target: Option<i32>,
+}
+
+#[derive(Debug, Args)]
+pub struct ApplyArgs {
+    #[command(flatten)]
+    pub plan: PlanArgs,
+    #[command(flatten)]
+    pub safety: SafetyArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct BaselineArgs {
+    #[command(flatten)]
+    pub conn: ConnectionArgs,
+    #[command(flatten)]
+    pub migrations: MigrationsArgs,
+    #[command(flatten)]
+    pub safety: SafetyArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// How many members the generated campaign data has.
+    #[arg(long, default_value_t = 300_000)]
+    pub members: u32,
+    /// Leave the server running and print how to connect to it.
+    #[arg(long)]
+    pub keep: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ConnectionArgs {
+    /// postgresql://user@host:port/dbname?sslmode=... or "host=... dbname=..."; the PG*
+    /// variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, PGSSLMODE, PGSSLROOTCERT,
+    /// PGCONNECT_TIMEOUT, PGAPPNAME) fill in what it leaves out.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, value_name = "URL")]
+    pub database_url: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct MigrationsArgs {
+    /// Read migrations from this directory instead of the ones built into pgmend.
+    #[arg(long, env = "PGMEND_MIGRATIONS_DIR", value_name = "DIR")]
+    pub migrations_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct SafetyArgs {
+    /// Do not ask for confirmation (required without a terminal).
+    #[arg(long)]
+    pub yes: bool,
+    /// How long one DDL statement may wait for its lock before it gives up and is retried.
+    #[arg(long, default_value = "500ms", value_parser = parse_duration, value_name = "DURATION")]
+    pub lock_timeout: Duration,
+    /// The total time to keep retrying a step that could not get its lock.
+    #[arg(long, default_value = "1m", value_parser = parse_duration, value_name = "DURATION")]
+    pub lock_retry_for: Duration,
+    /// The longest any one statement may run.
+    #[arg(long, default_value = "1m", value_parser = parse_duration, value_name = "DURATION")]
+    pub statement_timeout: Duration,
+    /// How long to wait for another pgmend working on the same database (0s: refuse at once).
+    #[arg(long, default_value = "0s", value_parser = parse_duration, value_name = "DURATION")]
+    pub runner_wait: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct OutputArgs {
+    /// human for people, json for programs (a stable, documented document).
+    #[arg(long, global = true, value_enum, default_value_t = Format::Human)]
+    pub format: Format,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    Human,
+    Json,
+}

@@ -1,0 +1,105 @@
+//! `pgmend demo`: a throwaway PostgreSQL holding the incident's dirty legacy data, adopted
+//! and migrated with the same commands a release engineer would type.
+
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+use crate::cli::DemoArgs;
+use crate::error::Outcome;
+use crate::localpg::LocalPg;
+use crate::migrate::source::Source;
+
+/// Silver Week: three 1,000-yen campaigns, budgets of the seed (100,000 / 300,000 /
+/// 300,000 yen for 300 members) scaled to the member count, double taps that left
+/// duplicates (some redeemed), and a campaigns.issued_yen that lost updates.
+const DIRTY_DATA_SQL: &str = "
+INSERT INTO campaigns (campaign_id, discount_yen, budget_yen, issued_yen)
+SELECT id, 1000, (budget::bigint * $1 / 300)::int, 0
+  FROM (VALUES ('SW-A', 100000), ('SW-B', 300000), ('SW-C', 300000)) v(id, budget);
+INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen, issued_at, redeemed_at)
+SELECT gen_random_uuid(), c.campaign_id, 'm' || lpad(m::text, 7, '0'), '2026-09', c.discount_yen,
+       t.at + k * interval '180 milliseconds',
+       CASE WHEN random() < 0.35 THEN t.at + interval '2 days' END
+  FROM generate_series(1, $1) m
+ CROSS JOIN campaigns c
+ CROSS JOIN LATERAL (SELECT timestamptz '2026-09-19 09:00+09' + (m * 0 + random()) * interval '5 days' AS at) t
+ CROSS JOIN LATERAL generate_series(1, m * 0 + CASE WHEN random() < 0.05 THEN 3 WHEN random() < 0.10 THEN 2 ELSE 1 END) k
+ WHERE random() < CASE c.campaign_id WHEN 'SW-A' THEN 0.55 ELSE 0.75 END;
+UPDATE campaigns c SET issued_yen = (s.total * 0.93)::int
+  FROM (SELECT campaign_id, sum(amount_yen) AS total FROM issued_coupons GROUP BY 1) s
+ WHERE s.campaign_id = c.campaign_id;
+ANALYZE campaigns, issued_coupons;";
+
+pub fn run(args: &DemoArgs) -> Result<Outcome> {
+    if args.members == 0 || args.members > 10_000_000 {
+        bail!("--members must be between 1 and 10000000");
+    }
+    say("Starting a throwaway PostgreSQL from this machine's server binaries...");
+    let pg = LocalPg::start(args.keep)?;
+    let url = pg.url("postgres");
+    let v1 = Source::Embedded
+        .load()?
+        .into_iter()
+        .find(|m| m.version == 1)
+        .context("the built-in migrations have no V1")?;
+
+    say(&format!(
+        "Playing production: the legacy schema (V1) with {} members' Silver Week coupons, duplicates and drifted counters...",
+        args.members
+    ));
+    let mut client = postgres::Client::connect(&pg.conninfo("postgres"), postgres::NoTls)
+        .context("connecting to the throwaway server")?;
+    client.batch_execute(&v1.sql).context("creating the legacy schema")?;
+    let members = i32::try_from(args.members)?;
+    for statement in DIRTY_DATA_SQL.split(';').filter(|s| !s.trim().is_empty()) {
+        if statement.contains("$1") {
+            client.execute(statement, &[&members])
+        } else {
+            client.execute(statement, &[])
+        }
+        .context("generating the dirty data")?;
+    }
+    let row = client.query_one(
+        "SELECT count(*), count(*) - count(DISTINCT (campaign_id, member_id)) FROM issued_coupons",
+        &[],
+    )?;
+    say(&format!(
+        "{} coupons, of which {} are duplicates of a (campaign, member) pair.",
+        row.get::<_, i64>(0),
+        row.get::<_, i64>(1)
+    ));
+
+    step(&url, "What does pgmend know about this database? Nothing yet: V1 is unrecorded.", &["migrate", "status"])?;
+    step(&url, "Adopt the live schema as V1 (checked against the file, not run).", &["migrate", "baseline", "--yes"])?;
+    step(&url, "Preview what applying would do: SQL, locks, in one read-only transaction.", &["migrate", "plan"])?;
+    step(&url, "Apply, with bounded lock waits.", &["migrate", "apply", "--yes"])?;
+    step(&url, "And where it stands now.", &["migrate", "status"])?;
+
+    if args.keep {
+        say(&format!("The server keeps running. Connect with:\n  psql '{url}'\nStop it with: pg_ctl -D {} stop", pg.root.join("data").display()));
+    } else {
+        say("Done; the throwaway server is being removed. On a real database, set DATABASE_URL (or PGHOST, PGUSER, ...) and run the same commands.");
+    }
+    Ok(Outcome::Done)
+}
+
+fn say(line: &str) {
+    eprintln!("\n>>> {line}");
+}
+
+fn step(url: &str, explanation: &str, args: &[&str]) -> Result<()> {
+    say(explanation);
+    eprintln!("$ pgmend {}", args.join(" "));
+    let exe = std::env::current_exe().context("finding the pgmend binary")?;
+    let status = Command::new(exe)
+        .args(args)
+        .env("DATABASE_URL", url)
+        .status()
+        .context("running pgmend")?;
+    match status.code() {
+        Some(0) => Ok(()),
+        Some(1) if args == ["migrate", "status"] => Ok(()),
+        code => bail!("`pgmend {}` exited with {code:?}", args.join(" ")),
+    }
+}

@@ -1,0 +1,245 @@
+//! `pgmend migrate status|plan|apply|baseline` (and `plan`/`apply` at the top level, which
+//! today cover the same pending migrations).
+
+use std::io::Write;
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use tabled::{settings::Style, Table, Tabled};
+
+use super::{confirm, open, print_json};
+use crate::cli::{ApplyArgs, BaselineArgs, Format, MigrationsArgs, PlanArgs, SafetyArgs, StatusArgs};
+use crate::config;
+use crate::db::conninfo::ConnParams;
+use crate::db::retry::LockPolicy;
+use crate::db::runner_lock;
+use crate::error::{Outcome, PgContext};
+use crate::migrate::source::{Migration, Source};
+use crate::migrate::{apply, baseline, history, plan, status};
+
+fn load(args: &MigrationsArgs) -> Result<Vec<Migration>> {
+    let source = match &args.migrations_dir {
+        Some(dir) => Source::Directory(dir.clone()),
+        None => Source::Embedded,
+    };
+    source.load()
+}
+
+fn policy(safety: &SafetyArgs) -> Result<LockPolicy> {
+    config::check_lock_options(safety.lock_timeout, safety.statement_timeout)?;
+    Ok(LockPolicy {
+        lock_timeout: safety.lock_timeout,
+        statement_timeout: safety.statement_timeout,
+        retry_for: safety.lock_retry_for,
+    })
+}
+
+#[derive(Serialize)]
+struct DatabaseJson<'a> {
+    host: &'a str,
+    port: u16,
+    dbname: &'a str,
+    user: &'a str,
+}
+
+fn database_json(p: &ConnParams) -> DatabaseJson<'_> {
+    DatabaseJson { host: &p.host, port: p.port, dbname: &p.dbname, user: &p.user }
+}
+
+pub fn status(args: &StatusArgs, format: Format) -> Result<Outcome> {
+    let files = load(&args.migrations)?;
+    let mut session = open(&args.conn)?;
+    let mut tx = session
+        .client
+        .build_transaction()
+        .read_only(true)
+        .start()
+        .doing("opening a read-only transaction")?;
+    let applied = history::read(&mut tx)?;
+    tx.rollback().doing("closing the read-only transaction")?;
+    let entries = status::compute(&files, &applied);
+    let problems = entries.iter().filter(|e| e.state.is_problem()).count();
+    match format {
+        Format::Json => {
+            #[derive(Serialize)]
+            struct Doc<'a> {
+                database: DatabaseJson<'a>,
+                migrations: &'a [status::Entry],
+                problems: usize,
+            }
+            print_json(&Doc { database: database_json(&session.params), migrations: &entries, problems })?;
+        }
+        Format::Human => {
+            #[derive(Tabled)]
+            struct Row {
+                #[tabled(rename = "version")]
+                version: i32,
+                name: String,
+                state: &'static str,
+                mode: String,
+                #[tabled(rename = "applied on")]
+                applied_on: String,
+                checksum: String,
+            }
+            let rows: Vec<Row> = entries
+                .iter()
+                .map(|e| Row {
+                    version: e.version,
+                    name: e.name.clone(),
+                    state: e.state.as_str(),
+                    mode: e.mode.map_or("-".into(), |m| format!("{m:?}").to_lowercase()),
+                    applied_on: e.applied_on.clone().unwrap_or_else(|| "-".into()),
+                    checksum: e.checksum.clone().or(e.applied_checksum.clone()).unwrap_or_default(),
+                })
+                .collect();
+            let mut out = std::io::stdout().lock();
+            writeln!(out, "{} (PostgreSQL {})", session.params, session.server_version)?;
+            writeln!(out, "{}", Table::new(rows).with(Style::psql()))?;
+            if problems > 0 {
+                writeln!(out, "{problems} problem(s): `pgmend migrate apply` will refuse until they are fixed.")?;
+                if let Err(e) = status::ensure_consistent(&entries) {
+                    writeln!(out, "{e:#}")?;
+                }
+            }
+        }
+    }
+    Ok(if problems > 0 { Outcome::Findings } else { Outcome::Done })
+}
+
+pub fn plan(args: &PlanArgs, format: Format) -> Result<Outcome> {
+    let files = load(&args.migrations)?;
+    let mut session = open(&args.conn)?;
+    let plan = plan::build(&mut session.client, files, args.target)?;
+    render_plan(&plan, format)?;
+    if !plan.blockers.is_empty() {
+        bail!("apply would stop before changing anything:\n  - {}", plan.blockers.join("\n  - "));
+    }
+    Ok(Outcome::Done)
+}
+
+fn render_plan(plan: &plan::Plan, format: Format) -> Result<()> {
+    match format {
+        Format::Json => print_json(plan),
+        Format::Human => Ok(plan::render_human(plan, &mut std::io::stdout().lock())?),
+    }
+}
+
+pub fn apply(args: &ApplyArgs, format: Format) -> Result<Outcome> {
+    let policy = policy(&args.safety)?;
+    let files = load(&args.plan.migrations)?;
+    let mut session = open(&args.plan.conn)?;
+    session.ensure_writable()?;
+    let _lock = runner_lock::acquire(&mut session.client, args.safety.runner_wait)?;
+    // Planned under the runner lock: what is shown is what is applied.
+    let plan = plan::build(&mut session.client, files, args.plan.target)?;
+    if !plan.pending.is_empty() && !args.safety.yes {
+        plan::render_human(&plan, &mut std::io::stderr().lock())?;
+        confirm(false, &format!("Apply {} migration(s) to {}?", plan.pending.len(), session.params))?;
+    }
+    let applied = apply::execute(&mut session.client, &plan, &policy, &mut |line| eprintln!("{line}"))?;
+    let now_at = applied.last().map(|a| a.version).or(plan.current_version);
+    match format {
+        Format::Json => {
+            #[derive(Serialize)]
+            struct Doc<'a> {
+                database: DatabaseJson<'a>,
+                applied: &'a [apply::AppliedMigration],
+                current_version: Option<i32>,
+            }
+            print_json(&Doc { database: database_json(&session.params), applied: &applied, current_version: now_at })?;
+        }
+        Format::Human => {
+            let mut out = std::io::stdout().lock();
+            if applied.is_empty() {
+                writeln!(out, "Nothing to apply: {} is at V{} and up to date.", session.params, now_at.unwrap_or(0))?;
+            } else {
+                for a in &applied {
+                    writeln!(out, "applied V{}__{} ({} ms)", a.version, a.name, a.duration_ms)?;
+                }
+                writeln!(out, "{} is now at V{}.", session.params, now_at.unwrap_or(0))?;
+            }
+        }
+    }
+    Ok(Outcome::Done)
+}
+
+pub fn baseline(args: &BaselineArgs, format: Format) -> Result<Outcome> {
+    let policy = policy(&args.safety)?;
+    let files = load(&args.migrations)?;
+    let v1 = files
+        .iter()
+        .find(|m| m.version == 1)
+        .context("there is no V1 migration to adopt as the baseline; check --migrations-dir")?
+        .clone();
+    let mut session = open(&args.conn)?;
+    session.ensure_writable()?;
+    let _lock = runner_lock::acquire(&mut session.client, args.safety.runner_wait)?;
+    let applied = history::read(&mut session.client)?;
+    let entries = status::compute(&files, &applied);
+    status::ensure_consistent(&entries)?;
+    if applied.iter().any(|a| a.version == 1) {
+        report_baseline(format, &session.params, &v1, None, true)?;
+        return Ok(Outcome::Done);
+    }
+    if let Some(other) = applied.first() {
+        bail!(
+            "the history already records V{}__{} but not V1; a baseline adopts a database with no history. Inspect {} before going on",
+            other.version, other.name, history::TABLE
+        );
+    }
+    let comparison = baseline::compare(&mut session.client, &v1, &policy)?;
+    if !comparison.missing.is_empty() || !comparison.different.is_empty() {
+        let mut lines: Vec<String> = comparison.missing.iter().map(|m| format!("missing: {m}")).collect();
+        lines.extend(comparison.different.iter().map(|d| format!("different: {d}")));
+        bail!(
+            "schema {:?} does not match {}; nothing was recorded:\n  - {}\nThis database is not the legacy schema pgmend expects. Fix the differences (or the migration, if production is right and V1 is wrong) before adopting it",
+            comparison.schema,
+            v1.origin,
+            lines.join("\n  - ")
+        );
+    }
+    baseline::record(&mut session.client, &v1, &policy)?;
+    report_baseline(format, &session.params, &v1, Some(&comparison), false)?;
+    Ok(Outcome::Done)
+}
+
+fn report_baseline(
+    format: Format,
+    params: &ConnParams,
+    v1: &Migration,
+    comparison: Option<&baseline::Comparison>,
+    already: bool,
+) -> Result<()> {
+    match format {
+        Format::Json => {
+            #[derive(Serialize)]
+            struct Doc<'a> {
+                database: DatabaseJson<'a>,
+                baseline_version: i32,
+                already_baselined: bool,
+                extra: Vec<String>,
+            }
+            print_json(&Doc {
+                database: database_json(params),
+                baseline_version: v1.version,
+                already_baselined: already,
+                extra: comparison.map(|c| c.extra.clone()).unwrap_or_default(),
+            })
+        }
+        Format::Human => {
+            let mut out = std::io::stdout().lock();
+            if already {
+                writeln!(out, "{params} already records {} as applied; nothing to do.", v1.label())?;
+                return Ok(());
+            }
+            writeln!(out, "{params}: the live schema has everything {} defines; recorded it as applied (not run).", v1.label())?;
+            if let Some(c) = comparison.filter(|c| !c.extra.is_empty()) {
+                writeln!(out, "Also present, not part of V1 (allowed):")?;
+                for e in &c.extra {
+                    writeln!(out, "  - {e}")?;
+                }
+            }
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,45 @@
+//! One module per group of subcommands: each opens what it needs, calls the library
+//! parts, and renders the result.
+
+pub mod demo;
+pub mod migrate;
+
+use std::io::{IsTerminal, Write};
+
+use anyhow::{bail, Result};
+
+use crate::cli::ConnectionArgs;
+use crate::db::{self, conninfo, Session};
+
+/// Opens a session from `--database-url` / `DATABASE_URL` and the PG* variables.
+pub fn open(conn: &ConnectionArgs) -> Result<Session> {
+    let params = conninfo::resolve(conn.database_url.as_deref(), &|k| std::env::var(k).ok())?;
+    db::connect(&params)
+}
+
+/// Asks on the terminal before a change; refuses without one unless `--yes` was given.
+pub fn confirm(yes: bool, question: &str) -> Result<()> {
+    if yes {
+        return Ok(());
+    }
+    if !std::io::stdin().is_terminal() || !std::io::stderr().is_terminal() {
+        bail!("this command changes the database and there is no terminal to ask on; review the plan (`pgmend migrate plan`), then rerun with --yes");
+    }
+    eprint!("{question} [y/N] ");
+    std::io::stderr().flush()?;
+    let mut answer = String::new();
+    std::io::stdin().read_line(&mut answer)?;
+    if matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes") {
+        Ok(())
+    } else {
+        bail!("not confirmed; nothing was changed")
+    }
+}
+
+/// Writes a JSON document to stdout, followed by a newline.
+pub fn print_json(value: &impl serde::Serialize) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer_pretty(&mut out, value)?;
+    writeln!(out)?;
+    Ok(())
+}

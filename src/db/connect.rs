@@ -1,0 +1,174 @@
+//! Opening a session: TLS as libpq's `sslmode` means it, the server version check, and the
+//! session settings every pgmend connection carries.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use openssl::ssl::{SslConnector, SslMethod, SslVerifyMode};
+use postgres::Client;
+use postgres_openssl::MakeTlsConnector;
+
+use super::conninfo::{ConnParams, SslMode};
+use crate::error::{describe, PgContext};
+
+/// The oldest server pgmend works with: 14.0–14.3 could corrupt indexes built CONCURRENTLY.
+pub const MIN_SERVER_VERSION: i32 = 140_004;
+
+/// An open session and what pgmend learned about the server when it opened it.
+pub struct Session {
+    pub client: Client,
+    pub params: ConnParams,
+    pub server_version_num: i32,
+    pub server_version: String,
+}
+
+impl Session {
+    /// Refuses (exit 2) when the server cannot take writes: a hot standby, or a database
+    /// whose default is read-only.
+    pub fn ensure_writable(&mut self) -> Result<()> {
+        let row = self
+            .client
+            .query_one(
+                "SELECT pg_is_in_recovery(), current_setting('default_transaction_read_only') = 'on'",
+                &[],
+            )
+            .doing("checking whether the server accepts writes")?;
+        let (standby, read_only): (bool, bool) = (row.get(0), row.get(1));
+        if standby {
+            bail!(
+                "{} is a read-only hot standby; this command changes the database. Point --database-url at the primary",
+                self.params
+            );
+        }
+        if read_only {
+            bail!(
+                "{} has default_transaction_read_only = on; this command changes the database. Use a role or database that allows writes",
+                self.params
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Connects, checks the server version, and sets the session up for pgmend's work.
+pub fn connect(params: &ConnParams) -> Result<Session> {
+    let mut config = postgres::Config::new();
+    if params.is_unix_socket() {
+        config.host_path(&params.host);
+    } else {
+        config.host(&params.host);
+    }
+    config
+        .port(params.port)
+        .user(&params.user)
+        .dbname(&params.dbname)
+        .application_name(&params.application_name)
+        .connect_timeout(params.connect_timeout)
+        .keepalives(true)
+        .ssl_mode(match params.sslmode {
+            SslMode::Disable => postgres::config::SslMode::Disable,
+            SslMode::Allow | SslMode::Prefer => postgres::config::SslMode::Prefer,
+            SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => {
+                postgres::config::SslMode::Require
+            }
+        });
+    if let Some(password) = &params.password {
+        config.password(password);
+    }
+    if let Some(options) = &params.options {
+        config.options(options);
+    }
+    config.notice_callback(|notice| {
+        eprintln!("server {}: {}", notice.severity(), notice.message());
+    });
+
+    let tls = tls_connector(params)?;
+    let mut client = config.connect(tls).map_err(|e| {
+        let failure = describe(&e);
+        let advice = match failure.sqlstate.as_deref() {
+            Some("28P01") | Some("28000") => {
+                "check the user and password (the URL, PGUSER, PGPASSWORD) and pg_hba.conf"
+            }
+            Some("3D000") => "check the database name (the URL path or PGDATABASE)",
+            _ => "check that the server is running and reachable, the host and port (--database-url, DATABASE_URL or PGHOST/PGPORT), and sslmode",
+        };
+        anyhow::Error::new(failure).context(format!("could not connect to {params}; {advice}"))
+    })?;
+
+    let row = client
+        .query_one(
+            "SELECT current_setting('server_version_num')::int, current_setting('server_version')",
+            &[],
+        )
+        .doing("reading the server version")?;
+    let (server_version_num, server_version): (i32, String) = (row.get(0), row.get(1));
+    if server_version_num < MIN_SERVER_VERSION {
+        bail!(
+            "{params} runs PostgreSQL {server_version}; pgmend needs 14.4 or newer (14.0 to 14.3 could corrupt indexes built CONCURRENTLY). Upgrade the server before the release"
+        );
+    }
+    // A backend whose client died (kill -9, a lost network) notices within a second and
+    // rolls back, instead of holding its locks until the current statement ends.
+    client
+        .batch_execute("SET client_connection_check_interval = '1s'")
+        .doing("setting client_connection_check_interval")?;
+    Ok(Session {
+        client,
+        params: params.clone(),
+        server_version_num,
+        server_version,
+    })
+}
+
+/// TLS the way libpq's sslmode means it: `prefer`/`require` encrypt without checking the
+/// certificate (unless a root certificate is given, when `require` acts as `verify-ca`),
+/// `verify-ca` checks the chain, `verify-full` the chain and the host name.
+fn tls_connector(params: &ConnParams) -> Result<MakeTlsConnector> {
+    let mut builder = SslConnector::builder(SslMethod::tls_client())
+        .context("initialising OpenSSL for TLS connections")?;
+    let root = root_certificate(params);
+    let verify = match params.sslmode {
+        SslMode::VerifyCa | SslMode::VerifyFull => true,
+        SslMode::Require => root.is_some(),
+        _ => false,
+    };
+    if verify {
+        match &root {
+            Some(path) if path.as_os_str() == "system" => {
+                builder
+                    .set_default_verify_paths()
+                    .context("loading the system's certificate authorities")?;
+            }
+            Some(path) => builder.set_ca_file(path).with_context(|| {
+                format!(
+                    "cannot load the root certificate {}; check sslrootcert / PGSSLROOTCERT",
+                    path.display()
+                )
+            })?,
+            None => bail!(
+                "sslmode={} needs the certificate authority that signed the server's certificate: set PGSSLROOTCERT (or sslrootcert=...) to its PEM file, or sslrootcert=system for the system's store",
+                params.sslmode.as_str()
+            ),
+        }
+        builder.set_verify(SslVerifyMode::PEER);
+    } else {
+        builder.set_verify(SslVerifyMode::NONE);
+    }
+    let mut connector = MakeTlsConnector::new(builder.build());
+    let check_host = params.sslmode == SslMode::VerifyFull;
+    connector.set_callback(move |config, _domain| {
+        config.set_verify_hostname(check_host);
+        Ok(())
+    });
+    Ok(connector)
+}
+
+/// `sslrootcert`, else libpq's default `~/.postgresql/root.crt` when it exists.
+fn root_certificate(params: &ConnParams) -> Option<PathBuf> {
+    if let Some(path) = &params.sslrootcert {
+        return Some(PathBuf::from(path));
+    }
+    let home = std::env::var_os("HOME")?;
+    let default = PathBuf::from(home).join(".postgresql/root.crt");
+    default.is_file().then_some(default)
+}

@@ -1,0 +1,431 @@
+//! Connection parameters the way libpq users expect them: a URL or a `key=value` string,
+//! with the `PG*` environment variables filling in whatever it leaves out.
+//!
+//! The `postgres` crate ignores the environment and knows only three `sslmode`s, so pgmend
+//! parses both forms itself and sets the crate's `Config` field by field. The password is
+//! kept out of every rendering of these parameters.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+
+/// libpq's `sslmode`, all six of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SslMode {
+    Disable,
+    Allow,
+    Prefer,
+    Require,
+    VerifyCa,
+    VerifyFull,
+}
+
+impl SslMode {
+    fn parse(value: &str) -> Result<SslMode> {
+        Ok(match value {
+            "disable" => SslMode::Disable,
+            "allow" => SslMode::Allow,
+            "prefer" => SslMode::Prefer,
+            "require" => SslMode::Require,
+            "verify-ca" => SslMode::VerifyCa,
+            "verify-full" => SslMode::VerifyFull,
+            other => bail!(
+                "sslmode {other:?} is not one of disable, allow, prefer, require, verify-ca, verify-full"
+            ),
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SslMode::Disable => "disable",
+            SslMode::Allow => "allow",
+            SslMode::Prefer => "prefer",
+            SslMode::Require => "require",
+            SslMode::VerifyCa => "verify-ca",
+            SslMode::VerifyFull => "verify-full",
+        }
+    }
+}
+
+/// Everything needed to open a connection, resolved from the string and the environment.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ConnParams {
+    /// A host name, an IP address, or an absolute directory holding the unix socket.
+    pub host: String,
+    pub port: u16,
+    pub user: String,
+    pub password: Option<String>,
+    pub dbname: String,
+    pub sslmode: SslMode,
+    pub sslrootcert: Option<String>,
+    pub connect_timeout: Duration,
+    pub application_name: String,
+    pub options: Option<String>,
+}
+
+impl fmt::Debug for ConnParams {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ConnParams({self})")
+    }
+}
+
+/// Renders the target without the password: `host=db.internal port=5432 dbname=coupons user=release`.
+impl fmt::Display for ConnParams {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "host={} port={} dbname={} user={}",
+            self.host, self.port, self.dbname, self.user
+        )
+    }
+}
+
+impl ConnParams {
+    pub fn is_unix_socket(&self) -> bool {
+        self.host.starts_with('/')
+    }
+}
+
+const KNOWN_KEYS: &[&str] = &[
+    "host",
+    "port",
+    "user",
+    "password",
+    "dbname",
+    "sslmode",
+    "sslrootcert",
+    "connect_timeout",
+    "application_name",
+    "options",
+];
+
+/// The libpq environment variables pgmend honours, and the parameter each one stands for.
+const ENV_KEYS: &[(&str, &str)] = &[
+    ("PGHOST", "host"),
+    ("PGPORT", "port"),
+    ("PGUSER", "user"),
+    ("PGPASSWORD", "password"),
+    ("PGDATABASE", "dbname"),
+    ("PGSSLMODE", "sslmode"),
+    ("PGSSLROOTCERT", "sslrootcert"),
+    ("PGCONNECT_TIMEOUT", "connect_timeout"),
+    ("PGAPPNAME", "application_name"),
+    ("PGOPTIONS", "options"),
+];
+
+/// Resolves a connection: `conninfo` (a URL or `key=value` string, possibly empty) first,
+/// then the `PG*` variables from `env` for whatever it leaves out, then libpq's defaults
+/// (except `application_name`, which defaults to `pgmend`).
+pub fn resolve(conninfo: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> Result<ConnParams> {
+    let mut given = match conninfo.map(str::trim) {
+        None | Some("") => BTreeMap::new(),
+        Some(s) if s.starts_with("postgres://") || s.starts_with("postgresql://") => {
+            parse_url(s).context("the connection URL is malformed (it is not repeated here because it may hold a password); expected postgresql://user@host:port/dbname?sslmode=...")?
+        }
+        Some(s) => parse_keyword_value(s)
+            .context("the connection string is malformed (it is not repeated here because it may hold a password); expected key=value pairs such as \"host=db port=5432 dbname=app\"")?,
+    };
+    for (var, key) in ENV_KEYS {
+        if !given.contains_key(*key) {
+            if let Some(value) = env(var).filter(|v| !v.is_empty()) {
+                given.insert((*key).to_string(), value);
+            }
+        }
+    }
+    let get = |key: &str| given.get(key).cloned();
+
+    let host = get("host").unwrap_or_else(default_host);
+    let port = match get("port") {
+        Some(p) => p
+            .parse::<u16>()
+            .with_context(|| format!("port {p:?} is not a number between 1 and 65535"))?,
+        None => 5432,
+    };
+    let user = match get("user") {
+        Some(u) => u,
+        None => env("USER")
+            .or_else(|| env("LOGNAME"))
+            .context("no database user given: set user in the URL or PGUSER")?,
+    };
+    let dbname = get("dbname").unwrap_or_else(|| user.clone());
+    let sslmode = match get("sslmode") {
+        Some(mode) => SslMode::parse(&mode)?,
+        None => SslMode::Prefer,
+    };
+    let connect_timeout = match get("connect_timeout") {
+        Some(t) => {
+            let seconds: u64 = t
+                .parse()
+                .with_context(|| format!("connect_timeout {t:?} is not a whole number of seconds"))?;
+            // libpq: 0 means wait forever. pgmend never waits forever; take a day instead.
+            Duration::from_secs(if seconds == 0 { 86_400 } else { seconds.max(2) })
+        }
+        None => Duration::from_secs(10),
+    };
+    Ok(ConnParams {
+        host,
+        port,
+        user,
+        password: get("password"),
+        dbname,
+        sslmode,
+        sslrootcert: get("sslrootcert"),
+        connect_timeout,
+        application_name: get("application_name").unwrap_or_else(|| "pgmend".to_string()),
+        options: get("options"),
+    })
+}
+
+fn default_host() -> String {
+    ["/var/run/postgresql", "/tmp"]
+        .iter()
+        .find(|dir| std::path::Path::new(dir).is_dir())
+        .map(|dir| dir.to_string())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
+fn check_key(key: &str) -> Result<()> {
+    if KNOWN_KEYS.contains(&key) {
+        Ok(())
+    } else {
+        bail!(
+            "unknown connection parameter {key:?}; pgmend understands {}",
+            KNOWN_KEYS.join(", ")
+        )
+    }
+}
+
+/// Parses `postgresql://[user[:password]@][host][:port][/dbname][?key=value&...]`.
+/// A host may be a percent-encoded socket directory (`%2Fvar%2Frun%2Fpostgresql`).
+fn parse_url(s: &str) -> Result<BTreeMap<String, String>> {
+    let decode = |part: &str| -> Result<String> {
+        percent_encoding::percent_decode_str(part)
+            .decode_utf8()
+            .map(|c| c.into_owned())
+            .context("a percent-encoded part is not valid UTF-8")
+    };
+    let rest = s.split_once("://").map(|(_, r)| r).unwrap_or(s);
+    let (rest, query) = match rest.split_once('?') {
+        Some((r, q)) => (r, Some(q)),
+        None => (rest, None),
+    };
+    let (authority, path) = match rest.split_once('/') {
+        Some((a, p)) => (a, Some(p)),
+        None => (rest, None),
+    };
+    let mut out = BTreeMap::new();
+    let hostport = match authority.rsplit_once('@') {
+        Some((userinfo, hostport)) => {
+            let (user, password) = match userinfo.split_once(':') {
+                Some((u, p)) => (u, Some(p)),
+                None => (userinfo, None),
+            };
+            if !user.is_empty() {
+                out.insert("user".into(), decode(user)?);
+            }
+            if let Some(p) = password {
+                out.insert("password".into(), decode(p)?);
+            }
+            hostport
+        }
+        None => authority,
+    };
+    if hostport.contains(',') {
+        bail!("several hosts in one URL are not supported; give one host");
+    }
+    let (host, port) = if let Some(bracketed) = hostport.strip_prefix('[') {
+        let (h, after) = bracketed
+            .split_once(']')
+            .context("an IPv6 host is missing its closing ']'")?;
+        (h, after.strip_prefix(':'))
+    } else {
+        match hostport.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (hostport, None),
+        }
+    };
+    if !host.is_empty() {
+        out.insert("host".into(), decode(host)?);
+    }
+    if let Some(p) = port.filter(|p| !p.is_empty()) {
+        out.insert("port".into(), p.to_string());
+    }
+    if let Some(db) = path.filter(|p| !p.is_empty()) {
+        out.insert("dbname".into(), decode(db)?);
+    }
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair
+            .split_once('=')
+            .with_context(|| format!("URL parameter {:?} has no '='", redact_pair(pair)))?;
+        let key = decode(k)?;
+        check_key(&key)?;
+        out.insert(key, decode(&v.replace('+', " "))?);
+    }
+    Ok(out)
+}
+
+fn redact_pair(pair: &str) -> &str {
+    if pair.starts_with("password") {
+        "password=…"
+    } else {
+        pair
+    }
+}
+
+/// Parses libpq's `key = value` form; values may be single-quoted with `\'` and `\\`.
+fn parse_keyword_value(s: &str) -> Result<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    let mut chars = s.chars().peekable();
+    loop {
+        while chars.peek().is_some_and(|c| c.is_whitespace()) {
+            chars.next();
+        }
+        if chars.peek().is_none() {
+            return Ok(out);
+        }
+        let mut key = String::new();
+        while let Some(&c) = chars.peek() {
+            if c == '=' || c.is_whitespace() {
+                break;
+            }
+            key.push(c);
+            chars.next();
+        }
+        while chars.peek().is_some_and(|c| c.is_whitespace()) {
+            chars.next();
+        }
+        if chars.next() != Some('=') {
+            bail!("parameter {key:?} is missing its '=' (expected key=value)");
+        }
+        check_key(&key)?;
+        while chars.peek().is_some_and(|c| c.is_whitespace()) {
+            chars.next();
+        }
+        let mut value = String::new();
+        if chars.peek() == Some(&'\'') {
+            chars.next();
+            loop {
+                match chars.next() {
+                    Some('\\') => value.push(chars.next().context("a backslash ends the string")?),
+                    Some('\'') => break,
+                    Some(c) => value.push(c),
+                    None => bail!("the quoted value of {key:?} has no closing quote"),
+                }
+            }
+        } else {
+            while let Some(&c) = chars.peek() {
+                if c.is_whitespace() {
+                    break;
+                }
+                chars.next();
+                if c == '\\' {
+                    value.push(chars.next().context("a backslash ends the string")?);
+                } else {
+                    value.push(c);
+                }
+            }
+        }
+        out.insert(key, value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    fn with_env(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+    }
+
+    #[test]
+    fn url_with_everything() {
+        let p = resolve(
+            Some("postgresql://rel%40ops:s3cr%3At@db.internal:6543/coupons?sslmode=verify-full&application_name=rel"),
+            &no_env,
+        )
+        .unwrap();
+        assert_eq!(p.user, "rel@ops");
+        assert_eq!(p.password.as_deref(), Some("s3cr:t"));
+        assert_eq!((p.host.as_str(), p.port, p.dbname.as_str()), ("db.internal", 6543, "coupons"));
+        assert_eq!(p.sslmode, SslMode::VerifyFull);
+        assert_eq!(p.application_name, "rel");
+    }
+
+    #[test]
+    fn url_with_socket_directory_and_ipv6() {
+        let p = resolve(Some("postgres://u@%2Fvar%2Frun%2Fpostgresql:5433/d"), &no_env).unwrap();
+        assert!(p.is_unix_socket());
+        assert_eq!((p.host.as_str(), p.port), ("/var/run/postgresql", 5433));
+        let p = resolve(Some("postgres://u@[::1]:7/d"), &no_env).unwrap();
+        assert_eq!((p.host.as_str(), p.port), ("::1", 7));
+    }
+
+    #[test]
+    fn keyword_value_with_quotes() {
+        let p = resolve(
+            Some("host=/tmp port=5499 user=u password='it''s' dbname = 'my db' sslmode=disable"),
+            &no_env,
+        );
+        // libpq escapes a quote with a backslash, not by doubling it.
+        assert!(p.is_err());
+        let p = resolve(
+            Some(r"host=/tmp port=5499 user=u password='it\'s' dbname = 'my db' sslmode=disable"),
+            &no_env,
+        )
+        .unwrap();
+        assert_eq!(p.password.as_deref(), Some("it's"));
+        assert_eq!(p.dbname, "my db");
+        assert_eq!(p.sslmode, SslMode::Disable);
+    }
+
+    #[test]
+    fn environment_fills_what_the_string_leaves_out() {
+        let env = with_env(&[
+            ("PGHOST", "envhost"),
+            ("PGPORT", "6000"),
+            ("PGUSER", "envuser"),
+            ("PGPASSWORD", "envpw"),
+            ("PGAPPNAME", "nightly"),
+            ("PGSSLMODE", "require"),
+            ("PGCONNECT_TIMEOUT", "3"),
+        ]);
+        let p = resolve(Some("postgresql://urluser@urlhost/db"), &env).unwrap();
+        assert_eq!((p.host.as_str(), p.user.as_str()), ("urlhost", "urluser"));
+        assert_eq!(p.port, 6000);
+        assert_eq!(p.password.as_deref(), Some("envpw"));
+        assert_eq!(p.application_name, "nightly");
+        assert_eq!(p.sslmode, SslMode::Require);
+        assert_eq!(p.connect_timeout, Duration::from_secs(3));
+        let p = resolve(None, &env).unwrap();
+        assert_eq!((p.host.as_str(), p.dbname.as_str()), ("envhost", "envuser"));
+    }
+
+    #[test]
+    fn application_name_defaults_to_pgmend() {
+        let p = resolve(Some("host=h user=u"), &no_env).unwrap();
+        assert_eq!(p.application_name, "pgmend");
+    }
+
+    #[test]
+    fn errors_and_renderings_never_show_the_password() {
+        for bad in [
+            "postgresql://u:hunter2@h:notaport/d",
+            "postgresql://u:hunter2@h/d?sslmode=bogus",
+            "postgresql://u:hunter2@h/d?password",
+            "user=u password=hunter2 bogus=1",
+            "user=u password='hunter2",
+        ] {
+            let err = resolve(Some(bad), &no_env).unwrap_err();
+            let text = format!("{err:#} {err:?}");
+            assert!(!text.contains("hunter2"), "{bad}: {text}");
+        }
+        let p = resolve(Some("postgresql://u:hunter2@h/d"), &no_env).unwrap();
+        assert!(!format!("{p} {p:?}").contains("hunter2"));
+    }
+}

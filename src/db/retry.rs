@@ -1,0 +1,118 @@
+//! Bounded lock waits: every attempt runs under `lock_timeout`, and an attempt the server
+//! rolled back for a lock or a deadlock is retried with full-jitter exponential backoff until
+//! a total budget runs out. There is never a last attempt without a timeout.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use postgres::Client;
+use rand::Rng;
+
+use crate::error::{describe, sqlstate, PgContext, Stopped};
+
+/// How long pgmend lets a statement wait for a lock, and for how long it keeps trying.
+#[derive(Debug, Clone, Copy)]
+pub struct LockPolicy {
+    pub lock_timeout: Duration,
+    pub statement_timeout: Duration,
+    pub retry_for: Duration,
+}
+
+impl LockPolicy {
+    /// `SET LOCAL` statements for the start of a transaction under this policy.
+    pub fn set_local_sql(&self) -> String {
+        format!(
+            "SET LOCAL lock_timeout = '{}ms'; SET LOCAL statement_timeout = '{}ms'",
+            self.lock_timeout.as_millis().max(1),
+            self.statement_timeout.as_millis().max(1)
+        )
+    }
+}
+
+/// SQLSTATEs after which the server has rolled the transaction back and a retry is safe:
+/// lock_not_available, deadlock_detected, serialization_failure.
+const RETRYABLE: &[&str] = &["55P03", "40P01", "40001"];
+
+const BACKOFF_BASE: Duration = Duration::from_millis(100);
+const BACKOFF_CAP: Duration = Duration::from_secs(5);
+
+/// Runs `attempt` (which opens, fills and commits one transaction, setting the policy's
+/// timeouts itself) until it succeeds, fails for a reason a retry cannot fix, or the retry
+/// budget is spent. `what` names the work for messages; `tables` are the relations whose
+/// lock holders are named when the budget runs out.
+pub fn with_lock_retry<T>(
+    client: &mut Client,
+    policy: &LockPolicy,
+    what: &str,
+    tables: &[String],
+    mut attempt: impl FnMut(&mut Client) -> Result<T, postgres::Error>,
+) -> Result<T> {
+    let started = Instant::now();
+    let mut tries: u32 = 0;
+    loop {
+        tries += 1;
+        let error = match attempt(client) {
+            Ok(value) => return Ok(value),
+            Err(e) => e,
+        };
+        let code = sqlstate(&error).map(str::to_owned);
+        if !code.as_deref().is_some_and(|c| RETRYABLE.contains(&c)) {
+            return Err(anyhow::Error::new(describe(&error)).context(what.to_string()));
+        }
+        let ceiling = BACKOFF_BASE
+            .saturating_mul(1u32 << (tries - 1).min(16))
+            .min(BACKOFF_CAP);
+        let pause = Duration::from_millis(rand::thread_rng().gen_range(0..=ceiling.as_millis() as u64));
+        let elapsed = started.elapsed();
+        if elapsed + pause + policy.lock_timeout > policy.retry_for {
+            let blockers = lock_holders(client, tables).unwrap_or_else(|e| format!("(could not list them: {e:#})"));
+            return Err(Stopped::new(format!(
+                "{what}: gave up after {tries} attempts in {} (--lock-retry-for {}); each waited at most {} for its lock (last: {}). Nothing of this step was changed. Sessions holding locks on {}: {blockers}. Let them finish or end them, then rerun; or rerun with a longer --lock-retry-for",
+                crate::config::format_duration(elapsed),
+                crate::config::format_duration(policy.retry_for),
+                crate::config::format_duration(policy.lock_timeout),
+                describe(&error),
+                if tables.is_empty() { "its tables".to_string() } else { tables.join(", ") },
+            )));
+        }
+        eprintln!(
+            "{what}: {} (attempt {tries}); retrying in {}",
+            describe(&error),
+            crate::config::format_duration(pause)
+        );
+        std::thread::sleep(pause);
+    }
+}
+
+/// The other sessions holding granted locks on `tables`, one line each.
+fn lock_holders(client: &mut Client, tables: &[String]) -> Result<String> {
+    let rows = client
+        .query(
+            "SELECT DISTINCT a.pid, coalesce(a.application_name, ''), coalesce(a.state, ''),
+                    coalesce(extract(epoch FROM now() - a.xact_start)::int, 0),
+                    left(regexp_replace(coalesce(a.query, ''), '\\s+', ' ', 'g'), 80)
+               FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+              WHERE l.granted AND l.pid <> pg_backend_pid()
+                AND l.relation = ANY (SELECT to_regclass(t)::oid FROM unnest($1::text[]) t)
+              ORDER BY 1",
+            &[&tables],
+        )
+        .doing("listing the sessions that hold the locks")?;
+    if rows.is_empty() {
+        return Ok("none right now".to_string());
+    }
+    Ok(rows
+        .iter()
+        .map(|r| {
+            format!(
+                "pid {} ({:?}, {}, transaction open {}s, query: {})",
+                r.get::<_, i32>(0),
+                r.get::<_, String>(1),
+                r.get::<_, String>(2),
+                r.get::<_, i32>(3),
+                r.get::<_, String>(4)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; "))
+}

@@ -1,0 +1,129 @@
+//! Error kinds that decide the exit code, and readable renderings of PostgreSQL errors.
+//!
+//! Exit codes (PRODUCT.md): 0 done, 1 stopped safely because of the database's state,
+//! 2 an error in the input or the environment. Anything that is not a [`Stopped`] is a 2.
+
+use std::fmt;
+
+/// The command stopped on purpose because of the database's state, with nothing half-done
+/// (a census found violators, a lock budget ran out, another pgmend holds the runner lock).
+/// Exit code 1.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Stopped(pub String);
+
+impl Stopped {
+    pub fn new(message: impl Into<String>) -> anyhow::Error {
+        anyhow::Error::new(Stopped(message.into()))
+    }
+}
+
+/// What a command reports when it ran to the end: nothing wrong (0), or a check found
+/// problems (1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Done,
+    Findings,
+}
+
+/// Exit code for an error chain: 1 when it is a [`Stopped`], 2 otherwise.
+pub fn exit_code_for(error: &anyhow::Error) -> u8 {
+    if error.chain().any(|cause| cause.is::<Stopped>()) {
+        1
+    } else {
+        2
+    }
+}
+
+/// A PostgreSQL error rendered with its SQLSTATE, detail and hint; `postgres::Error`
+/// itself prints only "db error".
+#[derive(Debug)]
+pub struct DbFailure {
+    pub sqlstate: Option<String>,
+    text: String,
+}
+
+impl fmt::Display for DbFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::error::Error for DbFailure {}
+
+impl From<postgres::Error> for DbFailure {
+    fn from(error: postgres::Error) -> Self {
+        describe(&error)
+    }
+}
+
+/// Renders a postgres error: the server's message with SQLSTATE, or the client-side cause.
+pub fn describe(error: &postgres::Error) -> DbFailure {
+    if let Some(db) = error.as_db_error() {
+        let mut text = format!(
+            "{}: {} (SQLSTATE {})",
+            db.severity(),
+            db.message(),
+            db.code().code()
+        );
+        if let Some(detail) = db.detail() {
+            text.push_str(&format!("; detail: {detail}"));
+        }
+        if let Some(hint) = db.hint() {
+            text.push_str(&format!("; hint: {hint}"));
+        }
+        if let Some(table) = db.table() {
+            text.push_str(&format!("; table: {table}"));
+        }
+        if let Some(constraint) = db.constraint() {
+            text.push_str(&format!("; constraint: {constraint}"));
+        }
+        return DbFailure {
+            sqlstate: Some(db.code().code().to_string()),
+            text,
+        };
+    }
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    DbFailure {
+        sqlstate: error.code().map(|c| c.code().to_string()),
+        text,
+    }
+}
+
+/// The SQLSTATE of a postgres error, if the server sent one.
+pub fn sqlstate(error: &postgres::Error) -> Option<&str> {
+    error.code().map(|c| c.code())
+}
+
+/// Extension for `Result<T, postgres::Error>`: convert into an anyhow error that says what
+/// pgmend was doing, followed by the server's own words.
+pub trait PgContext<T> {
+    fn doing(self, what: impl fmt::Display) -> anyhow::Result<T>;
+}
+
+impl<T> PgContext<T> for Result<T, postgres::Error> {
+    fn doing(self, what: impl fmt::Display) -> anyhow::Result<T> {
+        self.map_err(|e| anyhow::Error::new(describe(&e)).context(format!("{what}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stopped_maps_to_one_even_with_context() {
+        let e = Stopped::new("census found 3 groups").context("applying V3");
+        assert_eq!(exit_code_for(&e), 1);
+        assert_eq!(exit_code_for(&anyhow::anyhow!("bad flag")), 2);
+    }
+}

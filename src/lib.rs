@@ -1,0 +1,10 @@
+//! pgmend: migrate a live PostgreSQL database that already holds broken data, repair it
+//! safely, and report what the breakage cost. See ARCHITECTURE.md for the map.
+
+pub mod cli;
+pub mod commands;
+pub mod config;
+pub mod db;
+pub mod error;
+pub mod localpg;
+pub mod migrate;

@@ -1,0 +1,221 @@
+//! A throwaway PostgreSQL cluster from the machine's server binaries, for `pgmend demo`
+//! and the test suite. Works as root too: the server refuses to run as root, so then it
+//! runs as the `postgres` user through `runuser`.
+//!
+//! A detached watchdog stops the server and deletes its files when the process that
+//! started it exits, however it exits (a panic, Ctrl-C, kill -9).
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{bail, Context, Result};
+
+pub struct LocalPg {
+    pub bin_dir: PathBuf,
+    pub root: PathBuf,
+    pub port: u16,
+    pub socket_dir: PathBuf,
+    pub superuser: String,
+    pub password: String,
+    run_as: Option<String>,
+    keep: bool,
+}
+
+/// Finds `initdb` and `postgres`: `PGBIN`, then `pg_config --bindir`, then the newest
+/// `/usr/lib/postgresql/*/bin`.
+pub fn find_bin_dir() -> Result<PathBuf> {
+    let has_server = |dir: &Path| dir.join("initdb").is_file() && dir.join("postgres").is_file();
+    if let Some(dir) = std::env::var_os("PGBIN").map(PathBuf::from) {
+        if has_server(&dir) {
+            return Ok(dir);
+        }
+        bail!("PGBIN={} holds no initdb and postgres; point it at a PostgreSQL server's bin directory", dir.display());
+    }
+    if let Ok(out) = Command::new("pg_config").arg("--bindir").output() {
+        let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        if out.status.success() && has_server(&dir) {
+            return Ok(dir);
+        }
+    }
+    let mut candidates: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .map(|rd| {
+            rd.filter_map(Result::ok)
+                .filter_map(|e| {
+                    let version = e.file_name().to_str()?.parse::<u32>().ok()?;
+                    Some((version, e.path().join("bin")))
+                })
+                .filter(|(_, dir)| has_server(dir))
+                .collect()
+        })
+        .unwrap_or_default();
+    candidates.sort();
+    candidates.pop().map(|(_, dir)| dir).context(
+        "no PostgreSQL server binaries found (looked at PGBIN, pg_config --bindir and /usr/lib/postgresql/*/bin). Install them (Debian/Ubuntu: apt-get install postgresql) or set PGBIN to the directory holding initdb and postgres",
+    )
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+impl LocalPg {
+    /// Creates and starts a cluster in a new temporary directory. With `keep`, it outlives
+    /// this process and [`LocalPg::stop`] is never called on drop.
+    pub fn start(keep: bool) -> Result<LocalPg> {
+        let bin_dir = find_bin_dir()?;
+        let run_as = is_root().then(|| "postgres".to_string());
+        let root = tempfile::Builder::new()
+            .prefix("pgmend-pg-")
+            .tempdir()
+            .context("creating a directory for the throwaway PostgreSQL")?
+            .keep();
+        let socket_dir = root.join("socket");
+        std::fs::create_dir(&socket_dir)?;
+        let password = format!("pw{:016x}", rand::random::<u64>());
+        let pwfile = root.join("pwfile");
+        std::fs::write(&pwfile, &password)?;
+        if let Some(user) = &run_as {
+            let status = Command::new("chown").args(["-R", &format!("{user}:"), &root.display().to_string()]).status()?;
+            if !status.success() {
+                bail!("as root, the server must run as the {user:?} user, and `chown -R {user}: {}` failed; create that user (the postgresql package does)", root.display());
+            }
+        }
+        let mut pg = LocalPg {
+            bin_dir,
+            port: 0,
+            socket_dir,
+            superuser: "postgres".into(),
+            password,
+            run_as,
+            keep,
+            root,
+        };
+        let data = pg.root.join("data");
+        pg.run(
+            "initdb",
+            &[
+                "-D", &data.display().to_string(),
+                "-U", &pg.superuser.clone(),
+                "--auth-local=trust", "--auth-host=scram-sha-256",
+                &format!("--pwfile={}", pwfile.display()),
+                "-E", "UTF8", "--no-locale", "-N",
+            ],
+        )?;
+        if !keep {
+            pg.spawn_watchdog()?;
+        }
+        let mut last_error = None;
+        for _ in 0..5 {
+            pg.port = free_port()?;
+            match pg.start_server() {
+                Ok(()) => return Ok(pg),
+                Err(e) => last_error = Some(e),
+            }
+        }
+        Err(last_error.unwrap())
+    }
+
+    fn start_server(&self) -> Result<()> {
+        let options = format!(
+            "-c port={} -c listen_addresses=127.0.0.1 -c unix_socket_directories={} -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300 -c log_min_messages=warning",
+            self.port,
+            self.socket_dir.display()
+        );
+        self.run(
+            "pg_ctl",
+            &[
+                "-D", &self.root.join("data").display().to_string(),
+                "-l", &self.root.join("server.log").display().to_string(),
+                "-w", "-t", "60", "-o", &options, "start",
+            ],
+        )
+    }
+
+    /// Runs one of the server's programs, as the `postgres` user when we are root.
+    fn run(&self, program: &str, args: &[&str]) -> Result<()> {
+        let path = self.bin_dir.join(program);
+        let mut command = match &self.run_as {
+            Some(user) => {
+                let mut c = Command::new("runuser");
+                c.args(["-u", user, "--"]).arg(&path);
+                c
+            }
+            None => Command::new(&path),
+        };
+        let output = command
+            .args(args)
+            .current_dir(&self.root)
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("running {}", path.display()))?;
+        if !output.status.success() {
+            let log = std::fs::read_to_string(self.root.join("server.log")).unwrap_or_default();
+            bail!(
+                "{program} failed: {}{}\n{}",
+                String::from_utf8_lossy(&output.stderr),
+                String::from_utf8_lossy(&output.stdout),
+                log.lines().rev().take(10).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+        Ok(())
+    }
+
+    fn spawn_watchdog(&self) -> Result<()> {
+        let stop = format!(
+            "{} {} -D {} stop -m immediate",
+            self.run_as.as_ref().map(|u| format!("runuser -u {u} --")).unwrap_or_default(),
+            self.bin_dir.join("pg_ctl").display(),
+            self.root.join("data").display()
+        );
+        let script = format!(
+            "while kill -0 {pid} 2>/dev/null; do sleep 1; done; {stop} >/dev/null 2>&1; rm -rf {root}",
+            pid = std::process::id(),
+            root = self.root.display()
+        );
+        Command::new("setsid")
+            .args(["sh", "-c", &script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting the cleanup watchdog (setsid sh)")?;
+        Ok(())
+    }
+
+    /// A keyword/value connection string over TCP, with the password.
+    pub fn conninfo(&self, dbname: &str) -> String {
+        format!(
+            "host=127.0.0.1 port={} user={} password={} dbname={dbname} sslmode=disable",
+            self.port, self.superuser, self.password
+        )
+    }
+
+    /// The same as a URL.
+    pub fn url(&self, dbname: &str) -> String {
+        format!("postgresql://{}:{}@127.0.0.1:{}/{dbname}?sslmode=disable", self.superuser, self.password, self.port)
+    }
+
+    /// Stops the server at once and deletes its files.
+    pub fn stop(&self) {
+        let _ = self.run("pg_ctl", &["-D", &self.root.join("data").display().to_string(), "stop", "-m", "immediate"]);
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+impl Drop for LocalPg {
+    fn drop(&mut self) {
+        if !self.keep {
+            self.stop();
+        }
+    }
+}
+
+fn free_port() -> Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0").context("finding a free local port")?;
+    Ok(listener.local_addr()?.port())
+}

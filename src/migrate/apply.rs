@@ -1,0 +1,82 @@
+//! Executing a migration plan: each transactional migration and its history row commit
+//! together, under bounded lock waits, while this session holds the runner lock.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use serde::Serialize;
+
+use super::history;
+use super::plan::Plan;
+use super::source::Mode;
+use crate::db::retry::{with_lock_retry, LockPolicy};
+
+#[derive(Debug, Serialize)]
+pub struct AppliedMigration {
+    pub version: i32,
+    pub name: String,
+    pub duration_ms: u64,
+}
+
+/// Applies every pending migration of `plan`, in order. Refuses a plan with blockers
+/// before changing anything. The caller holds the runner lock and built `plan` after
+/// taking it.
+pub fn execute(
+    client: &mut postgres::Client,
+    plan: &Plan,
+    policy: &LockPolicy,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Vec<AppliedMigration>> {
+    if !plan.blockers.is_empty() {
+        bail!("nothing was changed:\n  - {}", plan.blockers.join("\n  - "));
+    }
+    if let Some(online) = plan.pending.iter().find(|m| m.mode == Mode::Online) {
+        bail!(
+            "{} holds CONCURRENTLY statements, which this pgmend cannot apply yet (they need the watched online build); nothing was changed",
+            online.origin
+        );
+    }
+    if !plan.pending.is_empty() {
+        with_lock_retry(client, policy, "creating the history table", &[], |c| {
+            let mut tx = c.transaction()?;
+            tx.batch_execute(&policy.set_local_sql())?;
+            tx.batch_execute(history::CREATE_SQL)?;
+            tx.commit()
+        })?;
+    }
+    let mut done = Vec::new();
+    for planned in &plan.pending {
+        let migration = plan
+            .migrations
+            .iter()
+            .find(|m| m.version == planned.version)
+            .expect("planned migrations come from the plan's files");
+        let label = migration.label();
+        let tables: Vec<String> = planned
+            .statements
+            .iter()
+            .flat_map(|s| s.locks.iter().map(|l| l.relation.clone()))
+            .collect();
+        progress(&format!("applying {label} ({} statements, one transaction)", planned.statements.len()));
+        let started = Instant::now();
+        with_lock_retry(client, policy, &format!("applying {label}"), &tables, |c| {
+            let mut tx = c.transaction()?;
+            tx.batch_execute(&policy.set_local_sql())?;
+            tx.batch_execute(&migration.sql)?;
+            history::record(&mut tx, migration)?;
+            tx.commit()
+        })?;
+        let elapsed = started.elapsed();
+        progress(&format!("applied {label} in {}", crate::config::format_duration(round_ms(elapsed))));
+        done.push(AppliedMigration {
+            version: migration.version,
+            name: migration.name.clone(),
+            duration_ms: elapsed.as_millis() as u64,
+        });
+    }
+    Ok(done)
+}
+
+fn round_ms(d: Duration) -> Duration {
+    Duration::from_millis(d.as_millis() as u64)
+}

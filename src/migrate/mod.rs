@@ -1,0 +1,9 @@
+//! Versioned migrations: the files, the history table, and status, plan, apply and baseline.
+
+pub mod apply;
+pub mod baseline;
+pub mod history;
+pub mod plan;
+pub mod source;
+pub mod sql;
+pub mod status;

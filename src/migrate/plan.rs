@@ -1,0 +1,158 @@
+//! The migration plan: what `apply` would do, built in a read-only transaction and
+//! rendered without a server. `apply` executes this same value.
+
+use std::io::Write;
+
+use anyhow::{bail, Result};
+use serde::Serialize;
+
+use super::history;
+use super::source::{Migration, Mode};
+use super::sql::{LockMode, Statement};
+use super::status::{self, Entry};
+use crate::error::PgContext;
+
+#[derive(Debug, Serialize)]
+pub struct Plan {
+    /// The newest applied version, if any.
+    pub current_version: Option<i32>,
+    pub target_version: Option<i32>,
+    pub pending: Vec<PlannedMigration>,
+    /// Problems that would stop `apply` before it changes anything.
+    pub blockers: Vec<String>,
+    #[serde(skip)]
+    pub migrations: Vec<Migration>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PlannedMigration {
+    pub version: i32,
+    pub name: String,
+    pub origin: String,
+    pub mode: Mode,
+    pub in_transaction: bool,
+    pub strongest_lock: Option<LockMode>,
+    pub statements: Vec<Statement>,
+    pub sql: String,
+}
+
+/// Builds the plan up to `target` (or the newest file), reading the database in one
+/// READ ONLY transaction: the server refuses any write.
+pub fn build(client: &mut postgres::Client, files: Vec<Migration>, target: Option<i32>) -> Result<Plan> {
+    if let Some(t) = target {
+        if !files.iter().any(|m| m.version == t) {
+            let known: Vec<String> = files.iter().map(|m| m.version.to_string()).collect();
+            bail!("--target {t} is not a migration version; the known versions are {}", known.join(", "));
+        }
+    }
+    let mut tx = client
+        .build_transaction()
+        .read_only(true)
+        .start()
+        .doing("opening a read-only transaction for the plan")?;
+    let applied = history::read(&mut tx)?;
+    let entries = status::compute(&files, &applied);
+    status::ensure_consistent(&entries)?;
+    let current_version = applied.iter().map(|a| a.version).max();
+    let pending_entries: Vec<&Entry> = entries
+        .iter()
+        .filter(|e| e.state == status::State::Pending && target.is_none_or(|t| e.version <= t))
+        .collect();
+    let mut blockers = Vec::new();
+    let mut pending = Vec::new();
+    for entry in pending_entries {
+        let m = files.iter().find(|m| m.version == entry.version).expect("pending entries come from files");
+        let creates: Vec<String> = m.statements.iter().flat_map(|s| s.creates_tables.clone()).collect();
+        let existing: Vec<String> = tx
+            .query(
+                "SELECT t FROM unnest($1::text[]) t WHERE to_regclass(quote_ident(t)) IS NOT NULL",
+                &[&creates],
+            )
+            .doing("checking which tables already exist")?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        if !existing.is_empty() {
+            blockers.push(if m.version == 1 && current_version.is_none() {
+                format!(
+                    "the database already has {} but no record of {}: this looks like the legacy production schema. Adopt it with `pgmend migrate baseline` instead of applying V1",
+                    existing.join(", "),
+                    m.label()
+                )
+            } else {
+                format!(
+                    "{} creates {}, which already exist{}; find out who created them before going on",
+                    m.label(),
+                    existing.join(", "),
+                    if existing.len() == 1 { "s" } else { "" }
+                )
+            });
+        }
+        pending.push(PlannedMigration {
+            version: m.version,
+            name: m.name.clone(),
+            origin: m.origin.clone(),
+            mode: m.mode,
+            in_transaction: m.mode == Mode::Transactional,
+            strongest_lock: m.statements.iter().filter_map(Statement::strongest_lock).max(),
+            statements: m.statements.clone(),
+            sql: m.sql.clone(),
+        });
+    }
+    tx.rollback().doing("closing the read-only transaction")?;
+    Ok(Plan {
+        current_version,
+        target_version: target,
+        pending,
+        blockers,
+        migrations: files,
+    })
+}
+
+/// The plan for people: each pending migration, its statements with their locks, its SQL.
+pub fn render_human(plan: &Plan, out: &mut impl Write) -> std::io::Result<()> {
+    let at = plan.current_version.map_or("no migration applied yet".to_string(), |v| format!("at V{v}"));
+    if plan.pending.is_empty() {
+        writeln!(out, "Nothing to apply: the database is {at} and up to date.")?;
+    } else {
+        writeln!(out, "The database is {at}; {} migration(s) pending (dry run: nothing was changed).", plan.pending.len())?;
+    }
+    for m in &plan.pending {
+        writeln!(out)?;
+        writeln!(
+            out,
+            "== V{}__{} ({}) — {}",
+            m.version,
+            m.name,
+            m.origin,
+            if m.in_transaction { "one transaction, with its history row" } else { "online: each statement in autocommit" }
+        )?;
+        for s in &m.statements {
+            let locks = if s.locks.is_empty() {
+                "no lock on existing tables".to_string()
+            } else {
+                s.locks
+                    .iter()
+                    .map(|l| format!("{} on {}", l.mode, l.relation))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            writeln!(out, "   line {:>3}  {:<48} {locks}{}", s.line, s.summary, if s.lock_assumed { " (not recognised: assumed)" } else { "" })?;
+        }
+        if let Some(mode) = m.strongest_lock {
+            writeln!(out, "   strongest lock: {mode} — while held it blocks {}", mode.blocks())?;
+        }
+        writeln!(out, "   SQL:")?;
+        for line in m.sql.lines() {
+            writeln!(out, "   | {line}")?;
+        }
+    }
+    if !plan.blockers.is_empty() {
+        writeln!(out)?;
+        writeln!(out, "apply would stop before changing anything:")?;
+        for b in &plan.blockers {
+            writeln!(out, "  - {b}")?;
+        }
+    }
+    Ok(())
+}

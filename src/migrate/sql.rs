@@ -1,0 +1,522 @@
+//! Reading migration SQL without a server: splitting a file into statements, and the
+//! strongest lock each statement takes (from PostgreSQL's documentation of lock modes).
+//!
+//! The plan reports these locks from the text alone: a dry run never runs DDL to find out.
+
+use std::fmt;
+
+use serde::Serialize;
+
+/// PostgreSQL's table-level lock modes, weakest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum LockMode {
+    AccessShare,
+    RowShare,
+    RowExclusive,
+    ShareUpdateExclusive,
+    Share,
+    ShareRowExclusive,
+    Exclusive,
+    AccessExclusive,
+}
+
+impl LockMode {
+    /// What the application notices while the lock is held (or waited for).
+    pub fn blocks(self) -> &'static str {
+        match self {
+            LockMode::AccessShare | LockMode::RowShare | LockMode::RowExclusive => "nothing the application does",
+            LockMode::ShareUpdateExclusive => "other DDL and VACUUM; reads and writes go on",
+            LockMode::Share => "writes (INSERT, UPDATE, DELETE); reads go on",
+            LockMode::ShareRowExclusive => "writes (INSERT, UPDATE, DELETE); reads go on",
+            LockMode::Exclusive => "everything but plain reads",
+            LockMode::AccessExclusive => "every query on the table, reads included",
+        }
+    }
+}
+
+impl fmt::Display for LockMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LockMode::AccessShare => "ACCESS SHARE",
+            LockMode::RowShare => "ROW SHARE",
+            LockMode::RowExclusive => "ROW EXCLUSIVE",
+            LockMode::ShareUpdateExclusive => "SHARE UPDATE EXCLUSIVE",
+            LockMode::Share => "SHARE",
+            LockMode::ShareRowExclusive => "SHARE ROW EXCLUSIVE",
+            LockMode::Exclusive => "EXCLUSIVE",
+            LockMode::AccessExclusive => "ACCESS EXCLUSIVE",
+        })
+    }
+}
+
+/// One lock a statement takes on an existing relation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LockTaken {
+    pub relation: String,
+    pub mode: LockMode,
+}
+
+/// One statement of a migration file, with what pgmend knows about it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Statement {
+    /// 1-based line of the file where the statement starts.
+    pub line: usize,
+    pub sql: String,
+    /// `ALTER TABLE issued_coupons`, `CREATE UNIQUE INDEX CONCURRENTLY ...`.
+    pub summary: String,
+    pub locks: Vec<LockTaken>,
+    /// Must run outside a transaction block (CONCURRENTLY, VACUUM).
+    pub online: bool,
+    /// BEGIN, COMMIT and friends: pgmend owns the transactions, so files may not.
+    pub transaction_control: bool,
+    /// The lock analysis did not recognise the statement and assumed the strongest lock.
+    pub lock_assumed: bool,
+    /// Tables this statement creates (to refuse re-creating what exists).
+    pub creates_tables: Vec<String>,
+}
+
+impl Statement {
+    pub fn strongest_lock(&self) -> Option<LockMode> {
+        self.locks.iter().map(|l| l.mode).max()
+    }
+}
+
+/// Splits SQL into statements at top-level semicolons, respecting quotes, dollar quotes
+/// and comments. Statements that hold only comments are dropped.
+pub fn split(sql: &str) -> Vec<Statement> {
+    let bytes: Vec<char> = sql.chars().collect();
+    let mut statements = Vec::new();
+    let mut start = 0usize;
+    let mut i = 0usize;
+    let mut line = 1usize;
+    let mut start_line = 1usize;
+    let n = bytes.len();
+    let advance = |i: &mut usize, line: &mut usize, c: char| {
+        if c == '\n' {
+            *line += 1;
+        }
+        *i += 1;
+    };
+    while i < n {
+        let c = bytes[i];
+        match c {
+            '-' if bytes.get(i + 1) == Some(&'-') => {
+                while i < n && bytes[i] != '\n' {
+                    i += 1;
+                }
+            }
+            '/' if bytes.get(i + 1) == Some(&'*') => {
+                let mut depth = 0;
+                while i < n {
+                    if bytes[i] == '/' && bytes.get(i + 1) == Some(&'*') {
+                        depth += 1;
+                        i += 2;
+                    } else if bytes[i] == '*' && bytes.get(i + 1) == Some(&'/') {
+                        depth -= 1;
+                        i += 2;
+                        if depth == 0 {
+                            break;
+                        }
+                    } else {
+                        { let c = bytes[i]; advance(&mut i, &mut line, c); }
+                    }
+                }
+            }
+            '\'' | '"' => {
+                let backslash = c == '\''
+                    && i > 0
+                    && matches!(bytes[i - 1], 'e' | 'E')
+                    && (i < 2 || !bytes[i - 2].is_alphanumeric());
+                i += 1;
+                while i < n {
+                    if backslash && bytes[i] == '\\' {
+                        i += 2;
+                        continue;
+                    }
+                    if bytes[i] == c {
+                        if bytes.get(i + 1) == Some(&c) {
+                            i += 2;
+                            continue;
+                        }
+                        i += 1;
+                        break;
+                    }
+                    { let c = bytes[i]; advance(&mut i, &mut line, c); }
+                }
+            }
+            '$' => {
+                // $tag$ ... $tag$, where tag is empty or an identifier (not $1 parameters).
+                let mut j = i + 1;
+                while j < n && (bytes[j].is_alphanumeric() || bytes[j] == '_') {
+                    j += 1;
+                }
+                let is_tag = j < n
+                    && bytes[j] == '$'
+                    && !bytes.get(i + 1).is_some_and(|d| d.is_ascii_digit());
+                if is_tag {
+                    let tag: String = bytes[i..=j].iter().collect();
+                    i = j + 1;
+                    let tag_chars: Vec<char> = tag.chars().collect();
+                    while i < n && bytes[i..].iter().take(tag_chars.len()).ne(tag_chars.iter()) {
+                        { let c = bytes[i]; advance(&mut i, &mut line, c); }
+                    }
+                    i = (i + tag_chars.len()).min(n);
+                } else {
+                    i += 1;
+                }
+            }
+            ';' => {
+                push_statement(&mut statements, &bytes[start..i], start_line);
+                i += 1;
+                start = i;
+                start_line = line;
+            }
+            _ => advance(&mut i, &mut line, c),
+        }
+    }
+    push_statement(&mut statements, &bytes[start..n], start_line);
+    statements
+}
+
+fn push_statement(out: &mut Vec<Statement>, chars: &[char], first_line: usize) {
+    let text: String = chars.iter().collect();
+    let tokens = tokenize(&text);
+    if tokens.is_empty() {
+        return;
+    }
+    // The statement starts at its first line that holds more than blanks and comments.
+    let leading = text.len() - text.trim_start().len();
+    let mut line = first_line + text[..leading].matches('\n').count();
+    for l in text.trim_start().lines() {
+        let t = l.trim();
+        if t.is_empty() || t.starts_with("--") {
+            line += 1;
+        } else {
+            break;
+        }
+    }
+    out.push(analyze(strip_leading_comments(text.trim()), line, &tokens));
+}
+
+fn strip_leading_comments(text: &str) -> String {
+    let mut rest = text;
+    loop {
+        rest = rest.trim_start();
+        if rest.starts_with("--") {
+            rest = rest.split_once('\n').map(|(_, r)| r).unwrap_or("");
+        } else {
+            return rest.to_string();
+        }
+    }
+}
+
+/// A token of a statement: keywords and unquoted identifiers are lower-cased, quoted
+/// identifiers kept as written, string literals and punctuation abstracted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Token {
+    Word(String),
+    Quoted(String),
+    Literal,
+    Punct(char),
+}
+
+fn tokenize(text: &str) -> Vec<Token> {
+    let chars: Vec<char> = text.chars().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        if c.is_whitespace() {
+            i += 1;
+        } else if c == '-' && chars.get(i + 1) == Some(&'-') {
+            while i < chars.len() && chars[i] != '\n' {
+                i += 1;
+            }
+        } else if c == '/' && chars.get(i + 1) == Some(&'*') {
+            let mut depth = 0;
+            while i < chars.len() {
+                if chars[i] == '/' && chars.get(i + 1) == Some(&'*') {
+                    depth += 1;
+                    i += 2;
+                } else if chars[i] == '*' && chars.get(i + 1) == Some(&'/') {
+                    depth -= 1;
+                    i += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    i += 1;
+                }
+            }
+        } else if c == '"' {
+            let mut s = String::new();
+            i += 1;
+            while i < chars.len() {
+                if chars[i] == '"' {
+                    if chars.get(i + 1) == Some(&'"') {
+                        s.push('"');
+                        i += 2;
+                        continue;
+                    }
+                    i += 1;
+                    break;
+                }
+                s.push(chars[i]);
+                i += 1;
+            }
+            out.push(Token::Quoted(s));
+        } else if c == '\'' {
+            i += 1;
+            while i < chars.len() {
+                if chars[i] == '\'' {
+                    if chars.get(i + 1) == Some(&'\'') {
+                        i += 2;
+                        continue;
+                    }
+                    i += 1;
+                    break;
+                }
+                i += 1;
+            }
+            out.push(Token::Literal);
+        } else if c.is_alphanumeric() || c == '_' {
+            let mut s = String::new();
+            while i < chars.len() && (chars[i].is_alphanumeric() || chars[i] == '_' || chars[i] == '$') {
+                s.push(chars[i]);
+                i += 1;
+            }
+            out.push(Token::Word(s.to_lowercase()));
+        } else {
+            out.push(Token::Punct(c));
+            i += 1;
+        }
+    }
+    out
+}
+
+fn is_word(t: Option<&Token>, w: &str) -> bool {
+    matches!(t, Some(Token::Word(x)) if x == w)
+}
+
+/// Reads a possibly schema-qualified name at `tokens[i]`, returning it and the next index.
+fn read_name(tokens: &[Token], mut i: usize) -> Option<(String, usize)> {
+    let mut parts = Vec::new();
+    loop {
+        match tokens.get(i)? {
+            Token::Word(w) => parts.push(w.clone()),
+            Token::Quoted(q) => parts.push(q.clone()),
+            _ => return None,
+        }
+        i += 1;
+        if tokens.get(i) == Some(&Token::Punct('.')) {
+            i += 1;
+        } else {
+            return Some((parts.join("."), i));
+        }
+    }
+}
+
+/// Skips optional keywords (`IF NOT EXISTS`, `ONLY`, `CONCURRENTLY`, ...) at `i`.
+fn skip_words(tokens: &[Token], mut i: usize, words: &[&str]) -> usize {
+    while words.iter().any(|w| is_word(tokens.get(i), w)) {
+        i += 1;
+    }
+    i
+}
+
+/// The relations named after every `REFERENCES` in the statement.
+fn referenced(tokens: &[Token]) -> Vec<String> {
+    tokens
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| matches!(t, Token::Word(w) if w == "references"))
+        .filter_map(|(i, _)| read_name(tokens, i + 1).map(|(n, _)| n))
+        .collect()
+}
+
+fn analyze(sql: String, line: usize, tokens: &[Token]) -> Statement {
+    let words: Vec<&str> = tokens
+        .iter()
+        .take(8)
+        .filter_map(|t| match t {
+            Token::Word(w) => Some(w.as_str()),
+            _ => None,
+        })
+        .collect();
+    let mut statement = Statement {
+        line,
+        summary: String::new(),
+        sql,
+        locks: Vec::new(),
+        online: false,
+        transaction_control: false,
+        lock_assumed: false,
+        creates_tables: Vec::new(),
+    };
+    let lock = |relation: String, mode: LockMode| LockTaken { relation, mode };
+    let has = |w: &str| tokens.iter().any(|t| matches!(t, Token::Word(x) if x == w));
+    let first = words.first().copied().unwrap_or("");
+    match first {
+        "begin" | "commit" | "rollback" | "end" | "savepoint" | "release" | "abort" | "start" | "prepare" => {
+            statement.transaction_control = true;
+            statement.summary = first.to_uppercase();
+        }
+        "create" => {
+            let mut i = skip_words(tokens, 1, &["or", "replace", "global", "local", "temporary", "temp", "unlogged"]);
+            if is_word(tokens.get(i), "table") {
+                i = skip_words(tokens, i + 1, &["if", "not", "exists"]);
+                let name = read_name(tokens, i).map(|(n, _)| n).unwrap_or_default();
+                statement.summary = format!("CREATE TABLE {name}");
+                statement.creates_tables.push(name);
+                for target in referenced(tokens) {
+                    statement.locks.push(lock(target, LockMode::ShareRowExclusive));
+                }
+            } else if is_word(tokens.get(i), "unique") || is_word(tokens.get(i), "index") {
+                let unique = is_word(tokens.get(i), "unique");
+                let on = tokens.iter().position(|t| matches!(t, Token::Word(w) if w == "on"));
+                let table = on
+                    .map(|p| skip_words(tokens, p + 1, &["only"]))
+                    .and_then(|p| read_name(tokens, p))
+                    .map(|(n, _)| n)
+                    .unwrap_or_default();
+                let concurrently = has("concurrently");
+                statement.online = concurrently;
+                statement.summary = format!(
+                    "CREATE {}INDEX {}ON {table}",
+                    if unique { "UNIQUE " } else { "" },
+                    if concurrently { "CONCURRENTLY " } else { "" }
+                );
+                let mode = if concurrently { LockMode::ShareUpdateExclusive } else { LockMode::Share };
+                statement.locks.push(lock(table, mode));
+            } else {
+                // Schemas, types, functions, sequences, views: catalog entries, no table lock
+                // on existing data (a view's query takes ACCESS SHARE at most).
+                statement.summary = words.iter().take(3).map(|w| w.to_uppercase()).collect::<Vec<_>>().join(" ");
+            }
+        }
+        "alter" if is_word(tokens.get(1), "table") => {
+            let i = skip_words(tokens, 2, &["if", "exists", "only"]);
+            let (table, after) = read_name(tokens, i).unwrap_or_default();
+            statement.summary = format!("ALTER TABLE {table}");
+            let rest = &tokens[after.min(tokens.len())..];
+            let rest_has = |w: &str| rest.iter().any(|t| matches!(t, Token::Word(x) if x == w));
+            let only_validate = rest_has("validate") && !rest_has("add") && !rest_has("drop") && !rest_has("alter");
+            let foreign_key_only = rest_has("foreign") && !rest_has("column") && !rest_has("check");
+            let mode = if only_validate {
+                LockMode::ShareUpdateExclusive
+            } else if foreign_key_only {
+                LockMode::ShareRowExclusive
+            } else {
+                LockMode::AccessExclusive
+            };
+            statement.locks.push(lock(table, mode));
+            for target in referenced(rest) {
+                statement.locks.push(lock(target, LockMode::ShareRowExclusive));
+            }
+        }
+        "drop" if is_word(tokens.get(1), "index") => {
+            let concurrently = is_word(tokens.get(2), "concurrently");
+            let i = skip_words(tokens, 2, &["concurrently", "if", "exists"]);
+            let name = read_name(tokens, i).map(|(n, _)| n).unwrap_or_default();
+            statement.online = concurrently;
+            statement.summary = format!("DROP INDEX {}{name}", if concurrently { "CONCURRENTLY " } else { "" });
+            let mode = if concurrently { LockMode::ShareUpdateExclusive } else { LockMode::AccessExclusive };
+            statement.locks.push(lock(format!("{name} and its table"), mode));
+        }
+        "reindex" => {
+            let concurrently = has("concurrently");
+            statement.online = concurrently;
+            statement.summary = words.iter().map(|w| w.to_uppercase()).collect::<Vec<_>>().join(" ");
+            let name = tokens.iter().rev().find_map(|t| match t {
+                Token::Word(w) | Token::Quoted(w) => Some(w.clone()),
+                _ => None,
+            });
+            let mode = if concurrently { LockMode::ShareUpdateExclusive } else { LockMode::AccessExclusive };
+            statement.locks.push(lock(name.unwrap_or_default(), mode));
+        }
+        "vacuum" => {
+            statement.online = true;
+            statement.summary = "VACUUM".into();
+        }
+        "drop" | "truncate" | "lock" | "cluster" => {
+            let i = skip_words(tokens, 1, &["table", "if", "exists", "only"]);
+            let name = read_name(tokens, i).map(|(n, _)| n).unwrap_or_default();
+            statement.summary = format!("{} {name}", words.iter().take(2).map(|w| w.to_uppercase()).collect::<Vec<_>>().join(" "));
+            statement.locks.push(lock(name, LockMode::AccessExclusive));
+        }
+        "insert" | "update" | "delete" | "merge" => {
+            let i = skip_words(tokens, 1, &["into", "from", "only"]);
+            let name = read_name(tokens, i).map(|(n, _)| n).unwrap_or_default();
+            statement.summary = format!("{} {name}", first.to_uppercase());
+            statement.locks.push(lock(name, LockMode::RowExclusive));
+        }
+        "select" | "with" | "set" | "reset" | "comment" | "analyze" | "grant" | "revoke" => {
+            statement.summary = first.to_uppercase();
+        }
+        _ => {
+            statement.summary = words.iter().take(3).map(|w| w.to_uppercase()).collect::<Vec<_>>().join(" ");
+            statement.lock_assumed = true;
+            statement.locks.push(lock("(not recognised)".into(), LockMode::AccessExclusive));
+        }
+    }
+    statement
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_respecting_quotes_comments_and_dollar_quotes() {
+        let sql = "-- head; not a statement\nCREATE TABLE a (x text DEFAULT ';');\n\n/* ; */ INSERT INTO \"we;ird\" VALUES ($$;$$);\nDO $f$ BEGIN PERFORM 1; END $f$;\n-- trailing comment only\n";
+        let s = split(sql);
+        assert_eq!(s.len(), 3, "{s:#?}");
+        assert_eq!((s[0].line, s[0].summary.as_str()), (2, "CREATE TABLE a"));
+        assert_eq!(s[1].summary, "INSERT we;ird");
+        assert_eq!(s[1].locks[0].mode, LockMode::RowExclusive);
+        assert_eq!(s[2].line, 5);
+        assert!(s[2].lock_assumed);
+    }
+
+    #[test]
+    fn locks_of_the_release_statements() {
+        let s = split(
+            "ALTER TABLE issued_coupons ADD COLUMN voided_at timestamptz;
+             CREATE TABLE campaign_budgets (campaign_id text PRIMARY KEY REFERENCES campaigns);
+             CREATE UNIQUE INDEX CONCURRENTLY one_coupon_per_member ON issued_coupons (campaign_id, member_id) WHERE NOT legacy_duplicate;
+             ALTER TABLE campaign_budgets VALIDATE CONSTRAINT issued_within_budget;
+             DROP INDEX CONCURRENTLY IF EXISTS one_coupon_per_member;
+             ALTER TABLE \"Odd\".\"T\" ADD CONSTRAINT fk FOREIGN KEY (a) REFERENCES other (a) NOT VALID;",
+        );
+        let strongest: Vec<_> = s.iter().map(|st| st.strongest_lock().unwrap()).collect();
+        assert_eq!(
+            strongest,
+            [
+                LockMode::AccessExclusive,
+                LockMode::ShareRowExclusive,
+                LockMode::ShareUpdateExclusive,
+                LockMode::ShareUpdateExclusive,
+                LockMode::ShareUpdateExclusive,
+                LockMode::ShareRowExclusive
+            ]
+        );
+        assert_eq!(s[1].creates_tables, ["campaign_budgets"]);
+        assert_eq!(s[1].locks[0].relation, "campaigns");
+        assert!(s[2].online && s[4].online && !s[0].online);
+        assert_eq!(s[5].locks[0].relation, "Odd.T");
+        assert_eq!(s[5].locks[1].relation, "other");
+    }
+
+    #[test]
+    fn transaction_control_is_flagged() {
+        let s = split("BEGIN; SELECT 1; COMMIT;");
+        assert!(s[0].transaction_control && !s[1].transaction_control && s[2].transaction_control);
+    }
+
+    #[test]
+    fn escape_strings_do_not_end_early() {
+        let s = split(r"INSERT INTO t VALUES (E'it\'s; fine'); SELECT 2;");
+        assert_eq!(s.len(), 2, "{s:#?}");
+    }
+}
