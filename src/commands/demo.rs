@@ -15,13 +15,13 @@ use crate::migrate::source::Source;
 /// duplicates (some redeemed), and a campaigns.issued_yen that lost updates.
 const DIRTY_DATA_SQL: &str = "
 INSERT INTO campaigns (campaign_id, discount_yen, budget_yen, issued_yen)
-SELECT id, 1000, (budget::bigint * $1 / 300)::int, 0
+SELECT id, 1000, (budget::bigint * $1::int / 300)::int, 0
   FROM (VALUES ('SW-A', 100000), ('SW-B', 300000), ('SW-C', 300000)) v(id, budget);
 INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen, issued_at, redeemed_at)
 SELECT gen_random_uuid(), c.campaign_id, 'm' || lpad(m::text, 7, '0'), '2026-09', c.discount_yen,
        t.at + k * interval '180 milliseconds',
        CASE WHEN random() < 0.35 THEN t.at + interval '2 days' END
-  FROM generate_series(1, $1) m
+  FROM generate_series(1, $1::int) m
  CROSS JOIN campaigns c
  CROSS JOIN LATERAL (SELECT timestamptz '2026-09-19 09:00+09' + (m * 0 + random()) * interval '5 days' AS at) t
  CROSS JOIN LATERAL generate_series(1, m * 0 + CASE WHEN random() < 0.05 THEN 3 WHEN random() < 0.10 THEN 2 ELSE 1 END) k

@@ -102,11 +102,7 @@ pub fn connect(params: &ConnParams) -> Result<Session> {
         )
         .doing("reading the server version")?;
     let (server_version_num, server_version): (i32, String) = (row.get(0), row.get(1));
-    if server_version_num < MIN_SERVER_VERSION {
-        bail!(
-            "{params} runs PostgreSQL {server_version}; pgmend needs 14.4 or newer (14.0 to 14.3 could corrupt indexes built CONCURRENTLY). Upgrade the server before the release"
-        );
-    }
+    check_server_version(params, server_version_num, &server_version)?;
     // A backend whose client died (kill -9, a lost network) notices within a second and
     // rolls back, instead of holding its locks until the current statement ends.
     client
@@ -118,6 +114,16 @@ pub fn connect(params: &ConnParams) -> Result<Session> {
         server_version_num,
         server_version,
     })
+}
+
+/// Refuses servers older than 14.4 (exit 2).
+pub fn check_server_version(params: &ConnParams, version_num: i32, version: &str) -> Result<()> {
+    if version_num < MIN_SERVER_VERSION {
+        bail!(
+            "{params} runs PostgreSQL {version}; pgmend needs 14.4 or newer (14.0 to 14.3 could corrupt indexes built CONCURRENTLY). Upgrade the server before the release"
+        );
+    }
+    Ok(())
 }
 
 /// TLS the way libpq's sslmode means it: `prefer`/`require` encrypt without checking the
@@ -171,4 +177,19 @@ fn root_certificate(params: &ConnParams) -> Option<PathBuf> {
     let home = std::env::var_os("HOME")?;
     let default = PathBuf::from(home).join(".postgresql/root.crt");
     default.is_file().then_some(default)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn servers_older_than_14_4_are_refused() {
+        let p = crate::db::conninfo::resolve(Some("host=h user=u password=hunter2"), &|_| None).unwrap();
+        let e = check_server_version(&p, 140_003, "14.3").unwrap_err().to_string();
+        assert!(e.contains("14.4 or newer") && e.contains("14.3") && !e.contains("hunter2"), "{e}");
+        assert!(check_server_version(&p, 130_010, "13.10").is_err());
+        assert!(check_server_version(&p, 140_004, "14.4").is_ok());
+        assert!(check_server_version(&p, 180_001, "18.1").is_ok());
+    }
 }

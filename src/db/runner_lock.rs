@@ -61,7 +61,7 @@ fn describe_holder(client: &mut Client) -> Result<String> {
                FROM pg_locks l JOIN pg_stat_activity a USING (pid)
               WHERE l.locktype = 'advisory' AND l.granted
                 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-                AND l.classid::bigint = ($1 >> 32) AND l.objid::bigint = ($1 & 4294967295)
+                AND l.classid::bigint = ($1::bigint >> 32) AND l.objid::bigint = ($1::bigint & 4294967295)
                 AND l.objsubid = 1",
             &[&RUNNER_LOCK_KEY],
         )

@@ -40,7 +40,7 @@ pub fn execute(
         with_lock_retry(client, policy, "creating the history table", &[], |c| {
             let mut tx = c.transaction()?;
             tx.batch_execute(&policy.set_local_sql())?;
-            tx.batch_execute(history::CREATE_SQL)?;
+            history::ensure_table(&mut tx)?;
             tx.commit()
         })?;
     }

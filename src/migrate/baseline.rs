@@ -151,7 +151,7 @@ pub fn record(client: &mut postgres::Client, v1: &Migration, policy: &LockPolicy
     with_lock_retry(client, policy, "recording the baseline", &[], |c| {
         let mut tx = c.transaction()?;
         tx.batch_execute(&policy.set_local_sql())?;
-        tx.batch_execute(history::CREATE_SQL)?;
+        history::ensure_table(&mut tx)?;
         history::record(&mut tx, v1)?;
         tx.commit()
     })

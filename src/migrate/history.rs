@@ -55,6 +55,15 @@ pub const CREATE_SQL: &str = "CREATE TABLE IF NOT EXISTS refinery_schema_history
     applied_on VARCHAR(255),
     checksum VARCHAR(255))";
 
+/// Creates the history table unless it exists (checked first, so no NOTICE is raised).
+pub fn ensure_table(client: &mut impl GenericClient) -> Result<(), postgres::Error> {
+    let exists: bool = client.query_one("SELECT to_regclass($1) IS NOT NULL", &[&TABLE])?.get(0);
+    if !exists {
+        client.batch_execute(CREATE_SQL)?;
+    }
+    Ok(())
+}
+
 /// Records `migration` as applied, inside the caller's transaction.
 pub fn record(client: &mut impl GenericClient, migration: &Migration) -> Result<(), postgres::Error> {
     client.execute(

@@ -1,0 +1,188 @@
+//! The test harness: one throwaway PostgreSQL cluster per test binary (or the server in
+//! `PGMEND_TEST_DATABASE_URL`), a fresh database per test, and helpers that run the real
+//! binary and check that no output ever shows the password.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
+
+use pgmend::db::conninfo::{self, ConnParams};
+use pgmend::localpg::LocalPg;
+
+/// The server every test of this binary uses, as admin connection parameters.
+struct Server {
+    admin: ConnParams,
+    _local: Option<LocalPg>,
+}
+
+fn server() -> &'static Server {
+    static SERVER: OnceLock<Server> = OnceLock::new();
+    SERVER.get_or_init(|| match std::env::var("PGMEND_TEST_DATABASE_URL") {
+        Ok(url) => Server {
+            admin: conninfo::resolve(Some(&url), &|k| std::env::var(k).ok()).expect("PGMEND_TEST_DATABASE_URL"),
+            _local: None,
+        },
+        Err(_) => {
+            let pg = LocalPg::start(false).expect("starting a throwaway PostgreSQL for the tests");
+            let admin = conninfo::resolve(Some(&pg.conninfo("postgres")), &|_| None).unwrap();
+            Server { admin, _local: Some(pg) }
+        }
+    })
+}
+
+fn keyword_value(p: &ConnParams) -> String {
+    format!(
+        "host={} port={} user={} password={} dbname={} sslmode={}",
+        p.host,
+        p.port,
+        p.user,
+        p.password.clone().unwrap_or_default(),
+        p.dbname,
+        p.sslmode.as_str()
+    )
+}
+
+/// A fresh database for one test, dropped afterwards.
+pub struct TestDb {
+    pub name: String,
+    pub params: ConnParams,
+}
+
+pub fn fresh_db() -> TestDb {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let s = server();
+    let name = format!("t{}_{}", std::process::id(), COUNTER.fetch_add(1, Ordering::SeqCst));
+    let mut admin = postgres::Client::connect(&keyword_value(&s.admin), postgres::NoTls).expect("admin connection");
+    admin.batch_execute(&format!("CREATE DATABASE {name}")).expect("CREATE DATABASE");
+    let mut params = s.admin.clone();
+    params.dbname = name.clone();
+    TestDb { name, params }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if let Ok(mut admin) = postgres::Client::connect(&keyword_value(&server().admin), postgres::NoTls) {
+            let _ = admin.batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name));
+        }
+    }
+}
+
+/// What a run of the binary gave.
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    pub fn both(&self) -> String {
+        format!("{}\n{}", self.stdout, self.stderr)
+    }
+}
+
+impl TestDb {
+    pub fn conninfo(&self) -> String {
+        keyword_value(&self.params)
+    }
+
+    pub fn password(&self) -> String {
+        self.params.password.clone().unwrap_or_default()
+    }
+
+    pub fn client(&self) -> postgres::Client {
+        postgres::Client::connect(&self.conninfo(), postgres::NoTls).expect("test connection")
+    }
+
+    /// `pgmend` with DATABASE_URL pointing at this database and no stray PG* variables.
+    pub fn pgmend(&self) -> Command {
+        let mut c = pgmend_command();
+        c.env("DATABASE_URL", self.conninfo());
+        c
+    }
+
+    pub fn run(&self, args: &[&str]) -> Run {
+        run(self.pgmend().args(args), &self.password())
+    }
+
+    /// Creates the legacy schema (V1) the way production has it, with a few dirty rows.
+    pub fn make_legacy(&self) {
+        let v1 = std::fs::read_to_string(repo().join("migrations/V1__legacy_baseline.sql")).unwrap();
+        let mut c = self.client();
+        c.batch_execute(&v1).unwrap();
+        c.batch_execute(
+            "INSERT INTO campaigns VALUES ('SW-A', 1000, 100000, 3000), ('SW-B', 1000, 300000, 0);
+             INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen)
+             SELECT gen_random_uuid(), 'SW-A', 'm' || (g % 4), '2026-09', 1000 FROM generate_series(1, 6) g;",
+        )
+        .unwrap();
+    }
+
+    pub fn scalar_i64(&self, sql: &str) -> i64 {
+        self.client().query_one(sql, &[]).unwrap().get(0)
+    }
+
+    pub fn exists(&self, relation: &str) -> bool {
+        self.client()
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&relation])
+            .unwrap()
+            .get(0)
+    }
+
+    pub fn history(&self) -> Vec<(i32, String)> {
+        if !self.exists("refinery_schema_history") {
+            return Vec::new();
+        }
+        self.client()
+            .query("SELECT version, name FROM refinery_schema_history ORDER BY version", &[])
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect()
+    }
+}
+
+pub fn pgmend_command() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_pgmend"));
+    for var in ["DATABASE_URL", "PGHOST", "PGPORT", "PGUSER", "PGPASSWORD", "PGDATABASE", "PGSSLMODE", "PGSSLROOTCERT", "PGAPPNAME", "PGCONNECT_TIMEOUT", "PGMEND_MIGRATIONS_DIR"] {
+        c.env_remove(var);
+    }
+    c.stdin(Stdio::null());
+    c
+}
+
+/// Runs and collects; fails the test if the password shows anywhere in the output.
+pub fn run(command: &mut Command, password: &str) -> Run {
+    let Output { status, stdout, stderr } = command.output().expect("running pgmend");
+    let run = Run {
+        code: status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&stderr).into_owned(),
+    };
+    if !password.is_empty() {
+        assert!(!run.both().contains(password), "the password leaked into the output:\n{}", run.both());
+    }
+    run
+}
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A migrations directory holding the shipped migrations plus `extra` (name, sql) files.
+pub fn migrations_dir(extra: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(repo().join("migrations")).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+    }
+    for (name, sql) in extra {
+        std::fs::write(dir.path().join(name), sql).unwrap();
+    }
+    dir
+}
+
+pub fn dir_arg(dir: &Path) -> String {
+    dir.display().to_string()
+}
