@@ -198,6 +198,10 @@ pub fn baseline(args: &BaselineArgs, format: Format) -> Result<Outcome> {
             lines.join("\n  - ")
         );
     }
+    confirm(
+        args.safety.yes,
+        &format!("Record {} as applied on {} without running it?", v1.label(), session.params),
+    )?;
     baseline::record(&mut session.client, &v1, &policy)?;
     report_baseline(format, &session.params, &v1, Some(&comparison), false)?;
     Ok(Outcome::Done)

@@ -83,7 +83,9 @@ pub fn connect(params: &ConnParams) -> Result<Session> {
     });
 
     let tls = tls_connector(params)?;
-    let mut client = config.connect(tls).map_err(|e| {
+    let mut client = connect_within(config, tls, params.connect_timeout)
+        .with_context(|| format!("could not connect to {params}; check that the server is running and reachable, the host and port (--database-url, DATABASE_URL or PGHOST/PGPORT), and sslmode"))?
+        .map_err(|e| {
         let failure = describe(&e);
         let advice = match failure.sqlstate.as_deref() {
             Some("28P01") | Some("28000") => {
@@ -113,6 +115,27 @@ pub fn connect(params: &ConnParams) -> Result<Session> {
         params: params.clone(),
         server_version_num,
         server_version,
+    })
+}
+
+/// The `postgres` crate bounds only the TCP connect by `connect_timeout`; a server that
+/// accepts the connection and never answers would hang it. libpq bounds the whole
+/// establishment, and so does pgmend: the attempt runs on a thread, and past the timeout it
+/// is abandoned (the process is about to exit with the error anyway).
+fn connect_within(
+    config: postgres::Config,
+    tls: MakeTlsConnector,
+    timeout: std::time::Duration,
+) -> Result<Result<Client, postgres::Error>> {
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = sender.send(config.connect(tls));
+    });
+    receiver.recv_timeout(timeout + std::time::Duration::from_millis(500)).map_err(|_| {
+        anyhow::anyhow!(
+            "the server did not complete the connection within the connect timeout ({}s; PGCONNECT_TIMEOUT or connect_timeout=...)",
+            timeout.as_secs()
+        )
     })
 }
 

@@ -14,7 +14,7 @@ use postgres::Client;
 
 use crate::error::{PgContext, Stopped};
 
-/// The advisory lock key: "pgmend" in ASCII. pg_locks shows it as classid 28781, objid
+/// The advisory lock key: "pgmend" in ASCII. pg_locks shows it as classid 28775, objid
 /// 1835363940.
 pub const RUNNER_LOCK_KEY: i64 = 0x7067_6d65_6e64;
 

@@ -1,0 +1,112 @@
+//! Connecting: bad URLs, wrong passwords, unreachable hosts, the libpq variables. Every
+//! failure exits 2, says what to do, and never shows the password.
+
+mod common;
+
+use std::net::TcpListener;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+#[test]
+fn a_malformed_url_exits_2_without_echoing_it() {
+    let r = run(
+        pgmend_command().args(["migrate", "status", "--database-url", "postgresql://rel:Sup3rSecret@db:notaport/x"]),
+        "Sup3rSecret",
+    );
+    assert_eq!(r.code, 2, "{}", r.both());
+    assert!(r.stderr.contains("port \"notaport\""), "{}", r.stderr);
+    let r = run(pgmend_command().args(["migrate", "status", "--database-url", "host=db passwort=Sup3rSecret"]), "Sup3rSecret");
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("unknown connection parameter \"passwort\""), "{}", r.stderr);
+}
+
+#[test]
+fn a_wrong_password_exits_2_and_says_what_to_check() {
+    let db = fresh_db();
+    let mut params = db.params.clone();
+    params.password = Some("WrongHorseBattery".into());
+    let url = format!("host={} port={} user={} password=WrongHorseBattery dbname={} sslmode=disable", params.host, params.port, params.user, params.dbname);
+    let r = run(pgmend_command().args(["migrate", "status", "--database-url", &url]), "WrongHorseBattery");
+    assert_eq!(r.code, 2, "{}", r.both());
+    assert!(r.stderr.contains("password authentication failed"), "{}", r.stderr);
+    assert!(r.stderr.contains("PGPASSWORD"), "{}", r.stderr);
+    assert!(!r.stderr.contains(&db.password()));
+}
+
+#[test]
+fn the_pg_variables_are_honoured_and_application_name_defaults_to_pgmend() {
+    let db = fresh_db();
+    let p = &db.params;
+    let status = |appname: Option<&str>| {
+        let mut c = pgmend_command();
+        c.env("PGHOST", &p.host)
+            .env("PGPORT", p.port.to_string())
+            .env("PGUSER", &p.user)
+            .env("PGPASSWORD", p.password.clone().unwrap())
+            .env("PGDATABASE", &p.dbname)
+            .env("PGSSLMODE", "disable")
+            .args(["migrate", "apply", "--yes", "--format", "json"]);
+        if let Some(a) = appname {
+            c.env("PGAPPNAME", a);
+        }
+        run(&mut c, &db.password())
+    };
+    let r = status(None);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(doc["database"]["dbname"], db.name.as_str());
+    assert!(db.exists("campaigns"));
+    // The runner lock's holder is named by application_name; hold it and look.
+    let mut blocker = db.client();
+    blocker.batch_execute("SET application_name = 'pgmend'").unwrap();
+    blocker.query_one("SELECT pg_try_advisory_lock(123589519306340)", &[]).unwrap();
+    let r = status(Some("nightly-release"));
+    assert_eq!(r.code, 1, "{}", r.both());
+    assert!(r.stderr.contains("application_name \"pgmend\""), "{}", r.stderr);
+}
+
+#[test]
+fn an_unreachable_host_is_bounded_by_the_connect_timeout() {
+    // A listener that accepts TCP and never answers: the startup packet goes unanswered.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let started = Instant::now();
+    let r = run(
+        pgmend_command()
+            .env("PGCONNECT_TIMEOUT", "2")
+            .args(["migrate", "status", "--database-url", &format!("postgresql://u:Pw0rdX@127.0.0.1:{port}/d?sslmode=disable")]),
+        "Pw0rdX",
+    );
+    let took = started.elapsed();
+    assert_eq!(r.code, 2, "{}", r.both());
+    assert!(took < Duration::from_secs(15), "took {took:?}");
+    assert!(r.stderr.contains("could not connect to host=127.0.0.1"), "{}", r.stderr);
+    drop(silent);
+
+    let closed = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let r = run(pgmend_command().args(["migrate", "status", "--database-url", &format!("host=127.0.0.1 port={closed} user=u password=Pw0rdX sslmode=disable")]), "Pw0rdX");
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("check that the server is running"), "{}", r.stderr);
+}
+
+#[test]
+fn verify_full_without_a_root_certificate_refuses_before_connecting() {
+    let r = run(
+        pgmend_command().env("HOME", "/nonexistent").args(["migrate", "status", "--database-url", "postgresql://u:Pw0rdX@127.0.0.1:1/d?sslmode=verify-full"]),
+        "Pw0rdX",
+    );
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("PGSSLROOTCERT"), "{}", r.stderr);
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let r = run(pgmend_command().args(["migrate", "apply", "--lock-timeout", "5"]), "");
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("500ms"), "{}", r.stderr);
+    let r = run(pgmend_command().args(["migrate", "frobnicate"]), "");
+    assert_eq!(r.code, 2);
+    let r = run(pgmend_command().args(["--help"]), "");
+    assert_eq!(r.code, 0);
+}
