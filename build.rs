@@ -12,8 +12,15 @@ fn main() {
     for path in entries.iter().filter(|p| p.is_file()) {
         println!("cargo:rerun-if-changed={}", path.display());
         let name = path.file_name().unwrap().to_string_lossy();
-        code.push_str(&format!("    ({name:?}, include_bytes!({:?})),\n", path.display().to_string()));
+        code.push_str(&format!(
+            "    ({name:?}, include_bytes!({:?})),\n",
+            path.display().to_string()
+        ));
     }
     code.push_str("];\n");
-    fs::write(Path::new(&env::var("OUT_DIR").unwrap()).join("embedded_migrations.rs"), code).unwrap();
+    fs::write(
+        Path::new(&env::var("OUT_DIR").unwrap()).join("embedded_migrations.rs"),
+        code,
+    )
+    .unwrap();
 }

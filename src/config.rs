@@ -14,15 +14,19 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .find(|c: char| !c.is_ascii_digit())
         .ok_or_else(|| format!("{text:?} has no unit; write it like 500ms, 30s, 2m or 1h"))?;
     let (number, unit) = text.split_at(split);
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} does not start with a whole number; write it like 500ms, 30s, 2m or 1h"))?;
+    let n: u64 = number.parse().map_err(|_| {
+        format!("{text:?} does not start with a whole number; write it like 500ms, 30s, 2m or 1h")
+    })?;
     let millis = match unit {
         "ms" => Some(n),
         "s" => n.checked_mul(1_000),
         "m" | "min" => n.checked_mul(60_000),
         "h" => n.checked_mul(3_600_000),
-        _ => return Err(format!("{text:?} has an unknown unit {unit:?}; use ms, s, m or h")),
+        _ => {
+            return Err(format!(
+                "{text:?} has an unknown unit {unit:?}; use ms, s, m or h"
+            ))
+        }
     };
     millis
         .map(Duration::from_millis)
@@ -37,11 +41,11 @@ pub fn format_duration(d: Duration) -> String {
         "0s".into()
     } else if ms < 1_000 {
         format!("{ms}ms")
-    } else if ms % 3_600_000 == 0 {
+    } else if ms.is_multiple_of(3_600_000) {
         format!("{}h", ms / 3_600_000)
-    } else if ms % 60_000 == 0 {
+    } else if ms.is_multiple_of(60_000) {
         format!("{}m", ms / 60_000)
-    } else if ms % 1_000 == 0 {
+    } else if ms.is_multiple_of(1_000) {
         format!("{}s", ms / 1_000)
     } else {
         format!("{:.1}s", d.as_secs_f64())
@@ -74,7 +78,16 @@ mod tests {
 
     #[test]
     fn bad_durations_say_how_to_write_them() {
-        for bad in ["", "5", "ms", "5 s", "1.5s", "3d", "-1s", "99999999999999999999h"] {
+        for bad in [
+            "",
+            "5",
+            "ms",
+            "5 s",
+            "1.5s",
+            "3d",
+            "-1s",
+            "99999999999999999999h",
+        ] {
             let e = parse_duration(bad).unwrap_err();
             assert!(!e.is_empty(), "{bad}");
         }

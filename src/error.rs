@@ -13,7 +13,7 @@ use std::fmt;
 pub struct Stopped(pub String);
 
 impl Stopped {
-    pub fn new(message: impl Into<String>) -> anyhow::Error {
+    pub fn error(message: impl Into<String>) -> anyhow::Error {
         anyhow::Error::new(Stopped(message.into()))
     }
 }
@@ -122,7 +122,7 @@ mod tests {
 
     #[test]
     fn stopped_maps_to_one_even_with_context() {
-        let e = Stopped::new("census found 3 groups").context("applying V3");
+        let e = Stopped::error("census found 3 groups").context("applying V3");
         assert_eq!(exit_code_for(&e), 1);
         assert_eq!(exit_code_for(&anyhow::anyhow!("bad flag")), 2);
     }

@@ -80,7 +80,9 @@ impl LocalPg {
         let pwfile = root.join("pwfile");
         std::fs::write(&pwfile, &password)?;
         if let Some(user) = &run_as {
-            let status = Command::new("chown").args(["-R", &format!("{user}:"), &root.display().to_string()]).status()?;
+            let status = Command::new("chown")
+                .args(["-R", &format!("{user}:"), &root.display().to_string()])
+                .status()?;
             if !status.success() {
                 bail!("as root, the server must run as the {user:?} user, and `chown -R {user}: {}` failed; create that user (the postgresql package does)", root.display());
             }
@@ -99,11 +101,17 @@ impl LocalPg {
         pg.run(
             "initdb",
             &[
-                "-D", &data.display().to_string(),
-                "-U", &pg.superuser.clone(),
-                "--auth-local=trust", "--auth-host=scram-sha-256",
+                "-D",
+                &data.display().to_string(),
+                "-U",
+                &pg.superuser.clone(),
+                "--auth-local=trust",
+                "--auth-host=scram-sha-256",
                 &format!("--pwfile={}", pwfile.display()),
-                "-E", "UTF8", "--no-locale", "-N",
+                "-E",
+                "UTF8",
+                "--no-locale",
+                "-N",
             ],
         )?;
         if !keep {
@@ -129,9 +137,16 @@ impl LocalPg {
         self.run(
             "pg_ctl",
             &[
-                "-D", &self.root.join("data").display().to_string(),
-                "-l", &self.root.join("server.log").display().to_string(),
-                "-w", "-t", "60", "-o", &options, "start",
+                "-D",
+                &self.root.join("data").display().to_string(),
+                "-l",
+                &self.root.join("server.log").display().to_string(),
+                "-w",
+                "-t",
+                "60",
+                "-o",
+                &options,
+                "start",
             ],
         )
     }
@@ -159,7 +174,14 @@ impl LocalPg {
                 "{program} failed: {}{}\n{}",
                 String::from_utf8_lossy(&output.stderr),
                 String::from_utf8_lossy(&output.stdout),
-                log.lines().rev().take(10).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n")
+                log.lines()
+                    .rev()
+                    .take(10)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect::<Vec<_>>()
+                    .join("\n")
             );
         }
         Ok(())
@@ -168,7 +190,10 @@ impl LocalPg {
     fn spawn_watchdog(&self) -> Result<()> {
         let stop = format!(
             "{} {} -D {} stop -m immediate",
-            self.run_as.as_ref().map(|u| format!("runuser -u {u} --")).unwrap_or_default(),
+            self.run_as
+                .as_ref()
+                .map(|u| format!("runuser -u {u} --"))
+                .unwrap_or_default(),
             self.bin_dir.join("pg_ctl").display(),
             self.root.join("data").display()
         );
@@ -197,12 +222,24 @@ impl LocalPg {
 
     /// The same as a URL.
     pub fn url(&self, dbname: &str) -> String {
-        format!("postgresql://{}:{}@127.0.0.1:{}/{dbname}?sslmode=disable", self.superuser, self.password, self.port)
+        format!(
+            "postgresql://{}:{}@127.0.0.1:{}/{dbname}?sslmode=disable",
+            self.superuser, self.password, self.port
+        )
     }
 
     /// Stops the server at once and deletes its files.
     pub fn stop(&self) {
-        let _ = self.run("pg_ctl", &["-D", &self.root.join("data").display().to_string(), "stop", "-m", "immediate"]);
+        let _ = self.run(
+            "pg_ctl",
+            &[
+                "-D",
+                &self.root.join("data").display().to_string(),
+                "stop",
+                "-m",
+                "immediate",
+            ],
+        );
         let _ = std::fs::remove_dir_all(&self.root);
     }
 }

@@ -30,7 +30,10 @@ fn main() -> ExitCode {
         Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             let code = exit_code_for(&e);
-            eprintln!("pgmend: {}: {e:#}", if code == 1 { "stopped" } else { "error" });
+            eprintln!(
+                "pgmend: {}: {e:#}",
+                if code == 1 { "stopped" } else { "error" }
+            );
             ExitCode::from(code)
         }
     }

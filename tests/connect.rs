@@ -11,14 +11,32 @@ use common::*;
 #[test]
 fn a_malformed_url_exits_2_without_echoing_it() {
     let r = run(
-        pgmend_command().args(["migrate", "status", "--database-url", "postgresql://rel:Sup3rSecret@db:notaport/x"]),
+        pgmend_command().args([
+            "migrate",
+            "status",
+            "--database-url",
+            "postgresql://rel:Sup3rSecret@db:notaport/x",
+        ]),
         "Sup3rSecret",
     );
     assert_eq!(r.code, 2, "{}", r.both());
     assert!(r.stderr.contains("port \"notaport\""), "{}", r.stderr);
-    let r = run(pgmend_command().args(["migrate", "status", "--database-url", "host=db passwort=Sup3rSecret"]), "Sup3rSecret");
+    let r = run(
+        pgmend_command().args([
+            "migrate",
+            "status",
+            "--database-url",
+            "host=db passwort=Sup3rSecret",
+        ]),
+        "Sup3rSecret",
+    );
     assert_eq!(r.code, 2);
-    assert!(r.stderr.contains("unknown connection parameter \"passwort\""), "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("unknown connection parameter \"passwort\""),
+        "{}",
+        r.stderr
+    );
 }
 
 #[test]
@@ -26,10 +44,20 @@ fn a_wrong_password_exits_2_and_says_what_to_check() {
     let db = fresh_db();
     let mut params = db.params.clone();
     params.password = Some("WrongHorseBattery".into());
-    let url = format!("host={} port={} user={} password=WrongHorseBattery dbname={} sslmode=disable", params.host, params.port, params.user, params.dbname);
-    let r = run(pgmend_command().args(["migrate", "status", "--database-url", &url]), "WrongHorseBattery");
+    let url = format!(
+        "host={} port={} user={} password=WrongHorseBattery dbname={} sslmode=disable",
+        params.host, params.port, params.user, params.dbname
+    );
+    let r = run(
+        pgmend_command().args(["migrate", "status", "--database-url", &url]),
+        "WrongHorseBattery",
+    );
     assert_eq!(r.code, 2, "{}", r.both());
-    assert!(r.stderr.contains("password authentication failed"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("password authentication failed"),
+        "{}",
+        r.stderr
+    );
     assert!(r.stderr.contains("PGPASSWORD"), "{}", r.stderr);
     assert!(!r.stderr.contains(&db.password()));
 }
@@ -59,11 +87,19 @@ fn the_pg_variables_are_honoured_and_application_name_defaults_to_pgmend() {
     assert!(db.exists("campaigns"));
     // The runner lock's holder is named by application_name; hold it and look.
     let mut blocker = db.client();
-    blocker.batch_execute("SET application_name = 'pgmend'").unwrap();
-    blocker.query_one("SELECT pg_try_advisory_lock(123589519306340)", &[]).unwrap();
+    blocker
+        .batch_execute("SET application_name = 'pgmend'")
+        .unwrap();
+    blocker
+        .query_one("SELECT pg_try_advisory_lock(123589519306340)", &[])
+        .unwrap();
     let r = status(Some("nightly-release"));
     assert_eq!(r.code, 1, "{}", r.both());
-    assert!(r.stderr.contains("application_name \"pgmend\""), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("application_name \"pgmend\""),
+        "{}",
+        r.stderr
+    );
 }
 
 #[test]
@@ -73,27 +109,55 @@ fn an_unreachable_host_is_bounded_by_the_connect_timeout() {
     let port = silent.local_addr().unwrap().port();
     let started = Instant::now();
     let r = run(
-        pgmend_command()
-            .env("PGCONNECT_TIMEOUT", "2")
-            .args(["migrate", "status", "--database-url", &format!("postgresql://u:Pw0rdX@127.0.0.1:{port}/d?sslmode=disable")]),
+        pgmend_command().env("PGCONNECT_TIMEOUT", "2").args([
+            "migrate",
+            "status",
+            "--database-url",
+            &format!("postgresql://u:Pw0rdX@127.0.0.1:{port}/d?sslmode=disable"),
+        ]),
         "Pw0rdX",
     );
     let took = started.elapsed();
     assert_eq!(r.code, 2, "{}", r.both());
     assert!(took < Duration::from_secs(15), "took {took:?}");
-    assert!(r.stderr.contains("could not connect to host=127.0.0.1"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("could not connect to host=127.0.0.1"),
+        "{}",
+        r.stderr
+    );
     drop(silent);
 
-    let closed = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let r = run(pgmend_command().args(["migrate", "status", "--database-url", &format!("host=127.0.0.1 port={closed} user=u password=Pw0rdX sslmode=disable")]), "Pw0rdX");
+    let closed = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let r = run(
+        pgmend_command().args([
+            "migrate",
+            "status",
+            "--database-url",
+            &format!("host=127.0.0.1 port={closed} user=u password=Pw0rdX sslmode=disable"),
+        ]),
+        "Pw0rdX",
+    );
     assert_eq!(r.code, 2);
-    assert!(r.stderr.contains("check that the server is running"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("check that the server is running"),
+        "{}",
+        r.stderr
+    );
 }
 
 #[test]
 fn verify_full_without_a_root_certificate_refuses_before_connecting() {
     let r = run(
-        pgmend_command().env("HOME", "/nonexistent").args(["migrate", "status", "--database-url", "postgresql://u:Pw0rdX@127.0.0.1:1/d?sslmode=verify-full"]),
+        pgmend_command().env("HOME", "/nonexistent").args([
+            "migrate",
+            "status",
+            "--database-url",
+            "postgresql://u:Pw0rdX@127.0.0.1:1/d?sslmode=verify-full",
+        ]),
         "Pw0rdX",
     );
     assert_eq!(r.code, 2);
@@ -102,7 +166,10 @@ fn verify_full_without_a_root_certificate_refuses_before_connecting() {
 
 #[test]
 fn usage_errors_exit_2() {
-    let r = run(pgmend_command().args(["migrate", "apply", "--lock-timeout", "5"]), "");
+    let r = run(
+        pgmend_command().args(["migrate", "apply", "--lock-timeout", "5"]),
+        "",
+    );
     assert_eq!(r.code, 2);
     assert!(r.stderr.contains("500ms"), "{}", r.stderr);
     let r = run(pgmend_command().args(["migrate", "frobnicate"]), "");

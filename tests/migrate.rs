@@ -16,20 +16,36 @@ fn baseline_adopts_legacy_then_apply_reaches_newest_and_again_is_a_no_op() {
 
     let r = db.run(&["migrate", "status"]);
     assert_eq!(r.code, 0, "{}", r.both());
-    assert!(!db.exists("refinery_schema_history"), "status must create nothing");
+    assert!(
+        !db.exists("refinery_schema_history"),
+        "status must create nothing"
+    );
 
     let r = db.run(&["migrate", "baseline", "--yes"]);
     assert_eq!(r.code, 0, "{}", r.both());
-    assert!(r.stdout.contains("coupons_by_member") || r.stdout.contains("note"), "extras are reported: {}", r.stdout);
+    assert!(
+        r.stdout.contains("coupons_by_member") || r.stdout.contains("note"),
+        "extras are reported: {}",
+        r.stdout
+    );
     assert_eq!(db.history(), [(1, "legacy_baseline".to_string())]);
 
     let r = db.run(&["migrate", "apply", "--yes"]);
     assert_eq!(r.code, 0, "{}", r.both());
     assert_eq!(db.history().iter().map(|h| h.0).collect::<Vec<_>>(), [1, 2]);
-    for table in ["campaign_budgets", "member_monthly_usage", "notification_outbox"] {
+    for table in [
+        "campaign_budgets",
+        "member_monthly_usage",
+        "notification_outbox",
+    ] {
         assert!(db.exists(table), "{table}");
     }
-    assert_eq!(db.scalar_i64("SELECT count(*) FROM issued_coupons WHERE voided_at IS NULL AND NOT legacy_duplicate"), 6);
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) FROM issued_coupons WHERE voided_at IS NULL AND NOT legacy_duplicate"
+        ),
+        6
+    );
     assert!(!r.both().contains("NOTICE"), "{}", r.both());
 
     let r = db.run(&["migrate", "apply", "--yes", "--format", "json"]);
@@ -76,14 +92,22 @@ fn baseline_refuses_a_different_schema_and_an_empty_database() {
         .unwrap();
     let r = db.run(&["migrate", "baseline", "--yes"]);
     assert_eq!(r.code, 2, "{}", r.both());
-    assert!(r.stderr.contains("missing: table issued_coupons"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("missing: table issued_coupons"),
+        "{}",
+        r.stderr
+    );
     assert!(r.stderr.contains("column budget_yen"), "{}", r.stderr);
     assert!(!db.exists("refinery_schema_history"));
 
     let empty = fresh_db();
     let r = empty.run(&["migrate", "baseline", "--yes"]);
     assert_eq!(r.code, 2, "{}", r.both());
-    assert!(r.stderr.contains("none of the legacy tables"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("none of the legacy tables"),
+        "{}",
+        r.stderr
+    );
     assert!(r.stderr.contains("pgmend migrate apply"), "{}", r.stderr);
     assert!(!empty.exists("refinery_schema_history"));
 }
@@ -93,19 +117,42 @@ fn an_edited_applied_migration_is_refused_and_nothing_changes() {
     let db = fresh_db();
     let dir = migrations_dir(&[]);
     let d = dir_arg(dir.path());
-    assert_eq!(db.run(&["migrate", "apply", "--yes", "--migrations-dir", &d]).code, 0);
+    assert_eq!(
+        db.run(&["migrate", "apply", "--yes", "--migrations-dir", &d])
+            .code,
+        0
+    );
     let v2 = dir.path().join("V2__expand_for_repair.sql");
     let text = std::fs::read_to_string(&v2).unwrap();
-    std::fs::write(&v2, text.replace("voided_at timestamptz", "voided_at timestamp")).unwrap();
-    std::fs::write(dir.path().join("V3__more.sql"), "CREATE TABLE more_things (x int);").unwrap();
+    std::fs::write(
+        &v2,
+        text.replace("voided_at timestamptz", "voided_at timestamp"),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("V3__more.sql"),
+        "CREATE TABLE more_things (x int);",
+    )
+    .unwrap();
 
     let r = db.run(&["migrate", "apply", "--yes", "--migrations-dir", &d]);
     assert_eq!(r.code, 2, "{}", r.both());
-    assert!(r.stderr.contains("V2__expand_for_repair.sql was edited"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("V2__expand_for_repair.sql was edited"),
+        "{}",
+        r.stderr
+    );
     assert!(!db.exists("more_things"));
     assert_eq!(db.history().len(), 2);
 
-    let r = db.run(&["migrate", "status", "--migrations-dir", &d, "--format", "json"]);
+    let r = db.run(&[
+        "migrate",
+        "status",
+        "--migrations-dir",
+        &d,
+        "--format",
+        "json",
+    ]);
     assert_eq!(r.code, 1, "{}", r.both());
     let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
     assert_eq!(doc["migrations"][1]["state"], "edited");
@@ -117,12 +164,24 @@ fn a_missing_applied_migration_is_refused() {
     let db = fresh_db();
     let dir = migrations_dir(&[("V3__more.sql", "CREATE TABLE more_things (x int);")]);
     let d = dir_arg(dir.path());
-    assert_eq!(db.run(&["migrate", "apply", "--yes", "--migrations-dir", &d]).code, 0);
+    assert_eq!(
+        db.run(&["migrate", "apply", "--yes", "--migrations-dir", &d])
+            .code,
+        0
+    );
     std::fs::remove_file(dir.path().join("V3__more.sql")).unwrap();
-    std::fs::write(dir.path().join("V4__later.sql"), "CREATE TABLE later (x int);").unwrap();
+    std::fs::write(
+        dir.path().join("V4__later.sql"),
+        "CREATE TABLE later (x int);",
+    )
+    .unwrap();
     let r = db.run(&["migrate", "apply", "--yes", "--migrations-dir", &d]);
     assert_eq!(r.code, 2, "{}", r.both());
-    assert!(r.stderr.contains("no migration file has version 3"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("no migration file has version 3"),
+        "{}",
+        r.stderr
+    );
     assert!(!db.exists("later"));
     let r = db.run(&["migrate", "status", "--migrations-dir", &d]);
     assert_eq!(r.code, 1);
@@ -133,22 +192,51 @@ fn a_missing_applied_migration_is_refused() {
 fn duplicate_versions_and_bad_files_are_refused_before_connecting() {
     let db = fresh_db();
     for (extra, expect) in [
-        (vec![("V2__again.sql", "SELECT 1;")], "two migrations have version 2"),
+        (
+            vec![("V2__again.sql", "SELECT 1;")],
+            "two migrations have version 2",
+        ),
         (vec![("V3_oops.sql", "SELECT 1;")], "V<version>__<name>.sql"),
-        (vec![("V3__empty.sql", "-- nothing yet\n")], "no SQL statement"),
-        (vec![("V3__tx.sql", "BEGIN; CREATE TABLE x (i int); COMMIT;")], "remove the transaction control"),
+        (
+            vec![("V3__empty.sql", "-- nothing yet\n")],
+            "no SQL statement",
+        ),
+        (
+            vec![("V3__tx.sql", "BEGIN; CREATE TABLE x (i int); COMMIT;")],
+            "remove the transaction control",
+        ),
     ] {
         let dir = migrations_dir(&extra);
-        let r = db.run(&["migrate", "apply", "--yes", "--migrations-dir", &dir_arg(dir.path())]);
+        let r = db.run(&[
+            "migrate",
+            "apply",
+            "--yes",
+            "--migrations-dir",
+            &dir_arg(dir.path()),
+        ]);
         assert_eq!(r.code, 2, "{}", r.both());
-        assert!(r.stderr.contains(expect), "expected {expect:?} in {}", r.stderr);
+        assert!(
+            r.stderr.contains(expect),
+            "expected {expect:?} in {}",
+            r.stderr
+        );
         assert!(!db.exists("refinery_schema_history"), "nothing may change");
     }
     let dir = migrations_dir(&[]);
     std::fs::write(dir.path().join("V3__latin1.sql"), b"SELECT 'caf\xe9';").unwrap();
-    let r = db.run(&["migrate", "apply", "--yes", "--migrations-dir", &dir_arg(dir.path())]);
+    let r = db.run(&[
+        "migrate",
+        "apply",
+        "--yes",
+        "--migrations-dir",
+        &dir_arg(dir.path()),
+    ]);
     assert_eq!(r.code, 2);
-    assert!(r.stderr.contains("V3__latin1.sql: not valid UTF-8"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("V3__latin1.sql: not valid UTF-8"),
+        "{}",
+        r.stderr
+    );
 }
 
 #[test]
@@ -163,12 +251,19 @@ fn plan_is_read_only_and_names_the_locks() {
     assert_eq!(doc["pending"][0]["version"], 2);
     assert_eq!(doc["pending"][0]["in_transaction"], true);
     assert_eq!(doc["pending"][0]["strongest_lock"], "ACCESS_EXCLUSIVE");
-    assert!(doc["pending"][0]["sql"].as_str().unwrap().contains("legacy_duplicate"));
+    assert!(doc["pending"][0]["sql"]
+        .as_str()
+        .unwrap()
+        .contains("legacy_duplicate"));
     assert!(!db.exists("campaign_budgets"));
     assert_eq!(db.history().len(), 1);
     let r = db.run(&["plan"]);
     assert_eq!(r.code, 0);
-    assert!(r.stdout.contains("ACCESS EXCLUSIVE on issued_coupons"), "{}", r.stdout);
+    assert!(
+        r.stdout.contains("ACCESS EXCLUSIVE on issued_coupons"),
+        "{}",
+        r.stdout
+    );
 }
 
 #[test]
@@ -183,10 +278,19 @@ fn apply_without_yes_and_without_a_terminal_refuses() {
 #[test]
 fn a_read_only_database_is_refused_for_writes() {
     let db = fresh_db();
-    db.client().batch_execute(&format!("ALTER DATABASE {} SET default_transaction_read_only = on", db.name)).unwrap();
+    db.client()
+        .batch_execute(&format!(
+            "ALTER DATABASE {} SET default_transaction_read_only = on",
+            db.name
+        ))
+        .unwrap();
     let r = db.run(&["migrate", "apply", "--yes"]);
     assert_eq!(r.code, 2, "{}", r.both());
-    assert!(r.stderr.contains("default_transaction_read_only"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("default_transaction_read_only"),
+        "{}",
+        r.stderr
+    );
     let r = db.run(&["migrate", "status"]);
     assert_eq!(r.code, 0, "reads still work: {}", r.both());
 }
@@ -202,7 +306,15 @@ fn two_applies_at_once_apply_each_migration_exactly_once() {
     for runner_wait in ["0s", "1m"] {
         let spawn = || {
             db.pgmend()
-                .args(["migrate", "apply", "--yes", "--runner-wait", runner_wait, "--migrations-dir", &d])
+                .args([
+                    "migrate",
+                    "apply",
+                    "--yes",
+                    "--runner-wait",
+                    runner_wait,
+                    "--migrations-dir",
+                    &d,
+                ])
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
@@ -212,18 +324,28 @@ fn two_applies_at_once_apply_each_migration_exactly_once() {
         let outs = [a.wait_with_output().unwrap(), b.wait_with_output().unwrap()];
         let mut codes: Vec<i32> = outs.iter().map(|o| o.status.code().unwrap()).collect();
         codes.sort();
-        let stderr: String = outs.iter().map(|o| String::from_utf8_lossy(&o.stderr).into_owned()).collect();
+        let stderr: String = outs
+            .iter()
+            .map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
+            .collect();
         if runner_wait == "0s" {
             assert!(codes == [0, 1] || codes == [0, 0], "{codes:?} {stderr}");
             if codes == [0, 1] {
-                assert!(stderr.contains("another pgmend is working on this database"), "{stderr}");
+                assert!(
+                    stderr.contains("another pgmend is working on this database"),
+                    "{stderr}"
+                );
             }
         } else {
             assert_eq!(codes, [0, 0], "{stderr}");
         }
-        let counts = db.scalar_i64("SELECT count(*) - count(DISTINCT version) FROM refinery_schema_history");
+        let counts =
+            db.scalar_i64("SELECT count(*) - count(DISTINCT version) FROM refinery_schema_history");
         assert_eq!(counts, 0);
-        assert_eq!(db.history().iter().map(|h| h.0).collect::<Vec<_>>(), [1, 2, 3]);
+        assert_eq!(
+            db.history().iter().map(|h| h.0).collect::<Vec<_>>(),
+            [1, 2, 3]
+        );
         assert!(db.exists("made_by_v3"));
         db.client().batch_execute("DROP TABLE made_by_v3, notification_outbox, member_monthly_usage, campaign_budgets, issued_coupons, campaigns, refinery_schema_history").unwrap();
     }
@@ -252,7 +374,10 @@ fn killed_in_the_middle_of_a_migration_the_rerun_completes() {
         if sleeping > 0 {
             break;
         }
-        assert!(started.elapsed() < Duration::from_secs(30), "V3 never started");
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "V3 never started"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     child.kill().unwrap(); // SIGKILL
@@ -261,19 +386,35 @@ fn killed_in_the_middle_of_a_migration_the_rerun_completes() {
     // The server notices the dead client (client_connection_check_interval) and rolls back.
     let started = Instant::now();
     while watcher
-        .query_one("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'slow'", &[])
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'slow'",
+            &[],
+        )
         .unwrap()
         .get::<_, i64>(0)
         > 0
     {
-        assert!(started.elapsed() < Duration::from_secs(20), "the killed backend lingered");
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the killed backend lingered"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert_eq!(db.history().iter().map(|h| h.0).collect::<Vec<_>>(), [1, 2], "V2 committed, V3 did not");
-    assert!(!db.exists("made_by_v3"), "schema and history agree: no half-applied V3");
+    assert_eq!(
+        db.history().iter().map(|h| h.0).collect::<Vec<_>>(),
+        [1, 2],
+        "V2 committed, V3 did not"
+    );
+    assert!(
+        !db.exists("made_by_v3"),
+        "schema and history agree: no half-applied V3"
+    );
 
     let r = db.run(&["migrate", "apply", "--yes", "--migrations-dir", &d]);
     assert_eq!(r.code, 0, "{}", r.both());
-    assert_eq!(db.history().iter().map(|h| h.0).collect::<Vec<_>>(), [1, 2, 3]);
+    assert_eq!(
+        db.history().iter().map(|h| h.0).collect::<Vec<_>>(),
+        [1, 2, 3]
+    );
     assert!(db.exists("made_by_v3"));
 }

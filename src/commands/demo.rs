@@ -50,7 +50,9 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
     ));
     let mut client = postgres::Client::connect(&pg.conninfo("postgres"), postgres::NoTls)
         .context("connecting to the throwaway server")?;
-    client.batch_execute(&v1.sql).context("creating the legacy schema")?;
+    client
+        .batch_execute(&v1.sql)
+        .context("creating the legacy schema")?;
     let members = i32::try_from(args.members)?;
     for statement in DIRTY_DATA_SQL.split(';').filter(|s| !s.trim().is_empty()) {
         if statement.contains("$1") {
@@ -70,10 +72,26 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
         row.get::<_, i64>(1)
     ));
 
-    step(&url, "What does pgmend know about this database? Nothing yet: V1 is unrecorded.", &["migrate", "status"])?;
-    step(&url, "Adopt the live schema as V1 (checked against the file, not run).", &["migrate", "baseline", "--yes"])?;
-    step(&url, "Preview what applying would do: SQL, locks, in one read-only transaction.", &["migrate", "plan"])?;
-    step(&url, "Apply, with bounded lock waits.", &["migrate", "apply", "--yes"])?;
+    step(
+        &url,
+        "What does pgmend know about this database? Nothing yet: V1 is unrecorded.",
+        &["migrate", "status"],
+    )?;
+    step(
+        &url,
+        "Adopt the live schema as V1 (checked against the file, not run).",
+        &["migrate", "baseline", "--yes"],
+    )?;
+    step(
+        &url,
+        "Preview what applying would do: SQL, locks, in one read-only transaction.",
+        &["migrate", "plan"],
+    )?;
+    step(
+        &url,
+        "Apply, with bounded lock waits.",
+        &["migrate", "apply", "--yes"],
+    )?;
     step(&url, "And where it stands now.", &["migrate", "status"])?;
 
     if args.keep {

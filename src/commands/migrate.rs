@@ -8,7 +8,9 @@ use serde::Serialize;
 use tabled::{settings::Style, Table, Tabled};
 
 use super::{confirm, open, print_json};
-use crate::cli::{ApplyArgs, BaselineArgs, Format, MigrationsArgs, PlanArgs, SafetyArgs, StatusArgs};
+use crate::cli::{
+    ApplyArgs, BaselineArgs, Format, MigrationsArgs, PlanArgs, SafetyArgs, StatusArgs,
+};
 use crate::config;
 use crate::db::conninfo::ConnParams;
 use crate::db::retry::LockPolicy;
@@ -43,7 +45,12 @@ struct DatabaseJson<'a> {
 }
 
 fn database_json(p: &ConnParams) -> DatabaseJson<'_> {
-    DatabaseJson { host: &p.host, port: p.port, dbname: &p.dbname, user: &p.user }
+    DatabaseJson {
+        host: &p.host,
+        port: p.port,
+        dbname: &p.dbname,
+        user: &p.user,
+    }
 }
 
 pub fn status(args: &StatusArgs, format: Format) -> Result<Outcome> {
@@ -67,7 +74,11 @@ pub fn status(args: &StatusArgs, format: Format) -> Result<Outcome> {
                 migrations: &'a [status::Entry],
                 problems: usize,
             }
-            print_json(&Doc { database: database_json(&session.params), migrations: &entries, problems })?;
+            print_json(&Doc {
+                database: database_json(&session.params),
+                migrations: &entries,
+                problems,
+            })?;
         }
         Format::Human => {
             #[derive(Tabled)]
@@ -87,13 +98,23 @@ pub fn status(args: &StatusArgs, format: Format) -> Result<Outcome> {
                     version: e.version,
                     name: e.name.clone(),
                     state: e.state.as_str(),
-                    mode: e.mode.map_or("-".into(), |m| format!("{m:?}").to_lowercase()),
+                    mode: e
+                        .mode
+                        .map_or("-".into(), |m| format!("{m:?}").to_lowercase()),
                     applied_on: e.applied_on.clone().unwrap_or_else(|| "-".into()),
-                    checksum: e.checksum.clone().or(e.applied_checksum.clone()).unwrap_or_default(),
+                    checksum: e
+                        .checksum
+                        .clone()
+                        .or(e.applied_checksum.clone())
+                        .unwrap_or_default(),
                 })
                 .collect();
             let mut out = std::io::stdout().lock();
-            writeln!(out, "{} (PostgreSQL {})", session.params, session.server_version)?;
+            writeln!(
+                out,
+                "{} (PostgreSQL {})",
+                session.params, session.server_version
+            )?;
             writeln!(out, "{}", Table::new(rows).with(Style::psql()))?;
             if problems > 0 {
                 writeln!(out, "{problems} problem(s): `pgmend migrate apply` will refuse until they are fixed.")?;
@@ -103,7 +124,11 @@ pub fn status(args: &StatusArgs, format: Format) -> Result<Outcome> {
             }
         }
     }
-    Ok(if problems > 0 { Outcome::Findings } else { Outcome::Done })
+    Ok(if problems > 0 {
+        Outcome::Findings
+    } else {
+        Outcome::Done
+    })
 }
 
 pub fn plan(args: &PlanArgs, format: Format) -> Result<Outcome> {
@@ -112,7 +137,10 @@ pub fn plan(args: &PlanArgs, format: Format) -> Result<Outcome> {
     let plan = plan::build(&mut session.client, files, args.target)?;
     render_plan(&plan, format)?;
     if !plan.blockers.is_empty() {
-        bail!("apply would stop before changing anything:\n  - {}", plan.blockers.join("\n  - "));
+        bail!(
+            "apply would stop before changing anything:\n  - {}",
+            plan.blockers.join("\n  - ")
+        );
     }
     Ok(Outcome::Done)
 }
@@ -134,9 +162,18 @@ pub fn apply(args: &ApplyArgs, format: Format) -> Result<Outcome> {
     let plan = plan::build(&mut session.client, files, args.plan.target)?;
     if !plan.pending.is_empty() && !args.safety.yes {
         plan::render_human(&plan, &mut std::io::stderr().lock())?;
-        confirm(false, &format!("Apply {} migration(s) to {}?", plan.pending.len(), session.params))?;
+        confirm(
+            false,
+            &format!(
+                "Apply {} migration(s) to {}?",
+                plan.pending.len(),
+                session.params
+            ),
+        )?;
     }
-    let applied = apply::execute(&mut session.client, &plan, &policy, &mut |line| eprintln!("{line}"))?;
+    let applied = apply::execute(&mut session.client, &plan, &policy, &mut |line| {
+        eprintln!("{line}")
+    })?;
     let now_at = applied.last().map(|a| a.version).or(plan.current_version);
     match format {
         Format::Json => {
@@ -146,17 +183,35 @@ pub fn apply(args: &ApplyArgs, format: Format) -> Result<Outcome> {
                 applied: &'a [apply::AppliedMigration],
                 current_version: Option<i32>,
             }
-            print_json(&Doc { database: database_json(&session.params), applied: &applied, current_version: now_at })?;
+            print_json(&Doc {
+                database: database_json(&session.params),
+                applied: &applied,
+                current_version: now_at,
+            })?;
         }
         Format::Human => {
             let mut out = std::io::stdout().lock();
             if applied.is_empty() {
-                writeln!(out, "Nothing to apply: {} is at V{} and up to date.", session.params, now_at.unwrap_or(0))?;
+                writeln!(
+                    out,
+                    "Nothing to apply: {} is at V{} and up to date.",
+                    session.params,
+                    now_at.unwrap_or(0)
+                )?;
             } else {
                 for a in &applied {
-                    writeln!(out, "applied V{}__{} ({} ms)", a.version, a.name, a.duration_ms)?;
+                    writeln!(
+                        out,
+                        "applied V{}__{} ({} ms)",
+                        a.version, a.name, a.duration_ms
+                    )?;
                 }
-                writeln!(out, "{} is now at V{}.", session.params, now_at.unwrap_or(0))?;
+                writeln!(
+                    out,
+                    "{} is now at V{}.",
+                    session.params,
+                    now_at.unwrap_or(0)
+                )?;
             }
         }
     }
@@ -189,8 +244,17 @@ pub fn baseline(args: &BaselineArgs, format: Format) -> Result<Outcome> {
     }
     let comparison = baseline::compare(&mut session.client, &v1, &policy)?;
     if !comparison.missing.is_empty() || !comparison.different.is_empty() {
-        let mut lines: Vec<String> = comparison.missing.iter().map(|m| format!("missing: {m}")).collect();
-        lines.extend(comparison.different.iter().map(|d| format!("different: {d}")));
+        let mut lines: Vec<String> = comparison
+            .missing
+            .iter()
+            .map(|m| format!("missing: {m}"))
+            .collect();
+        lines.extend(
+            comparison
+                .different
+                .iter()
+                .map(|d| format!("different: {d}")),
+        );
         bail!(
             "schema {:?} does not match {}; nothing was recorded:\n  - {}\nThis database is not the legacy schema pgmend expects. Fix the differences (or the migration, if production is right and V1 is wrong) before adopting it",
             comparison.schema,
@@ -200,7 +264,11 @@ pub fn baseline(args: &BaselineArgs, format: Format) -> Result<Outcome> {
     }
     confirm(
         args.safety.yes,
-        &format!("Record {} as applied on {} without running it?", v1.label(), session.params),
+        &format!(
+            "Record {} as applied on {} without running it?",
+            v1.label(),
+            session.params
+        ),
     )?;
     baseline::record(&mut session.client, &v1, &policy)?;
     report_baseline(format, &session.params, &v1, Some(&comparison), false)?;
@@ -233,7 +301,11 @@ fn report_baseline(
         Format::Human => {
             let mut out = std::io::stdout().lock();
             if already {
-                writeln!(out, "{params} already records {} as applied; nothing to do.", v1.label())?;
+                writeln!(
+                    out,
+                    "{params} already records {} as applied; nothing to do.",
+                    v1.label()
+                )?;
                 return Ok(());
             }
             writeln!(out, "{params}: the live schema has everything {} defines; recorded it as applied (not run).", v1.label())?;

@@ -208,9 +208,15 @@ mod tests {
 
     #[test]
     fn servers_older_than_14_4_are_refused() {
-        let p = crate::db::conninfo::resolve(Some("host=h user=u password=hunter2"), &|_| None).unwrap();
-        let e = check_server_version(&p, 140_003, "14.3").unwrap_err().to_string();
-        assert!(e.contains("14.4 or newer") && e.contains("14.3") && !e.contains("hunter2"), "{e}");
+        let p = crate::db::conninfo::resolve(Some("host=h user=u password=hunter2"), &|_| None)
+            .unwrap();
+        let e = check_server_version(&p, 140_003, "14.3")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("14.4 or newer") && e.contains("14.3") && !e.contains("hunter2"),
+            "{e}"
+        );
         assert!(check_server_version(&p, 130_010, "13.10").is_err());
         assert!(check_server_version(&p, 140_004, "14.4").is_ok());
         assert!(check_server_version(&p, 180_001, "18.1").is_ok());

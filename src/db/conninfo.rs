@@ -156,9 +156,9 @@ pub fn resolve(conninfo: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> 
     };
     let connect_timeout = match get("connect_timeout") {
         Some(t) => {
-            let seconds: u64 = t
-                .parse()
-                .with_context(|| format!("connect_timeout {t:?} is not a whole number of seconds"))?;
+            let seconds: u64 = t.parse().with_context(|| {
+                format!("connect_timeout {t:?} is not a whole number of seconds")
+            })?;
             // libpq: 0 means wait forever. pgmend never waits forever; take a day instead.
             Duration::from_secs(if seconds == 0 { 86_400 } else { seconds.max(2) })
         }
@@ -340,7 +340,12 @@ mod tests {
     }
 
     fn with_env(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
-        move |k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        move |k| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
     }
 
     #[test]
@@ -352,14 +357,21 @@ mod tests {
         .unwrap();
         assert_eq!(p.user, "rel@ops");
         assert_eq!(p.password.as_deref(), Some("s3cr:t"));
-        assert_eq!((p.host.as_str(), p.port, p.dbname.as_str()), ("db.internal", 6543, "coupons"));
+        assert_eq!(
+            (p.host.as_str(), p.port, p.dbname.as_str()),
+            ("db.internal", 6543, "coupons")
+        );
         assert_eq!(p.sslmode, SslMode::VerifyFull);
         assert_eq!(p.application_name, "rel");
     }
 
     #[test]
     fn url_with_socket_directory_and_ipv6() {
-        let p = resolve(Some("postgres://u@%2Fvar%2Frun%2Fpostgresql:5433/d"), &no_env).unwrap();
+        let p = resolve(
+            Some("postgres://u@%2Fvar%2Frun%2Fpostgresql:5433/d"),
+            &no_env,
+        )
+        .unwrap();
         assert!(p.is_unix_socket());
         assert_eq!((p.host.as_str(), p.port), ("/var/run/postgresql", 5433));
         let p = resolve(Some("postgres://u@[::1]:7/d"), &no_env).unwrap();

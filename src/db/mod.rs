@@ -1,7 +1,7 @@
 //! The only layer that talks to PostgreSQL: connecting, the runner lock, bounded lock waits.
 
-pub mod conninfo;
 pub mod connect;
+pub mod conninfo;
 pub mod retry;
 pub mod runner_lock;
 

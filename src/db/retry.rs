@@ -62,11 +62,13 @@ pub fn with_lock_retry<T>(
         let ceiling = BACKOFF_BASE
             .saturating_mul(1u32 << (tries - 1).min(16))
             .min(BACKOFF_CAP);
-        let pause = Duration::from_millis(rand::thread_rng().gen_range(0..=ceiling.as_millis() as u64));
+        let pause =
+            Duration::from_millis(rand::thread_rng().gen_range(0..=ceiling.as_millis() as u64));
         let elapsed = started.elapsed();
         if elapsed + pause + policy.lock_timeout > policy.retry_for {
-            let blockers = lock_holders(client, tables).unwrap_or_else(|e| format!("(could not list them: {e:#})"));
-            return Err(Stopped::new(format!(
+            let blockers = lock_holders(client, tables)
+                .unwrap_or_else(|e| format!("(could not list them: {e:#})"));
+            return Err(Stopped::error(format!(
                 "{what}: gave up after {tries} attempts in {} (--lock-retry-for {}); each waited at most {} for its lock (last: {}). Nothing of this step was changed. Sessions holding locks on {}: {blockers}. Let them finish or end them, then rerun; or rerun with a longer --lock-retry-for",
                 crate::config::format_duration(elapsed),
                 crate::config::format_duration(policy.retry_for),

@@ -36,7 +36,7 @@ pub fn acquire(client: &mut Client, wait: Duration) -> Result<RunnerLock> {
         }
         let holder = describe_holder(client)?;
         if started.elapsed() >= wait {
-            return Err(Stopped::new(format!(
+            return Err(Stopped::error(format!(
                 "another pgmend is working on this database ({holder}); nothing was changed. Wait for it to finish, or rerun with --runner-wait 5m to wait for it"
             )));
         }

@@ -57,7 +57,10 @@ pub fn execute(
             .iter()
             .flat_map(|s| s.locks.iter().map(|l| l.relation.clone()))
             .collect();
-        progress(&format!("applying {label} ({} statements, one transaction)", planned.statements.len()));
+        progress(&format!(
+            "applying {label} ({} statements, one transaction)",
+            planned.statements.len()
+        ));
         let started = Instant::now();
         with_lock_retry(client, policy, &format!("applying {label}"), &tables, |c| {
             let mut tx = c.transaction()?;
@@ -67,7 +70,10 @@ pub fn execute(
             tx.commit()
         })?;
         let elapsed = started.elapsed();
-        progress(&format!("applied {label} in {}", crate::config::format_duration(round_ms(elapsed))));
+        progress(&format!(
+            "applied {label} in {}",
+            crate::config::format_duration(round_ms(elapsed))
+        ));
         done.push(AppliedMigration {
             version: migration.version,
             name: migration.name.clone(),

@@ -65,38 +65,64 @@ SELECT t.relname,
 UNION ALL
 SELECT t.relname, 'table', 'present' FROM t";
 
-fn facts(client: &mut impl GenericClient, schema_oid: u32, tables: Option<&[String]>) -> Result<Facts> {
+fn facts(
+    client: &mut impl GenericClient,
+    schema_oid: u32,
+    tables: Option<&[String]>,
+) -> Result<Facts> {
     let tables: Option<Vec<String>> = tables.map(<[String]>::to_vec);
     let rows = client
         .query(FACTS_SQL, &[&schema_oid, &tables])
         .doing("reading the schema from the catalog")?;
     Ok(rows
         .iter()
-        .map(|r| ((r.get::<_, String>(0), r.get::<_, String>(1)), r.get::<_, String>(2)))
+        .map(|r| {
+            (
+                (r.get::<_, String>(0), r.get::<_, String>(1)),
+                r.get::<_, String>(2),
+            )
+        })
         .collect())
 }
 
 /// Runs V1 into the temporary schema, reads what it defines, and rolls everything back.
-fn expected_facts(client: &mut postgres::Client, v1: &Migration, policy: &LockPolicy) -> Result<Facts> {
-    let mut tx = client.transaction().doing("opening the comparison transaction")?;
-    tx.batch_execute(&policy.set_local_sql()).doing("setting timeouts")?;
+fn expected_facts(
+    client: &mut postgres::Client,
+    v1: &Migration,
+    policy: &LockPolicy,
+) -> Result<Facts> {
+    let mut tx = client
+        .transaction()
+        .doing("opening the comparison transaction")?;
+    tx.batch_execute(&policy.set_local_sql())
+        .doing("setting timeouts")?;
     tx.batch_execute("SET LOCAL search_path = pg_temp")
         .doing("switching to the temporary schema")?;
-    tx.batch_execute(&v1.sql)
-        .doing(format!("running {} into a temporary schema to learn what it defines", v1.origin))?;
+    tx.batch_execute(&v1.sql).doing(format!(
+        "running {} into a temporary schema to learn what it defines",
+        v1.origin
+    ))?;
     let temp_oid: u32 = tx
         .query_one("SELECT pg_my_temp_schema()::oid", &[])
         .doing("finding the temporary schema")?
         .get(0);
     let expected = facts(&mut tx, temp_oid, None)?;
-    tx.rollback().doing("rolling back the comparison transaction")?;
+    tx.rollback()
+        .doing("rolling back the comparison transaction")?;
     Ok(expected)
 }
 
 /// Compares V1 with the live schema (the session's `current_schema()`).
-pub fn compare(client: &mut postgres::Client, v1: &Migration, policy: &LockPolicy) -> Result<Comparison> {
+pub fn compare(
+    client: &mut postgres::Client,
+    v1: &Migration,
+    policy: &LockPolicy,
+) -> Result<Comparison> {
     let row = client
-        .query_one("SELECT nspname::text, oid FROM pg_namespace WHERE nspname = current_schema()", &[])
+        .query_one(
+            "SELECT nspname::text, oid FROM pg_namespace WHERE nspname = current_schema()",
+            &[],
+        )
         .doing("finding the current schema")
         .context("is search_path empty? set it to the schema that holds the legacy tables")?;
     let (schema, schema_oid): (String, u32) = (row.get(0), row.get(1));
@@ -107,16 +133,19 @@ pub fn compare(client: &mut postgres::Client, v1: &Migration, policy: &LockPolic
         .map(|(t, _)| t.clone())
         .collect();
     let live = facts(client, schema_oid, Some(&tables))?;
-    let mut cmp = Comparison { schema, ..Comparison::default() };
+    let mut cmp = Comparison {
+        schema,
+        ..Comparison::default()
+    };
     for ((table, what), definition) in &expected {
         let missing_table = !live.contains_key(&(table.clone(), "table".into()));
         match live.get(&(table.clone(), what.clone())) {
             None if what == "table" => cmp.missing.push(format!("table {table}")),
             None if missing_table => {}
             None => cmp.missing.push(format!("{table}: {what} {definition}")),
-            Some(found) if found != definition => {
-                cmp.different.push(format!("{table}: {what} is {found:?}; V1 defines {definition:?}"))
-            }
+            Some(found) if found != definition => cmp.different.push(format!(
+                "{table}: {what} is {found:?}; V1 defines {definition:?}"
+            )),
             Some(_) => {}
         }
     }
@@ -135,7 +164,11 @@ pub fn compare(client: &mut postgres::Client, v1: &Migration, policy: &LockPolic
         .iter()
         .map(|r| r.get(0))
         .collect();
-    cmp.extra.extend(other_tables.into_iter().map(|t| format!("table {t} (not in V1)")));
+    cmp.extra.extend(
+        other_tables
+            .into_iter()
+            .map(|t| format!("table {t} (not in V1)")),
+    );
     if cmp.missing.len() == tables.len() && cmp.missing.iter().all(|m| m.starts_with("table ")) {
         bail!(
             "schema {:?} of this database has none of the legacy tables ({}): nothing to adopt. Check that --database-url names the production database and that search_path finds its schema; for a new, empty database run `pgmend migrate apply` instead",

@@ -57,7 +57,9 @@ pub const CREATE_SQL: &str = "CREATE TABLE IF NOT EXISTS refinery_schema_history
 
 /// Creates the history table unless it exists (checked first, so no NOTICE is raised).
 pub fn ensure_table(client: &mut impl GenericClient) -> Result<(), postgres::Error> {
-    let exists: bool = client.query_one("SELECT to_regclass($1) IS NOT NULL", &[&TABLE])?.get(0);
+    let exists: bool = client
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&TABLE])?
+        .get(0);
     if !exists {
         client.batch_execute(CREATE_SQL)?;
     }
@@ -65,9 +67,14 @@ pub fn ensure_table(client: &mut impl GenericClient) -> Result<(), postgres::Err
 }
 
 /// Records `migration` as applied, inside the caller's transaction.
-pub fn record(client: &mut impl GenericClient, migration: &Migration) -> Result<(), postgres::Error> {
+pub fn record(
+    client: &mut impl GenericClient,
+    migration: &Migration,
+) -> Result<(), postgres::Error> {
     client.execute(
-        &format!("INSERT INTO {TABLE} (version, name, applied_on, checksum) VALUES ($1, $2, $3, $4)"),
+        &format!(
+            "INSERT INTO {TABLE} (version, name, applied_on, checksum) VALUES ($1, $2, $3, $4)"
+        ),
         &[
             &migration.version,
             &migration.name,

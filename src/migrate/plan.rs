@@ -38,11 +38,18 @@ pub struct PlannedMigration {
 
 /// Builds the plan up to `target` (or the newest file), reading the database in one
 /// READ ONLY transaction: the server refuses any write.
-pub fn build(client: &mut postgres::Client, files: Vec<Migration>, target: Option<i32>) -> Result<Plan> {
+pub fn build(
+    client: &mut postgres::Client,
+    files: Vec<Migration>,
+    target: Option<i32>,
+) -> Result<Plan> {
     if let Some(t) = target {
         if !files.iter().any(|m| m.version == t) {
             let known: Vec<String> = files.iter().map(|m| m.version.to_string()).collect();
-            bail!("--target {t} is not a migration version; the known versions are {}", known.join(", "));
+            bail!(
+                "--target {t} is not a migration version; the known versions are {}",
+                known.join(", ")
+            );
         }
     }
     let mut tx = client
@@ -61,8 +68,15 @@ pub fn build(client: &mut postgres::Client, files: Vec<Migration>, target: Optio
     let mut blockers = Vec::new();
     let mut pending = Vec::new();
     for entry in pending_entries {
-        let m = files.iter().find(|m| m.version == entry.version).expect("pending entries come from files");
-        let creates: Vec<String> = m.statements.iter().flat_map(|s| s.creates_tables.clone()).collect();
+        let m = files
+            .iter()
+            .find(|m| m.version == entry.version)
+            .expect("pending entries come from files");
+        let creates: Vec<String> = m
+            .statements
+            .iter()
+            .flat_map(|s| s.creates_tables.clone())
+            .collect();
         let existing: Vec<String> = tx
             .query(
                 "SELECT t FROM unnest($1::text[]) t WHERE to_regclass(quote_ident(t)) IS NOT NULL",
@@ -94,7 +108,11 @@ pub fn build(client: &mut postgres::Client, files: Vec<Migration>, target: Optio
             origin: m.origin.clone(),
             mode: m.mode,
             in_transaction: m.mode == Mode::Transactional,
-            strongest_lock: m.statements.iter().filter_map(Statement::strongest_lock).max(),
+            strongest_lock: m
+                .statements
+                .iter()
+                .filter_map(Statement::strongest_lock)
+                .max(),
             statements: m.statements.clone(),
             sql: m.sql.clone(),
         });
@@ -111,11 +129,22 @@ pub fn build(client: &mut postgres::Client, files: Vec<Migration>, target: Optio
 
 /// The plan for people: each pending migration, its statements with their locks, its SQL.
 pub fn render_human(plan: &Plan, out: &mut impl Write) -> std::io::Result<()> {
-    let at = plan.current_version.map_or("no migration applied yet".to_string(), |v| format!("at V{v}"));
+    let at = plan
+        .current_version
+        .map_or("no migration applied yet".to_string(), |v| {
+            format!("at V{v}")
+        });
     if plan.pending.is_empty() {
-        writeln!(out, "Nothing to apply: the database is {at} and up to date.")?;
+        writeln!(
+            out,
+            "Nothing to apply: the database is {at} and up to date."
+        )?;
     } else {
-        writeln!(out, "The database is {at}; {} migration(s) pending (dry run: nothing was changed).", plan.pending.len())?;
+        writeln!(
+            out,
+            "The database is {at}; {} migration(s) pending (dry run: nothing was changed).",
+            plan.pending.len()
+        )?;
     }
     for m in &plan.pending {
         writeln!(out)?;
@@ -125,7 +154,11 @@ pub fn render_human(plan: &Plan, out: &mut impl Write) -> std::io::Result<()> {
             m.version,
             m.name,
             m.origin,
-            if m.in_transaction { "one transaction, with its history row" } else { "online: each statement in autocommit" }
+            if m.in_transaction {
+                "one transaction, with its history row"
+            } else {
+                "online: each statement in autocommit"
+            }
         )?;
         for s in &m.statements {
             let locks = if s.locks.is_empty() {
@@ -137,10 +170,24 @@ pub fn render_human(plan: &Plan, out: &mut impl Write) -> std::io::Result<()> {
                     .collect::<Vec<_>>()
                     .join(", ")
             };
-            writeln!(out, "   line {:>3}  {:<48} {locks}{}", s.line, s.summary, if s.lock_assumed { " (not recognised: assumed)" } else { "" })?;
+            writeln!(
+                out,
+                "   line {:>3}  {:<48} {locks}{}",
+                s.line,
+                s.summary,
+                if s.lock_assumed {
+                    " (not recognised: assumed)"
+                } else {
+                    ""
+                }
+            )?;
         }
         if let Some(mode) = m.strongest_lock {
-            writeln!(out, "   strongest lock: {mode} — while held it blocks {}", mode.blocks())?;
+            writeln!(
+                out,
+                "   strongest lock: {mode} — while held it blocks {}",
+                mode.blocks()
+            )?;
         }
         writeln!(out, "   SQL:")?;
         for line in m.sql.lines() {

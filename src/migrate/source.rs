@@ -66,7 +66,10 @@ impl Source {
 
 fn read_dir(dir: &Path) -> Result<Vec<(String, String, Vec<u8>)>> {
     let entries = std::fs::read_dir(dir).with_context(|| {
-        format!("cannot read the migrations directory {}; check --migrations-dir", dir.display())
+        format!(
+            "cannot read the migrations directory {}; check --migrations-dir",
+            dir.display()
+        )
     })?;
     let mut files = Vec::new();
     for entry in entries {
@@ -76,7 +79,10 @@ fn read_dir(dir: &Path) -> Result<Vec<(String, String, Vec<u8>)>> {
             continue;
         }
         let Some(name) = path.file_name().and_then(|n| n.to_str()).map(str::to_owned) else {
-            bail!("{}: the file name is not valid UTF-8; rename it V<version>__<name>.sql", path.display());
+            bail!(
+                "{}: the file name is not valid UTF-8; rename it V<version>__<name>.sql",
+                path.display()
+            );
         };
         let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
         files.push((name, path.display().to_string(), bytes));
@@ -112,14 +118,16 @@ pub fn parse_name(file_name: &str) -> Result<(i32, String), String> {
     let expected = "a migration file is named V<version>__<name>.sql, for example V3__add_unique_index.sql (capital V, a whole number, two underscores, letters, digits and underscores)";
     let stem = file_name
         .strip_suffix(".sql")
-        .ok_or_else(|| format!("{expected}"))?;
+        .ok_or_else(|| expected.to_string())?;
     if stem.starts_with('U') || stem.starts_with('u') {
         return Err(format!("unversioned (U) migrations are not supported: pgmend applies migrations strictly in version order; {expected}"));
     }
     let rest = stem.strip_prefix('V').ok_or_else(|| expected.to_string())?;
     let (version, name) = rest.split_once("__").ok_or_else(|| expected.to_string())?;
     if version.is_empty() || !version.chars().all(|c| c.is_ascii_digit()) {
-        return Err(format!("the version {version:?} is not a whole number; {expected}"));
+        return Err(format!(
+            "the version {version:?} is not a whole number; {expected}"
+        ));
     }
     let version: i32 = version
         .parse()
@@ -127,8 +135,11 @@ pub fn parse_name(file_name: &str) -> Result<(i32, String), String> {
     if version == 0 {
         return Err(format!("versions start at 1; {expected}"));
     }
-    if name.is_empty() || !name.chars().all(|c| c.is_alphanumeric() || c == '_') || name.len() > 200 {
-        return Err(format!("the name {name:?} must be 1 to 200 letters, digits or underscores; {expected}"));
+    if name.is_empty() || !name.chars().all(|c| c.is_alphanumeric() || c == '_') || name.len() > 200
+    {
+        return Err(format!(
+            "the name {name:?} must be 1 to 200 letters, digits or underscores; {expected}"
+        ));
     }
     Ok((version, name.to_string()))
 }
@@ -184,20 +195,37 @@ mod tests {
     use proptest::prelude::*;
 
     fn file(name: &str, sql: &str) -> (String, String, Vec<u8>) {
-        (name.into(), format!("migrations/{name}"), sql.as_bytes().to_vec())
+        (
+            name.into(),
+            format!("migrations/{name}"),
+            sql.as_bytes().to_vec(),
+        )
     }
 
     #[test]
     fn the_shipped_migrations_load() {
         let set = Source::Embedded.load().unwrap();
         assert_eq!(set[0].label(), "V1__legacy_baseline");
-        assert!(set.iter().all(|m| m.mode == Mode::Transactional || m.mode == Mode::Online));
+        assert!(set
+            .iter()
+            .all(|m| m.mode == Mode::Transactional || m.mode == Mode::Online));
     }
 
     #[test]
     fn names() {
         assert_eq!(parse_name("V01__x.sql").unwrap(), (1, "x".into()));
-        for bad in ["V1_x.sql", "v1__x.sql", "V1.5__x.sql", "U1__x.sql", "V__x.sql", "V0__x.sql", "V1__.sql", "V1__a-b.sql", "V99999999999__x.sql", "V1__x.txt"] {
+        for bad in [
+            "V1_x.sql",
+            "v1__x.sql",
+            "V1.5__x.sql",
+            "U1__x.sql",
+            "V__x.sql",
+            "V0__x.sql",
+            "V1__.sql",
+            "V1__a-b.sql",
+            "V99999999999__x.sql",
+            "V1__x.txt",
+        ] {
             assert!(parse_name(bad).is_err(), "{bad}");
         }
     }
@@ -211,17 +239,36 @@ mod tests {
 
     #[test]
     fn refuses_bad_sets_naming_the_file() {
-        let dup = parse_set(vec![file("V1__a.sql", "SELECT 1;"), file("V1__b.sql", "SELECT 2;")]).unwrap_err();
-        assert!(format!("{dup:#}").contains("V1__a.sql") && format!("{dup:#}").contains("V1__b.sql"));
+        let dup = parse_set(vec![
+            file("V1__a.sql", "SELECT 1;"),
+            file("V1__b.sql", "SELECT 2;"),
+        ])
+        .unwrap_err();
+        assert!(
+            format!("{dup:#}").contains("V1__a.sql") && format!("{dup:#}").contains("V1__b.sql")
+        );
         let empty = parse_set(vec![file("V1__a.sql", "-- nothing\n")]).unwrap_err();
         assert!(format!("{empty:#}").contains("no SQL statement"));
-        let mixed = parse_set(vec![file("V1__a.sql", "ALTER TABLE t ADD c int; CREATE INDEX CONCURRENTLY i ON t (c);")]).unwrap_err();
+        let mixed = parse_set(vec![file(
+            "V1__a.sql",
+            "ALTER TABLE t ADD c int; CREATE INDEX CONCURRENTLY i ON t (c);",
+        )])
+        .unwrap_err();
         assert!(format!("{mixed:#}").contains("mixes"));
         let tx = parse_set(vec![file("V1__a.sql", "BEGIN; SELECT 1; COMMIT;")]).unwrap_err();
         assert!(format!("{tx:#}").contains("line 1"));
-        let bin = parse_set(vec![("V1__a.sql".into(), "m/V1__a.sql".into(), vec![b'S', 0xff, 0xfe])]).unwrap_err();
+        let bin = parse_set(vec![(
+            "V1__a.sql".into(),
+            "m/V1__a.sql".into(),
+            vec![b'S', 0xff, 0xfe],
+        )])
+        .unwrap_err();
         assert!(format!("{bin:#}").contains("UTF-8"));
-        let online = parse_set(vec![file("V3__i.sql", "CREATE INDEX CONCURRENTLY i ON t (c);")]).unwrap();
+        let online = parse_set(vec![file(
+            "V3__i.sql",
+            "CREATE INDEX CONCURRENTLY i ON t (c);",
+        )])
+        .unwrap();
         assert_eq!(online[0].mode, Mode::Online);
     }
 

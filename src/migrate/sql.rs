@@ -25,7 +25,9 @@ impl LockMode {
     /// What the application notices while the lock is held (or waited for).
     pub fn blocks(self) -> &'static str {
         match self {
-            LockMode::AccessShare | LockMode::RowShare | LockMode::RowExclusive => "nothing the application does",
+            LockMode::AccessShare | LockMode::RowShare | LockMode::RowExclusive => {
+                "nothing the application does"
+            }
             LockMode::ShareUpdateExclusive => "other DDL and VACUUM; reads and writes go on",
             LockMode::Share => "writes (INSERT, UPDATE, DELETE); reads go on",
             LockMode::ShareRowExclusive => "writes (INSERT, UPDATE, DELETE); reads go on",
@@ -119,7 +121,10 @@ pub fn split(sql: &str) -> Vec<Statement> {
                             break;
                         }
                     } else {
-                        { let c = bytes[i]; advance(&mut i, &mut line, c); }
+                        {
+                            let c = bytes[i];
+                            advance(&mut i, &mut line, c);
+                        }
                     }
                 }
             }
@@ -142,7 +147,10 @@ pub fn split(sql: &str) -> Vec<Statement> {
                         i += 1;
                         break;
                     }
-                    { let c = bytes[i]; advance(&mut i, &mut line, c); }
+                    {
+                        let c = bytes[i];
+                        advance(&mut i, &mut line, c);
+                    }
                 }
             }
             '$' => {
@@ -159,7 +167,10 @@ pub fn split(sql: &str) -> Vec<Statement> {
                     i = j + 1;
                     let tag_chars: Vec<char> = tag.chars().collect();
                     while i < n && bytes[i..].iter().take(tag_chars.len()).ne(tag_chars.iter()) {
-                        { let c = bytes[i]; advance(&mut i, &mut line, c); }
+                        {
+                            let c = bytes[i];
+                            advance(&mut i, &mut line, c);
+                        }
                     }
                     i = (i + tag_chars.len()).min(n);
                 } else {
@@ -282,7 +293,9 @@ fn tokenize(text: &str) -> Vec<Token> {
             out.push(Token::Literal);
         } else if c.is_alphanumeric() || c == '_' {
             let mut s = String::new();
-            while i < chars.len() && (chars[i].is_alphanumeric() || chars[i] == '_' || chars[i] == '$') {
+            while i < chars.len()
+                && (chars[i].is_alphanumeric() || chars[i] == '_' || chars[i] == '$')
+            {
                 s.push(chars[i]);
                 i += 1;
             }
@@ -358,23 +371,40 @@ fn analyze(sql: String, line: usize, tokens: &[Token]) -> Statement {
     let has = |w: &str| tokens.iter().any(|t| matches!(t, Token::Word(x) if x == w));
     let first = words.first().copied().unwrap_or("");
     match first {
-        "begin" | "commit" | "rollback" | "end" | "savepoint" | "release" | "abort" | "start" | "prepare" => {
+        "begin" | "commit" | "rollback" | "end" | "savepoint" | "release" | "abort" | "start"
+        | "prepare" => {
             statement.transaction_control = true;
             statement.summary = first.to_uppercase();
         }
         "create" => {
-            let mut i = skip_words(tokens, 1, &["or", "replace", "global", "local", "temporary", "temp", "unlogged"]);
+            let mut i = skip_words(
+                tokens,
+                1,
+                &[
+                    "or",
+                    "replace",
+                    "global",
+                    "local",
+                    "temporary",
+                    "temp",
+                    "unlogged",
+                ],
+            );
             if is_word(tokens.get(i), "table") {
                 i = skip_words(tokens, i + 1, &["if", "not", "exists"]);
                 let name = read_name(tokens, i).map(|(n, _)| n).unwrap_or_default();
                 statement.summary = format!("CREATE TABLE {name}");
                 statement.creates_tables.push(name);
                 for target in referenced(tokens) {
-                    statement.locks.push(lock(target, LockMode::ShareRowExclusive));
+                    statement
+                        .locks
+                        .push(lock(target, LockMode::ShareRowExclusive));
                 }
             } else if is_word(tokens.get(i), "unique") || is_word(tokens.get(i), "index") {
                 let unique = is_word(tokens.get(i), "unique");
-                let on = tokens.iter().position(|t| matches!(t, Token::Word(w) if w == "on"));
+                let on = tokens
+                    .iter()
+                    .position(|t| matches!(t, Token::Word(w) if w == "on"));
                 let table = on
                     .map(|p| skip_words(tokens, p + 1, &["only"]))
                     .and_then(|p| read_name(tokens, p))
@@ -387,12 +417,21 @@ fn analyze(sql: String, line: usize, tokens: &[Token]) -> Statement {
                     if unique { "UNIQUE " } else { "" },
                     if concurrently { "CONCURRENTLY " } else { "" }
                 );
-                let mode = if concurrently { LockMode::ShareUpdateExclusive } else { LockMode::Share };
+                let mode = if concurrently {
+                    LockMode::ShareUpdateExclusive
+                } else {
+                    LockMode::Share
+                };
                 statement.locks.push(lock(table, mode));
             } else {
                 // Schemas, types, functions, sequences, views: catalog entries, no table lock
                 // on existing data (a view's query takes ACCESS SHARE at most).
-                statement.summary = words.iter().take(3).map(|w| w.to_uppercase()).collect::<Vec<_>>().join(" ");
+                statement.summary = words
+                    .iter()
+                    .take(3)
+                    .map(|w| w.to_uppercase())
+                    .collect::<Vec<_>>()
+                    .join(" ");
             }
         }
         "alter" if is_word(tokens.get(1), "table") => {
@@ -401,7 +440,8 @@ fn analyze(sql: String, line: usize, tokens: &[Token]) -> Statement {
             statement.summary = format!("ALTER TABLE {table}");
             let rest = &tokens[after.min(tokens.len())..];
             let rest_has = |w: &str| rest.iter().any(|t| matches!(t, Token::Word(x) if x == w));
-            let only_validate = rest_has("validate") && !rest_has("add") && !rest_has("drop") && !rest_has("alter");
+            let only_validate =
+                rest_has("validate") && !rest_has("add") && !rest_has("drop") && !rest_has("alter");
             let foreign_key_only = rest_has("foreign") && !rest_has("column") && !rest_has("check");
             let mode = if only_validate {
                 LockMode::ShareUpdateExclusive
@@ -412,7 +452,9 @@ fn analyze(sql: String, line: usize, tokens: &[Token]) -> Statement {
             };
             statement.locks.push(lock(table, mode));
             for target in referenced(rest) {
-                statement.locks.push(lock(target, LockMode::ShareRowExclusive));
+                statement
+                    .locks
+                    .push(lock(target, LockMode::ShareRowExclusive));
             }
         }
         "drop" if is_word(tokens.get(1), "index") => {
@@ -420,19 +462,36 @@ fn analyze(sql: String, line: usize, tokens: &[Token]) -> Statement {
             let i = skip_words(tokens, 2, &["concurrently", "if", "exists"]);
             let name = read_name(tokens, i).map(|(n, _)| n).unwrap_or_default();
             statement.online = concurrently;
-            statement.summary = format!("DROP INDEX {}{name}", if concurrently { "CONCURRENTLY " } else { "" });
-            let mode = if concurrently { LockMode::ShareUpdateExclusive } else { LockMode::AccessExclusive };
-            statement.locks.push(lock(format!("{name} and its table"), mode));
+            statement.summary = format!(
+                "DROP INDEX {}{name}",
+                if concurrently { "CONCURRENTLY " } else { "" }
+            );
+            let mode = if concurrently {
+                LockMode::ShareUpdateExclusive
+            } else {
+                LockMode::AccessExclusive
+            };
+            statement
+                .locks
+                .push(lock(format!("{name} and its table"), mode));
         }
         "reindex" => {
             let concurrently = has("concurrently");
             statement.online = concurrently;
-            statement.summary = words.iter().map(|w| w.to_uppercase()).collect::<Vec<_>>().join(" ");
+            statement.summary = words
+                .iter()
+                .map(|w| w.to_uppercase())
+                .collect::<Vec<_>>()
+                .join(" ");
             let name = tokens.iter().rev().find_map(|t| match t {
                 Token::Word(w) | Token::Quoted(w) => Some(w.clone()),
                 _ => None,
             });
-            let mode = if concurrently { LockMode::ShareUpdateExclusive } else { LockMode::AccessExclusive };
+            let mode = if concurrently {
+                LockMode::ShareUpdateExclusive
+            } else {
+                LockMode::AccessExclusive
+            };
             statement.locks.push(lock(name.unwrap_or_default(), mode));
         }
         "vacuum" => {
@@ -442,7 +501,15 @@ fn analyze(sql: String, line: usize, tokens: &[Token]) -> Statement {
         "drop" | "truncate" | "lock" | "cluster" => {
             let i = skip_words(tokens, 1, &["table", "if", "exists", "only"]);
             let name = read_name(tokens, i).map(|(n, _)| n).unwrap_or_default();
-            statement.summary = format!("{} {name}", words.iter().take(2).map(|w| w.to_uppercase()).collect::<Vec<_>>().join(" "));
+            statement.summary = format!(
+                "{} {name}",
+                words
+                    .iter()
+                    .take(2)
+                    .map(|w| w.to_uppercase())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            );
             statement.locks.push(lock(name, LockMode::AccessExclusive));
         }
         "insert" | "update" | "delete" | "merge" => {
@@ -455,9 +522,16 @@ fn analyze(sql: String, line: usize, tokens: &[Token]) -> Statement {
             statement.summary = first.to_uppercase();
         }
         _ => {
-            statement.summary = words.iter().take(3).map(|w| w.to_uppercase()).collect::<Vec<_>>().join(" ");
+            statement.summary = words
+                .iter()
+                .take(3)
+                .map(|w| w.to_uppercase())
+                .collect::<Vec<_>>()
+                .join(" ");
             statement.lock_assumed = true;
-            statement.locks.push(lock("(not recognised)".into(), LockMode::AccessExclusive));
+            statement
+                .locks
+                .push(lock("(not recognised)".into(), LockMode::AccessExclusive));
         }
     }
     statement

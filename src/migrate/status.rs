@@ -21,7 +21,10 @@ pub enum State {
 
 impl State {
     pub fn is_problem(self) -> bool {
-        matches!(self, State::PendingOutOfOrder | State::Edited | State::MissingFromDisk)
+        matches!(
+            self,
+            State::PendingOutOfOrder | State::Edited | State::MissingFromDisk
+        )
     }
 
     pub fn as_str(self) -> &'static str {
@@ -57,7 +60,9 @@ pub fn compute(files: &[Migration], applied: &[Applied]) -> Vec<Entry> {
         .map(|m| {
             let record = applied.iter().find(|a| a.version == m.version);
             let state = match record {
-                Some(a) if a.name == m.name && a.checksum == m.checksum.to_string() => State::Applied,
+                Some(a) if a.name == m.name && a.checksum == m.checksum.to_string() => {
+                    State::Applied
+                }
                 Some(_) => State::Edited,
                 None if newest_applied.is_some_and(|v| v > m.version) => State::PendingOutOfOrder,
                 None => State::Pending,
@@ -74,7 +79,10 @@ pub fn compute(files: &[Migration], applied: &[Applied]) -> Vec<Entry> {
             }
         })
         .collect();
-    for a in applied.iter().filter(|a| !files.iter().any(|m| m.version == a.version)) {
+    for a in applied
+        .iter()
+        .filter(|a| !files.iter().any(|m| m.version == a.version))
+    {
         entries.push(Entry {
             version: a.version,
             name: a.name.clone(),
@@ -116,5 +124,8 @@ pub fn ensure_consistent(entries: &[Entry]) -> Result<()> {
     if problems.is_empty() {
         return Ok(());
     }
-    bail!("the migration history does not match the files; nothing was changed:\n  - {}", problems.join("\n  - "))
+    bail!(
+        "the migration history does not match the files; nothing was changed:\n  - {}",
+        problems.join("\n  - ")
+    )
 }

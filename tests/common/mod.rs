@@ -21,13 +21,17 @@ fn server() -> &'static Server {
     static SERVER: OnceLock<Server> = OnceLock::new();
     SERVER.get_or_init(|| match std::env::var("PGMEND_TEST_DATABASE_URL") {
         Ok(url) => Server {
-            admin: conninfo::resolve(Some(&url), &|k| std::env::var(k).ok()).expect("PGMEND_TEST_DATABASE_URL"),
+            admin: conninfo::resolve(Some(&url), &|k| std::env::var(k).ok())
+                .expect("PGMEND_TEST_DATABASE_URL"),
             _local: None,
         },
         Err(_) => {
             let pg = LocalPg::start(false).expect("starting a throwaway PostgreSQL for the tests");
             let admin = conninfo::resolve(Some(&pg.conninfo("postgres")), &|_| None).unwrap();
-            Server { admin, _local: Some(pg) }
+            Server {
+                admin,
+                _local: Some(pg),
+            }
         }
     })
 }
@@ -53,9 +57,16 @@ pub struct TestDb {
 pub fn fresh_db() -> TestDb {
     static COUNTER: AtomicU32 = AtomicU32::new(0);
     let s = server();
-    let name = format!("t{}_{}", std::process::id(), COUNTER.fetch_add(1, Ordering::SeqCst));
-    let mut admin = postgres::Client::connect(&keyword_value(&s.admin), postgres::NoTls).expect("admin connection");
-    admin.batch_execute(&format!("CREATE DATABASE {name}")).expect("CREATE DATABASE");
+    let name = format!(
+        "t{}_{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::SeqCst)
+    );
+    let mut admin = postgres::Client::connect(&keyword_value(&s.admin), postgres::NoTls)
+        .expect("admin connection");
+    admin
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .expect("CREATE DATABASE");
     let mut params = s.admin.clone();
     params.dbname = name.clone();
     TestDb { name, params }
@@ -63,8 +74,13 @@ pub fn fresh_db() -> TestDb {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
-        if let Ok(mut admin) = postgres::Client::connect(&keyword_value(&server().admin), postgres::NoTls) {
-            let _ = admin.batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name));
+        if let Ok(mut admin) =
+            postgres::Client::connect(&keyword_value(&server().admin), postgres::NoTls)
+        {
+            let _ = admin.batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ));
         }
     }
 }
@@ -108,7 +124,8 @@ impl TestDb {
 
     /// Creates the legacy schema (V1) the way production has it, with a few dirty rows.
     pub fn make_legacy(&self) {
-        let v1 = std::fs::read_to_string(repo().join("migrations/V1__legacy_baseline.sql")).unwrap();
+        let v1 =
+            std::fs::read_to_string(repo().join("migrations/V1__legacy_baseline.sql")).unwrap();
         let mut c = self.client();
         c.batch_execute(&v1).unwrap();
         c.batch_execute(
@@ -135,7 +152,10 @@ impl TestDb {
             return Vec::new();
         }
         self.client()
-            .query("SELECT version, name FROM refinery_schema_history ORDER BY version", &[])
+            .query(
+                "SELECT version, name FROM refinery_schema_history ORDER BY version",
+                &[],
+            )
             .unwrap()
             .iter()
             .map(|r| (r.get(0), r.get(1)))
@@ -145,7 +165,20 @@ impl TestDb {
 
 pub fn pgmend_command() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_pgmend"));
-    for var in ["DATABASE_URL", "PGHOST", "PGPORT", "PGUSER", "PGPASSWORD", "PGDATABASE", "PGSSLMODE", "PGSSLROOTCERT", "PGAPPNAME", "PGCONNECT_TIMEOUT", "PGMEND_MIGRATIONS_DIR", "PGOPTIONS"] {
+    for var in [
+        "DATABASE_URL",
+        "PGHOST",
+        "PGPORT",
+        "PGUSER",
+        "PGPASSWORD",
+        "PGDATABASE",
+        "PGSSLMODE",
+        "PGSSLROOTCERT",
+        "PGAPPNAME",
+        "PGCONNECT_TIMEOUT",
+        "PGMEND_MIGRATIONS_DIR",
+        "PGOPTIONS",
+    ] {
         c.env_remove(var);
     }
     c.stdin(Stdio::null());
@@ -154,14 +187,22 @@ pub fn pgmend_command() -> Command {
 
 /// Runs and collects; fails the test if the password shows anywhere in the output.
 pub fn run(command: &mut Command, password: &str) -> Run {
-    let Output { status, stdout, stderr } = command.output().expect("running pgmend");
+    let Output {
+        status,
+        stdout,
+        stderr,
+    } = command.output().expect("running pgmend");
     let run = Run {
         code: status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&stdout).into_owned(),
         stderr: String::from_utf8_lossy(&stderr).into_owned(),
     };
     if !password.is_empty() {
-        assert!(!run.both().contains(password), "the password leaked into the output:\n{}", run.both());
+        assert!(
+            !run.both().contains(password),
+            "the password leaked into the output:\n{}",
+            run.both()
+        );
     }
     run
 }
