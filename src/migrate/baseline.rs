@@ -169,6 +169,24 @@ pub fn compare(
             .into_iter()
             .map(|t| format!("table {t} (not in V1)")),
     );
+    let indexes = client
+        .query(
+            "SELECT t.relname::text, i.relname::text, pg_get_indexdef(i.oid)
+               FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid JOIN pg_class t ON t.oid = x.indrelid
+              WHERE t.relnamespace = $1::oid AND t.relname = ANY ($2)
+                AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = x.indexrelid)
+              ORDER BY 1, 2",
+            &[&schema_oid, &tables],
+        )
+        .doing("listing the indexes")?;
+    cmp.extra.extend(indexes.iter().map(|r| {
+        format!(
+            "{}: index {} ({})",
+            r.get::<_, String>(0),
+            r.get::<_, String>(1),
+            r.get::<_, String>(2)
+        )
+    }));
     if cmp.missing.len() == tables.len() && cmp.missing.iter().all(|m| m.starts_with("table ")) {
         bail!(
             "schema {:?} of this database has none of the legacy tables ({}): nothing to adopt. Check that --database-url names the production database and that search_path finds its schema; for a new, empty database run `pgmend migrate apply` instead",
