@@ -44,6 +44,18 @@ pub enum MigrateCommand {
     Apply(ApplyArgs),
     /// Adopt an existing legacy database: check its schema against V1, then record V1.
     Baseline(BaselineArgs),
+    /// VALIDATE a NOT VALID check constraint, once its census finds no violating row.
+    Validate(ValidateArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ValidateArgs {
+    /// The constraint's name, e.g. issued_within_budget.
+    pub name: String,
+    #[command(flatten)]
+    pub conn: ConnectionArgs,
+    #[command(flatten)]
+    pub safety: SafetyArgs,
 }
 
 #[derive(Debug, Args)]
@@ -123,6 +135,10 @@ pub struct SafetyArgs {
     /// The longest any one statement may run.
     #[arg(long, default_value = "1m", value_parser = parse_duration, value_name = "DURATION")]
     pub statement_timeout: Duration,
+    /// How long a CONCURRENTLY build or drop may wait for other sessions before it is
+    /// cancelled (its INVALID index dropped) and pgmend stops with exit 1.
+    #[arg(long, default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]
+    pub build_wait: Duration,
     /// How long to wait for another pgmend working on the same database (0s: refuse at once).
     #[arg(long, default_value = "0s", value_parser = parse_duration, value_name = "DURATION")]
     pub runner_wait: Duration,

@@ -8,3 +8,4 @@ pub mod db;
 pub mod error;
 pub mod localpg;
 pub mod migrate;
+pub mod online;

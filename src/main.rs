@@ -22,6 +22,7 @@ fn main() -> ExitCode {
         Command::Migrate(MigrateCommand::Plan(a)) | Command::Plan(a) => migrate::plan(a, format),
         Command::Migrate(MigrateCommand::Apply(a)) | Command::Apply(a) => migrate::apply(a, format),
         Command::Migrate(MigrateCommand::Baseline(a)) => migrate::baseline(a, format),
+        Command::Migrate(MigrateCommand::Validate(a)) => migrate::validate(a, format),
         Command::Demo(a) => demo::run(a),
     };
     match result {

@@ -9,8 +9,9 @@ use tabled::{settings::Style, Table, Tabled};
 
 use super::{confirm, open, print_json};
 use crate::cli::{
-    ApplyArgs, BaselineArgs, Format, MigrationsArgs, PlanArgs, SafetyArgs, StatusArgs,
+    ApplyArgs, BaselineArgs, Format, MigrationsArgs, PlanArgs, SafetyArgs, StatusArgs, ValidateArgs,
 };
+use crate::online::validate;
 use crate::config;
 use crate::db::conninfo::ConnParams;
 use crate::db::retry::LockPolicy;
@@ -171,9 +172,15 @@ pub fn apply(args: &ApplyArgs, format: Format) -> Result<Outcome> {
             ),
         )?;
     }
-    let applied = apply::execute(&mut session.client, &plan, &policy, &mut |line| {
-        eprintln!("{line}")
-    })?;
+    let params = session.params.clone();
+    let applied = apply::execute(
+        &mut session.client,
+        &params,
+        &plan,
+        &policy,
+        args.safety.build_wait,
+        &mut |line| eprintln!("{line}"),
+    )?;
     let now_at = applied.last().map(|a| a.version).or(plan.current_version);
     match format {
         Format::Json => {
@@ -318,4 +325,28 @@ fn report_baseline(
             Ok(())
         }
     }
+}
+
+pub fn validate(args: &ValidateArgs, format: Format) -> Result<Outcome> {
+    let policy = policy(&args.safety)?;
+    let mut session = open(&args.conn)?;
+    session.ensure_writable()?;
+    let _lock = runner_lock::acquire(&mut session.client, args.safety.runner_wait)?;
+    confirm(
+        args.safety.yes,
+        &format!("Validate constraint {} on {} (a full scan under SHARE UPDATE EXCLUSIVE)?", args.name, session.params),
+    )?;
+    let result = validate::run(&mut session.client, &args.name, &policy)?;
+    match format {
+        Format::Json => print_json(&result)?,
+        Format::Human => {
+            let mut out = std::io::stdout().lock();
+            if result.already_valid {
+                writeln!(out, "{} on {} is already valid; nothing to do.", result.constraint, result.table)?;
+            } else {
+                writeln!(out, "{} on {}: no row breaks it; validated.", result.constraint, result.table)?;
+            }
+        }
+    }
+    Ok(Outcome::Done)
 }

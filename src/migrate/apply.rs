@@ -9,7 +9,9 @@ use serde::Serialize;
 use super::history;
 use super::plan::Plan;
 use super::source::Mode;
+use crate::db::conninfo::ConnParams;
 use crate::db::retry::{with_lock_retry, LockPolicy};
+use crate::online::{evaluate, index};
 
 #[derive(Debug, Serialize)]
 pub struct AppliedMigration {
@@ -23,18 +25,14 @@ pub struct AppliedMigration {
 /// taking it.
 pub fn execute(
     client: &mut postgres::Client,
+    params: &ConnParams,
     plan: &Plan,
     policy: &LockPolicy,
+    build_wait: Duration,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Vec<AppliedMigration>> {
     if !plan.blockers.is_empty() {
         bail!("nothing was changed:\n  - {}", plan.blockers.join("\n  - "));
-    }
-    if let Some(online) = plan.pending.iter().find(|m| m.mode == Mode::Online) {
-        bail!(
-            "{} holds CONCURRENTLY statements, which this pgmend cannot apply yet (they need the watched online build); nothing was changed",
-            online.origin
-        );
     }
     if !plan.pending.is_empty() {
         with_lock_retry(client, policy, "creating the history table", &[], |c| {
@@ -57,18 +55,24 @@ pub fn execute(
             .iter()
             .flat_map(|s| s.locks.iter().map(|l| l.relation.clone()))
             .collect();
-        progress(&format!(
-            "applying {label} ({} statements, one transaction)",
-            planned.statements.len()
-        ));
+        // Censuses are taken right before the step, on the data as it is now.
+        for finding in evaluate::check_before(client, &label, &migration.censuses)? {
+            progress(&finding.describe());
+        }
         let started = Instant::now();
-        with_lock_retry(client, policy, &format!("applying {label}"), &tables, |c| {
-            let mut tx = c.transaction()?;
-            tx.batch_execute(&policy.set_local_sql())?;
-            tx.batch_execute(&migration.sql)?;
-            history::record(&mut tx, migration)?;
-            tx.commit()
-        })?;
+        if migration.mode == Mode::Online {
+            progress(&format!("applying {label} (online: each statement in autocommit, watched)"));
+            index::apply(client, params, migration, build_wait, progress)?;
+        } else {
+            progress(&format!("applying {label} ({} statements, one transaction)", planned.statements.len()));
+            with_lock_retry(client, policy, &format!("applying {label}"), &tables, |c| {
+                let mut tx = c.transaction()?;
+                tx.batch_execute(&policy.set_local_sql())?;
+                tx.batch_execute(&migration.sql)?;
+                history::record(&mut tx, migration)?;
+                tx.commit()
+            })?;
+        }
         let elapsed = started.elapsed();
         progress(&format!(
             "applied {label} in {}",

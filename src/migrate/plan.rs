@@ -11,6 +11,8 @@ use super::source::{Migration, Mode};
 use super::sql::{LockMode, Statement};
 use super::status::{self, Entry};
 use crate::error::PgContext;
+use crate::online::census::{added_column, AddedColumn};
+use crate::online::evaluate::{evaluate, Finding};
 
 #[derive(Debug, Serialize)]
 pub struct Plan {
@@ -33,6 +35,9 @@ pub struct PlannedMigration {
     pub in_transaction: bool,
     pub strongest_lock: Option<LockMode>,
     pub statements: Vec<Statement>,
+    /// Each census the step takes first, counted now (columns an earlier pending step
+    /// adds read as the value that step gives them).
+    pub censuses: Vec<Finding>,
     pub sql: String,
 }
 
@@ -67,6 +72,7 @@ pub fn build(
         .collect();
     let mut blockers = Vec::new();
     let mut pending = Vec::new();
+    let mut shadows: Vec<AddedColumn> = Vec::new();
     for entry in pending_entries {
         let m = files
             .iter()
@@ -102,7 +108,13 @@ pub fn build(
                 )
             });
         }
+        let mut censuses = Vec::new();
+        for census in &m.censuses {
+            censuses.push(evaluate(&mut tx, census, &shadows)?);
+        }
+        shadows.extend(m.statements.iter().filter_map(added_column));
         pending.push(PlannedMigration {
+            censuses,
             version: m.version,
             name: m.name.clone(),
             origin: m.origin.clone(),
@@ -181,6 +193,9 @@ pub fn render_human(plan: &Plan, out: &mut impl Write) -> std::io::Result<()> {
                     ""
                 }
             )?;
+        }
+        for finding in &m.censuses {
+            writeln!(out, "   {}{}", finding.describe(), if finding.stops() { " — apply stops here (exit 1)" } else { "" })?;
         }
         if let Some(mode) = m.strongest_lock {
             writeln!(

@@ -10,6 +10,7 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use super::sql::{self, Statement};
+use crate::online::census::{self, Census};
 
 mod embedded {
     include!(concat!(env!("OUT_DIR"), "/embedded_migrations.rs"));
@@ -35,6 +36,8 @@ pub struct Migration {
     pub checksum: u64,
     pub mode: Mode,
     pub statements: Vec<Statement>,
+    /// What must be counted before it runs (unique indexes, checks, preconditions).
+    pub censuses: Vec<Census>,
 }
 
 impl Migration {
@@ -178,7 +181,9 @@ fn parse_file(file_name: &str, origin: &str, bytes: Vec<u8>) -> Result<Migration
     };
     let refinery = refinery::Migration::unapplied(&format!("V{version}__{name}"), &sql)
         .map_err(|e| anyhow::anyhow!("{origin}: refinery rejects the name: {e}"))?;
+    let censuses = census::for_migration(&sql, &statements, origin)?;
     Ok(Migration {
+        censuses,
         version,
         name,
         origin: origin.to_string(),

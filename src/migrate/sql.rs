@@ -216,6 +216,8 @@ fn strip_leading_comments(text: &str) -> String {
         rest = rest.trim_start();
         if rest.starts_with("--") {
             rest = rest.split_once('\n').map(|(_, r)| r).unwrap_or("");
+        } else if rest.starts_with("/*") {
+            rest = rest.split_once("*/").map(|(_, r)| r).unwrap_or("");
         } else {
             return rest.to_string();
         }

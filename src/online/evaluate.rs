@@ -1,0 +1,154 @@
+//! Taking a census against the database: how many violators, and a few of them.
+
+use anyhow::Result;
+use serde::Serialize;
+
+use super::census::{with_shadows, AddedColumn, Census, Guard};
+use crate::error::{describe, sqlstate, PgContext, Stopped};
+
+/// How many rows of each violation a finding shows.
+const SAMPLE: i64 = 5;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Finding {
+    #[serde(flatten)]
+    pub census: Census,
+    /// None when it cannot be counted yet (it reads a table an earlier pending step creates).
+    pub violators: Option<i64>,
+    pub sample: Vec<String>,
+    pub not_yet: Option<String>,
+}
+
+impl Finding {
+    pub fn stops(&self) -> bool {
+        self.census.guard.blocks() && self.violators.is_some_and(|n| n > 0)
+    }
+
+    /// One paragraph for people.
+    pub fn describe(&self) -> String {
+        match self.violators {
+            None => format!(
+                "census {}: {} — {}",
+                self.census.name,
+                self.census.counts,
+                self.not_yet.as_deref().unwrap_or("not counted")
+            ),
+            Some(0) => format!("census {}: no {}", self.census.name, self.census.counts),
+            Some(n) => format!(
+                "census {}: {n} {}{}. {}",
+                self.census.name,
+                self.census.counts,
+                if self.sample.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (for example {})", self.sample.join("; "))
+                },
+                if self.census.guard == Guard::CheckNotValid {
+                    format!("It is added NOT VALID: {}", self.census.fix)
+                } else {
+                    format!("To fix: {}", self.census.fix)
+                }
+            ),
+        }
+    }
+}
+
+/// Counts `census` inside `tx` (read-only is enough), each query in a savepoint so a
+/// census that cannot run yet does not spoil the transaction. `shadows` are columns that
+/// pending steps add; those the table lacks today read as the value the step gives them.
+pub fn evaluate(tx: &mut postgres::Transaction<'_>, census: &Census, shadows: &[AddedColumn]) -> Result<Finding> {
+    let mut missing = Vec::new();
+    for t in &census.tables {
+        let exists: bool = tx
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[t])
+            .doing("checking a census table")?
+            .get(0);
+        if !exists {
+            missing.push(t.clone());
+        }
+    }
+    if !missing.is_empty() {
+        return Ok(Finding {
+            census: census.clone(),
+            violators: None,
+            sample: Vec::new(),
+            not_yet: Some(format!(
+                "counted when it runs: it reads {}, which an earlier pending step creates",
+                missing.join(", ")
+            )),
+        });
+    }
+    let mut active = Vec::new();
+    for s in shadows.iter().filter(|s| census.tables.contains(&s.table)) {
+        let present: bool = tx
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped)",
+                &[&s.table, &s.column.trim_matches('"')],
+            )
+            .doing("checking a census column")?
+            .get(0);
+        if !present {
+            active.push(s.clone());
+        }
+    }
+    let count_sql = with_shadows(&format!("SELECT count(*) FROM ({}) v", census.violators_sql), &active);
+    let sample_sql = with_shadows(
+        &format!("SELECT row_to_json(v)::text FROM ({}) v LIMIT {SAMPLE}", census.violators_sql),
+        &active,
+    );
+    let mut savepoint = tx.transaction().doing("opening a savepoint for the census")?;
+    let counted = savepoint.query_one(&count_sql, &[]);
+    let finding = match counted {
+        Ok(row) => {
+            let n: i64 = row.get(0);
+            let sample = if n > 0 {
+                savepoint
+                    .query(&sample_sql, &[])
+                    .doing(format!("sampling census {}", census.name))?
+                    .iter()
+                    .map(|r| r.get(0))
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            Finding { census: census.clone(), violators: Some(n), sample, not_yet: None }
+        }
+        Err(e) if matches!(sqlstate(&e), Some("42703") | Some("42P01")) => Finding {
+            census: census.clone(),
+            violators: None,
+            sample: Vec::new(),
+            not_yet: Some(format!("not countable before the earlier pending steps run ({})", describe(&e))),
+        },
+        Err(e) => {
+            return Err(anyhow::Error::new(describe(&e)).context(format!("taking census {} ({count_sql})", census.name)))
+        }
+    };
+    savepoint.rollback().doing("closing the census savepoint")?;
+    Ok(finding)
+}
+
+/// Takes every census of a migration in one short read-only transaction, and stops
+/// (exit 1) when one of them blocks the step.
+pub fn check_before(client: &mut postgres::Client, label: &str, censuses: &[Census]) -> Result<Vec<Finding>> {
+    if censuses.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut tx = client
+        .build_transaction()
+        .read_only(true)
+        .start()
+        .doing("opening a read-only transaction for the census")?;
+    let mut findings = Vec::new();
+    for c in censuses {
+        findings.push(evaluate(&mut tx, c, &[])?);
+    }
+    tx.rollback().doing("closing the census transaction")?;
+    let stopping: Vec<String> = findings.iter().filter(|f| f.stops()).map(Finding::describe).collect();
+    if !stopping.is_empty() {
+        return Err(Stopped::error(format!(
+            "{label} was not attempted: {}. The steps before it are applied; nothing of {label} was changed",
+            stopping.join("; ")
+        )));
+    }
+    Ok(findings)
+}

@@ -1,0 +1,329 @@
+//! Online migrations: each CONCURRENTLY statement alone in autocommit on a connection of
+//! its own, without lock_timeout (a concurrent build waits for every older transaction, and
+//! a lock_timeout there leaves an INVALID index), watched from pgmend's main session and
+//! cancelled once it has waited longer than `--build-wait`.
+
+use std::sync::LazyLock;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use regex::Regex;
+
+use super::evaluate;
+use crate::db::conninfo::ConnParams;
+use crate::error::{describe, sqlstate, PgContext, Stopped};
+use crate::migrate::history;
+use crate::migrate::source::Migration;
+use crate::migrate::sql::Statement;
+
+/// How often the watcher looks at the build.
+const POLL: Duration = Duration::from_millis(500);
+/// How many times a failed build is retried after its census comes back clean.
+const BUILD_ATTEMPTS: u32 = 3;
+
+static CREATE_INDEX: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r#"(?is)^\s*create\s+(unique\s+)?index\s+concurrently\s+(?:if\s+not\s+exists\s+)?("?[\w$]+"?)\s+on\s+(?:only\s+)?([\w$."]+)"#).unwrap()
+});
+
+/// Applies an online migration statement by statement, then records it.
+pub fn apply(
+    main: &mut postgres::Client,
+    params: &ConnParams,
+    migration: &Migration,
+    build_wait: Duration,
+    progress: &mut dyn FnMut(&str),
+) -> Result<()> {
+    for statement in &migration.statements {
+        match CREATE_INDEX.captures(&statement.sql) {
+            Some(c) => {
+                let name = c[2].trim_matches('"').to_string();
+                let table = c[3].to_string();
+                build_index(main, params, migration, statement, &name, &table, build_wait, progress)?;
+            }
+            None => {
+                progress(&format!("running {} (online)", statement.summary));
+                run_watched(main, params, &statement.sql, build_wait, progress)?
+                    .map_err(|e| anyhow::Error::new(describe(&e)).context(format!("{} line {}: {}", migration.origin, statement.line, statement.summary)))?;
+            }
+        }
+    }
+    main.execute(
+        &format!("INSERT INTO {} (version, name, applied_on, checksum) VALUES ($1, $2, $3, $4)", history::TABLE),
+        &[
+            &migration.version,
+            &migration.name,
+            &chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Nanos, true),
+            &migration.checksum.to_string(),
+        ],
+    )
+    .doing(format!("recording {} in the history", migration.label()))?;
+    Ok(())
+}
+
+/// An index's state in the catalog.
+struct Existing {
+    valid: bool,
+    ready: bool,
+    definition: String,
+}
+
+fn existing(main: &mut postgres::Client, name: &str) -> Result<Option<Existing>> {
+    let row = main
+        .query_opt(
+            "SELECT i.indisvalid, i.indisready, pg_get_indexdef(i.indexrelid)
+               FROM pg_index i WHERE i.indexrelid = to_regclass(quote_ident($1))",
+            &[&name],
+        )
+        .doing(format!("looking up index {name}"))?;
+    Ok(row.map(|r| Existing { valid: r.get(0), ready: r.get(1), definition: r.get(2) }))
+}
+
+/// Compares an index definition from the catalog with the statement that would create it,
+/// ignoring what pg_get_indexdef adds (schema, USING btree, parentheses, case, spaces).
+fn same_definition(catalog: &str, statement: &str) -> bool {
+    let normal = |s: &str| {
+        let s = s.to_lowercase().replace("concurrently", "").replace("if not exists", "").replace("using btree", "").replace("public.", "");
+        s.chars().filter(|c| !c.is_whitespace() && *c != '(' && *c != ')' && *c != '"' && *c != ';').collect::<String>()
+    };
+    normal(catalog) == normal(statement)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn build_index(
+    main: &mut postgres::Client,
+    params: &ConnParams,
+    migration: &Migration,
+    statement: &Statement,
+    name: &str,
+    table: &str,
+    build_wait: Duration,
+    progress: &mut dyn FnMut(&str),
+) -> Result<()> {
+    let label = migration.label();
+    if let Some(found) = existing(main, name)? {
+        if found.valid && found.ready && same_definition(&found.definition, &statement.sql) {
+            progress(&format!("index {name} already exists, valid and as defined; nothing to build"));
+            return Ok(());
+        }
+        progress(&format!(
+            "index {name} exists but is {}; dropping it concurrently before building it again",
+            if !found.valid || !found.ready { "INVALID (a failed earlier build)".to_string() } else { format!("defined differently ({})", found.definition) }
+        ));
+        drop_index(main, params, name, build_wait, progress)?;
+    }
+    preflight(main, table, progress)?;
+    for attempt in 1..=BUILD_ATTEMPTS {
+        evaluate::check_before(main, &label, &migration.censuses)?;
+        progress(&format!("building {name} concurrently (attempt {attempt} of {BUILD_ATTEMPTS})"));
+        let started = Instant::now();
+        let outcome = run_watched(main, params, &statement.sql, build_wait, progress)?;
+        match outcome {
+            Ok(()) => match existing(main, name)? {
+                Some(e) if e.valid && e.ready => {
+                    progress(&format!("built {name} in {}; it is valid", crate::config::format_duration(Duration::from_millis(started.elapsed().as_millis() as u64))));
+                    return Ok(());
+                }
+                _ => {
+                    progress(&format!("{name} finished but is not valid; dropping it"));
+                    drop_index(main, params, name, build_wait, progress)?;
+                }
+            },
+            Err(e) => {
+                let code = sqlstate(&e).unwrap_or("").to_string();
+                let text = describe(&e).to_string();
+                if existing(main, name)?.is_some() {
+                    progress(&format!("the build failed ({text}); dropping the INVALID index it left"));
+                    drop_index(main, params, name, build_wait, progress)?;
+                }
+                if !matches!(code.as_str(), "23505" | "40P01" | "55P03" | "57014") {
+                    return Err(anyhow::anyhow!("{text}").context(format!("building {name} ({label}); the INVALID index it left was dropped")));
+                }
+                progress(&format!("the build failed with {code}; taking the census again"));
+            }
+        }
+    }
+    Err(Stopped::error(format!(
+        "{name} could not be built in {BUILD_ATTEMPTS} attempts; no INVALID index was left behind. Find what keeps breaking the build (new duplicates from the old application, deadlocks), then rerun `pgmend migrate apply`"
+    )))
+}
+
+/// `DROP INDEX CONCURRENTLY`, watched like a build.
+pub fn drop_index(
+    main: &mut postgres::Client,
+    params: &ConnParams,
+    name: &str,
+    build_wait: Duration,
+    progress: &mut dyn FnMut(&str),
+) -> Result<()> {
+    let sql = format!("DROP INDEX CONCURRENTLY IF EXISTS {}", quote_ident(name));
+    run_watched(main, params, &sql, build_wait, progress)?
+        .map_err(|e| anyhow::Error::new(describe(&e)).context(format!("dropping index {name} concurrently; drop it by hand with: {sql}")))
+}
+
+fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// The table's size and the transactions a concurrent build will have to wait for.
+fn preflight(main: &mut postgres::Client, table: &str, progress: &mut dyn FnMut(&str)) -> Result<()> {
+    let size: String = main
+        .query_one("SELECT pg_size_pretty(pg_total_relation_size(to_regclass($1)))", &[&table])
+        .doing("measuring the table")?
+        .get(0);
+    progress(&format!("preflight: {table} takes {size} with its indexes"));
+    for line in old_transactions(main)? {
+        progress(&format!("preflight: the build will wait for {line}"));
+    }
+    Ok(())
+}
+
+/// Open transactions in this database, oldest first, other than pgmend's own.
+fn old_transactions(main: &mut postgres::Client) -> Result<Vec<String>> {
+    let rows = main
+        .query(
+            "SELECT pid, coalesce(application_name, ''), coalesce(state, ''),
+                    extract(epoch FROM now() - xact_start)::int,
+                    left(regexp_replace(coalesce(query, ''), '\\s+', ' ', 'g'), 80)
+               FROM pg_stat_activity
+              WHERE xact_start IS NOT NULL AND pid <> pg_backend_pid() AND datname = current_database()
+                AND backend_type = 'client backend' AND query NOT ILIKE '%CONCURRENTLY%'
+              ORDER BY xact_start LIMIT 5",
+            &[],
+        )
+        .doing("listing open transactions")?;
+    Ok(rows.iter().map(session_line).collect())
+}
+
+fn session_line(r: &postgres::Row) -> String {
+    format!(
+        "pid {} ({:?}, {}, transaction open {}s: {})",
+        r.get::<_, i32>(0),
+        r.get::<_, String>(1),
+        r.get::<_, String>(2),
+        r.get::<_, i32>(3),
+        r.get::<_, String>(4)
+    )
+}
+
+/// Runs `sql` on a fresh connection with no lock_timeout or statement_timeout, watching
+/// it from `main`. Time spent waiting on other sessions counts against `build_wait`; past
+/// it the statement is cancelled and pgmend stops (exit 1). Returns the statement's own
+/// result otherwise.
+fn run_watched(
+    main: &mut postgres::Client,
+    params: &ConnParams,
+    sql: &str,
+    build_wait: Duration,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Result<(), postgres::Error>> {
+    let mut worker = crate::db::connect(params)?.client;
+    worker
+        .batch_execute("SET lock_timeout = 0; SET statement_timeout = 0")
+        .doing("preparing the connection for an online statement")?;
+    let pid: i32 = worker.query_one("SELECT pg_backend_pid()", &[]).doing("reading the worker's pid")?.get(0);
+    let (sender, receiver) = mpsc::channel();
+    let owned_sql = sql.to_string();
+    let handle = std::thread::spawn(move || {
+        let result = worker.batch_execute(&owned_sql);
+        let _ = sender.send(result);
+    });
+    let mut waited = Duration::ZERO;
+    let mut last_report = String::new();
+    let mut last_report_at = Instant::now() - Duration::from_secs(60);
+    loop {
+        match receiver.recv_timeout(POLL) {
+            Ok(result) => {
+                let _ = handle.join();
+                return Ok(result);
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                anyhow::bail!("the online statement's thread ended without a result");
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        let (waiting, report) = watch(main, pid)?;
+        if waiting {
+            waited += POLL;
+        }
+        if report != last_report || last_report_at.elapsed() >= Duration::from_secs(10) {
+            progress(&format!("{report} (waited {} of --build-wait {})", crate::config::format_duration(Duration::from_secs(waited.as_secs())), crate::config::format_duration(build_wait)));
+            last_report = report.clone();
+            last_report_at = Instant::now();
+        }
+        if waited > build_wait {
+            main.execute("SELECT pg_cancel_backend($1)", &[&pid]).doing("cancelling the online statement")?;
+            let result = receiver.recv_timeout(Duration::from_secs(30));
+            let _ = handle.join();
+            if let Ok(Ok(())) = result {
+                return Ok(Ok(()));
+            }
+            return Err(Stopped::error(format!(
+                "the online statement waited longer than --build-wait {} and was cancelled: {report}. End or wait out those sessions, then rerun; or rerun with a longer --build-wait",
+                crate::config::format_duration(build_wait)
+            )));
+        }
+    }
+}
+
+/// What the online statement of backend `pid` is doing, and whether it is waiting for
+/// other sessions.
+fn watch(main: &mut postgres::Client, pid: i32) -> Result<(bool, String)> {
+    let progress_row = main
+        .query_opt(
+            "SELECT phase, current_locker_pid::int, lockers_total::bigint, lockers_done::bigint,
+                    blocks_total::bigint, blocks_done::bigint
+               FROM pg_stat_progress_create_index WHERE pid = $1",
+            &[&pid],
+        )
+        .doing("reading pg_stat_progress_create_index")?;
+    let blockers = main
+        .query(
+            "SELECT a.pid, coalesce(a.application_name, ''), coalesce(a.state, ''),
+                    coalesce(extract(epoch FROM now() - a.xact_start)::int, 0),
+                    left(regexp_replace(coalesce(a.query, ''), '\\s+', ' ', 'g'), 80)
+               FROM pg_stat_activity a
+              WHERE a.pid = ANY (pg_blocking_pids($1))
+                 OR a.pid = (SELECT current_locker_pid FROM pg_stat_progress_create_index WHERE pid = $1)",
+            &[&pid],
+        )
+        .doing("looking up what the online statement waits for")?;
+    let wait_event: Option<String> = main
+        .query_opt("SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1", &[&pid])
+        .doing("reading the online statement's wait state")?
+        .and_then(|r| r.get(0));
+    let waiting = !blockers.is_empty() || wait_event.as_deref() == Some("Lock");
+    let mut report = match &progress_row {
+        Some(r) => {
+            let phase: String = r.get(0);
+            let (bt, bd): (i64, i64) = (r.get(4), r.get(5));
+            if bt > 0 {
+                format!("{phase}: {}% of blocks", bd * 100 / bt.max(1))
+            } else {
+                phase
+            }
+        }
+        None => "running".to_string(),
+    };
+    if !blockers.is_empty() {
+        report.push_str(&format!(", waiting for {}", blockers.iter().map(session_line).collect::<Vec<_>>().join("; ")));
+    }
+    Ok((waiting, report))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn catalog_definitions_compare_with_statements() {
+        assert!(same_definition(
+            "CREATE UNIQUE INDEX one_coupon_per_member ON public.issued_coupons USING btree (campaign_id, member_id) WHERE (NOT legacy_duplicate)",
+            "CREATE UNIQUE INDEX CONCURRENTLY one_coupon_per_member ON issued_coupons (campaign_id, member_id) WHERE NOT legacy_duplicate;"
+        ));
+        assert!(!same_definition(
+            "CREATE UNIQUE INDEX one_coupon_per_member ON public.issued_coupons USING btree (campaign_id, member_id)",
+            "CREATE UNIQUE INDEX CONCURRENTLY one_coupon_per_member ON issued_coupons (campaign_id, member_id) WHERE NOT legacy_duplicate;"
+        ));
+    }
+}

@@ -1,0 +1,65 @@
+//! `pgmend migrate validate NAME`: VALIDATE a NOT VALID check once its census is zero.
+//!
+//! VALIDATE CONSTRAINT takes SHARE UPDATE EXCLUSIVE (reads and writes go on) but scans the
+//! whole table; it is run only when a census has just shown that it will succeed.
+
+use anyhow::{bail, Result};
+use serde::Serialize;
+
+use super::census::{Census, Guard};
+use super::evaluate::{self, Finding};
+use crate::db::retry::{with_lock_retry, LockPolicy};
+use crate::error::PgContext;
+
+#[derive(Debug, Serialize)]
+pub struct Validation {
+    pub constraint: String,
+    pub table: String,
+    pub already_valid: bool,
+    pub finding: Option<Finding>,
+}
+
+/// Finds the check `name` in the current schema, takes its census, and validates it when
+/// nothing breaks it; stops (exit 1) naming the rows otherwise.
+pub fn run(client: &mut postgres::Client, name: &str, policy: &LockPolicy) -> Result<Validation> {
+    let row = client
+        .query_opt(
+            "SELECT c.conrelid::regclass::text, c.contype::text, c.convalidated, pg_get_constraintdef(c.oid)
+               FROM pg_constraint c
+              WHERE c.conname = $1 AND c.connamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())",
+            &[&name],
+        )
+        .doing(format!("looking up constraint {name}"))?;
+    let Some(row) = row else {
+        bail!("there is no constraint named {name:?} in the current schema; `pgmend migrate status` and `pgmend migrate plan` show which migrations add constraints");
+    };
+    let (table, kind, validated, definition): (String, String, bool, String) = (row.get(0), row.get(1), row.get(2), row.get(3));
+    if validated {
+        return Ok(Validation { constraint: name.into(), table, already_valid: true, finding: None });
+    }
+    if kind != "c" {
+        bail!("{name} is not a CHECK constraint ({definition}); pgmend validates only checks");
+    }
+    let expression = definition
+        .strip_prefix("CHECK ")
+        .and_then(|d| d.strip_suffix(" NOT VALID"))
+        .unwrap_or(&definition)
+        .to_string();
+    let census = Census {
+        guard: Guard::Check,
+        name: name.to_string(),
+        counts: format!("rows of {table} that break {expression}"),
+        fix: "fix or accept those rows (the check already refuses new violations), then rerun".into(),
+        violators_sql: format!("SELECT * FROM {table} WHERE NOT {expression}"),
+        tables: vec![table.clone()],
+    };
+    let findings = evaluate::check_before(client, &format!("VALIDATE CONSTRAINT {name}"), std::slice::from_ref(&census))?;
+    let sql = format!("ALTER TABLE {table} VALIDATE CONSTRAINT \"{}\"", name.replace('"', "\"\""));
+    with_lock_retry(client, policy, &format!("validating {name}"), std::slice::from_ref(&table), |c| {
+        let mut tx = c.transaction()?;
+        tx.batch_execute(&policy.set_local_sql())?;
+        tx.batch_execute(&sql)?;
+        tx.commit()
+    })?;
+    Ok(Validation { constraint: name.into(), table, already_valid: false, finding: findings.into_iter().next() })
+}
