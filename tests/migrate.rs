@@ -30,8 +30,16 @@ fn baseline_adopts_legacy_then_apply_reaches_newest_and_again_is_a_no_op() {
     );
     assert_eq!(db.history(), [(1, "legacy_baseline".to_string())]);
 
+    // The duplicates stop the release at the unique index (exit 1), after V2.
     let r = db.run(&["migrate", "apply", "--yes"]);
-    assert_eq!(r.code, 0, "{}", r.both());
+    assert_eq!(r.code, 1, "{}", r.both());
+    assert!(
+        r.stderr
+            .contains("V3__one_coupon_per_member was not attempted"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stderr.contains("void-duplicate-coupons"), "{}", r.stderr);
     assert_eq!(db.history().iter().map(|h| h.0).collect::<Vec<_>>(), [1, 2]);
     for table in [
         "campaign_budgets",
@@ -40,6 +48,7 @@ fn baseline_adopts_legacy_then_apply_reaches_newest_and_again_is_a_no_op() {
     ] {
         assert!(db.exists(table), "{table}");
     }
+    assert!(!db.exists("one_coupon_per_member"));
     assert_eq!(
         db.scalar_i64(
             "SELECT count(*) FROM issued_coupons WHERE voided_at IS NULL AND NOT legacy_duplicate"
@@ -48,15 +57,39 @@ fn baseline_adopts_legacy_then_apply_reaches_newest_and_again_is_a_no_op() {
     );
     assert!(!r.both().contains("NOTICE"), "{}", r.both());
 
+    // V4 waits for counters that equal the truth.
+    db.void_duplicates_by_sql();
+    let r = db.run(&["migrate", "apply", "--yes"]);
+    assert_eq!(r.code, 1, "{}", r.both());
+    assert!(
+        r.stderr
+            .contains("campaign_budgets_match_coupons: 2 campaigns"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(
+        db.history().iter().map(|h| h.0).collect::<Vec<_>>(),
+        [1, 2, 3]
+    );
+    assert_eq!(db.invalid_indexes(), 0);
+
+    db.rebuild_budgets_by_sql();
+    let r = db.run(&["migrate", "apply", "--yes"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert_eq!(
+        db.history().iter().map(|h| h.0).collect::<Vec<_>>(),
+        [1, 2, 3, 4]
+    );
+
     let r = db.run(&["migrate", "apply", "--yes", "--format", "json"]);
     assert_eq!(r.code, 0, "{}", r.both());
     let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
     assert_eq!(doc["applied"].as_array().unwrap().len(), 0);
-    assert_eq!(doc["current_version"], 2);
-    assert_eq!(db.history().len(), 2);
+    assert_eq!(doc["current_version"], 4);
+    assert_eq!(db.history().len(), 4);
     let r = db.run(&["migrate", "baseline", "--yes"]);
     assert_eq!(r.code, 0, "a second baseline is a no-op: {}", r.both());
-    assert_eq!(db.history().len(), 2);
+    assert_eq!(db.history().len(), 4);
 }
 
 #[test]
@@ -67,7 +100,7 @@ fn refinery_reads_the_history_pgmend_writes() {
     let runner = refinery::Runner::new(&migrations);
     let mut client = db.client();
     let applied = runner.get_applied_migrations(&mut client).unwrap();
-    assert_eq!(applied.len(), 2);
+    assert_eq!(applied.len(), 4);
     for (a, m) in applied.iter().zip(&migrations) {
         assert_eq!(a.checksum(), m.checksum());
     }
@@ -130,7 +163,7 @@ fn an_edited_applied_migration_is_refused_and_nothing_changes() {
     )
     .unwrap();
     std::fs::write(
-        dir.path().join("V3__more.sql"),
+        dir.path().join("V90__more.sql"),
         "CREATE TABLE more_things (x int);",
     )
     .unwrap();
@@ -143,7 +176,7 @@ fn an_edited_applied_migration_is_refused_and_nothing_changes() {
         r.stderr
     );
     assert!(!db.exists("more_things"));
-    assert_eq!(db.history().len(), 2);
+    assert_eq!(db.history().len(), 4);
 
     let r = db.run(&[
         "migrate",
@@ -156,29 +189,29 @@ fn an_edited_applied_migration_is_refused_and_nothing_changes() {
     assert_eq!(r.code, 1, "{}", r.both());
     let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
     assert_eq!(doc["migrations"][1]["state"], "edited");
-    assert_eq!(doc["migrations"][2]["state"], "pending");
+    assert_eq!(doc["migrations"][4]["state"], "pending");
 }
 
 #[test]
 fn a_missing_applied_migration_is_refused() {
     let db = fresh_db();
-    let dir = migrations_dir(&[("V3__more.sql", "CREATE TABLE more_things (x int);")]);
+    let dir = migrations_dir(&[("V90__more.sql", "CREATE TABLE more_things (x int);")]);
     let d = dir_arg(dir.path());
     assert_eq!(
         db.run(&["migrate", "apply", "--yes", "--migrations-dir", &d])
             .code,
         0
     );
-    std::fs::remove_file(dir.path().join("V3__more.sql")).unwrap();
+    std::fs::remove_file(dir.path().join("V90__more.sql")).unwrap();
     std::fs::write(
-        dir.path().join("V4__later.sql"),
+        dir.path().join("V91__later.sql"),
         "CREATE TABLE later (x int);",
     )
     .unwrap();
     let r = db.run(&["migrate", "apply", "--yes", "--migrations-dir", &d]);
     assert_eq!(r.code, 2, "{}", r.both());
     assert!(
-        r.stderr.contains("no migration file has version 3"),
+        r.stderr.contains("no migration file has version 90"),
         "{}",
         r.stderr
     );
@@ -196,13 +229,16 @@ fn duplicate_versions_and_bad_files_are_refused_before_connecting() {
             vec![("V2__again.sql", "SELECT 1;")],
             "two migrations have version 2",
         ),
-        (vec![("V3_oops.sql", "SELECT 1;")], "V<version>__<name>.sql"),
         (
-            vec![("V3__empty.sql", "-- nothing yet\n")],
+            vec![("V90_oops.sql", "SELECT 1;")],
+            "V<version>__<name>.sql",
+        ),
+        (
+            vec![("V90__empty.sql", "-- nothing yet\n")],
             "no SQL statement",
         ),
         (
-            vec![("V3__tx.sql", "BEGIN; CREATE TABLE x (i int); COMMIT;")],
+            vec![("V90__tx.sql", "BEGIN; CREATE TABLE x (i int); COMMIT;")],
             "remove the transaction control",
         ),
     ] {
@@ -223,7 +259,7 @@ fn duplicate_versions_and_bad_files_are_refused_before_connecting() {
         assert!(!db.exists("refinery_schema_history"), "nothing may change");
     }
     let dir = migrations_dir(&[]);
-    std::fs::write(dir.path().join("V3__latin1.sql"), b"SELECT 'caf\xe9';").unwrap();
+    std::fs::write(dir.path().join("V90__latin1.sql"), b"SELECT 'caf\xe9';").unwrap();
     let r = db.run(&[
         "migrate",
         "apply",
@@ -233,7 +269,7 @@ fn duplicate_versions_and_bad_files_are_refused_before_connecting() {
     ]);
     assert_eq!(r.code, 2);
     assert!(
-        r.stderr.contains("V3__latin1.sql: not valid UTF-8"),
+        r.stderr.contains("V90__latin1.sql: not valid UTF-8"),
         "{}",
         r.stderr
     );
@@ -295,13 +331,13 @@ fn a_read_only_database_is_refused_for_writes() {
     assert_eq!(r.code, 0, "reads still work: {}", r.both());
 }
 
-const SLOW_V3: &str = "CREATE TABLE made_by_v3 (x int);
+const SLOW_V3: &str = "CREATE TABLE made_by_v90 (x int);
 SELECT pg_sleep(CASE WHEN current_setting('application_name') = 'slow' THEN 30 ELSE 1 END);";
 
 #[test]
 fn two_applies_at_once_apply_each_migration_exactly_once() {
     let db = fresh_db();
-    let dir = migrations_dir(&[("V3__slow.sql", SLOW_V3)]);
+    let dir = migrations_dir(&[("V90__slow.sql", SLOW_V3)]);
     let d = dir_arg(dir.path());
     for runner_wait in ["0s", "1m"] {
         let spawn = || {
@@ -344,17 +380,17 @@ fn two_applies_at_once_apply_each_migration_exactly_once() {
         assert_eq!(counts, 0);
         assert_eq!(
             db.history().iter().map(|h| h.0).collect::<Vec<_>>(),
-            [1, 2, 3]
+            [1, 2, 3, 4, 90]
         );
-        assert!(db.exists("made_by_v3"));
-        db.client().batch_execute("DROP TABLE made_by_v3, notification_outbox, member_monthly_usage, campaign_budgets, issued_coupons, campaigns, refinery_schema_history").unwrap();
+        assert!(db.exists("made_by_v90"));
+        db.client().batch_execute("DROP TABLE made_by_v90, notification_outbox, member_monthly_usage, campaign_budgets, issued_coupons, campaigns, refinery_schema_history").unwrap();
     }
 }
 
 #[test]
 fn killed_in_the_middle_of_a_migration_the_rerun_completes() {
     let db = fresh_db();
-    let dir = migrations_dir(&[("V3__slow.sql", SLOW_V3)]);
+    let dir = migrations_dir(&[("V90__slow.sql", SLOW_V3)]);
     let d = dir_arg(dir.path());
     let mut child = db
         .pgmend()
@@ -402,11 +438,11 @@ fn killed_in_the_middle_of_a_migration_the_rerun_completes() {
     }
     assert_eq!(
         db.history().iter().map(|h| h.0).collect::<Vec<_>>(),
-        [1, 2],
+        [1, 2, 3, 4],
         "V2 committed, V3 did not"
     );
     assert!(
-        !db.exists("made_by_v3"),
+        !db.exists("made_by_v90"),
         "schema and history agree: no half-applied V3"
     );
 
@@ -414,7 +450,7 @@ fn killed_in_the_middle_of_a_migration_the_rerun_completes() {
     assert_eq!(r.code, 0, "{}", r.both());
     assert_eq!(
         db.history().iter().map(|h| h.0).collect::<Vec<_>>(),
-        [1, 2, 3]
+        [1, 2, 3, 4, 90]
     );
-    assert!(db.exists("made_by_v3"));
+    assert!(db.exists("made_by_v90"));
 }

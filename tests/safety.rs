@@ -3,89 +3,35 @@
 
 mod common;
 
-use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
-/// Holds a transaction that read issued_coupons (ACCESS SHARE) for `hold`, while a probe
-/// reads the table every 20 ms. Returns (pgmend's run, how long it took, the probe's
-/// longest wait).
-fn apply_while_a_transaction_holds_the_table(
-    db: &TestDb,
-    hold: Duration,
-    retry_for: &str,
-) -> (Run, Duration, Duration) {
+const HOLD: &str = "SELECT count(*) FROM issued_coupons";
+const PROBE: &str = "SELECT count(*) FROM issued_coupons";
+
+fn legacy_baselined() -> TestDb {
+    let db = fresh_db();
     db.make_legacy();
     assert_eq!(db.run(&["migrate", "baseline", "--yes"]).code, 0);
-
-    let mut holder = db.client();
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let holder_thread = thread::spawn(move || {
-        let mut tx = holder.transaction().unwrap();
-        tx.query("SELECT count(*) FROM issued_coupons", &[])
-            .unwrap();
-        ready_tx.send(()).unwrap();
-        thread::sleep(hold);
-        tx.commit().unwrap();
-    });
-    ready_rx.recv().unwrap();
-
-    let stop = Arc::new(AtomicBool::new(false));
-    let probe = {
-        let stop = stop.clone();
-        let mut c = db.client();
-        thread::spawn(move || {
-            let mut longest = Duration::ZERO;
-            while !stop.load(Ordering::SeqCst) {
-                let t = Instant::now();
-                c.query_one("SELECT count(*) FROM issued_coupons", &[])
-                    .unwrap();
-                longest = longest.max(t.elapsed());
-                thread::sleep(Duration::from_millis(20));
-            }
-            longest
-        })
-    };
-
-    let started = Instant::now();
-    let out = db
-        .pgmend()
-        .args([
-            "migrate",
-            "apply",
-            "--yes",
-            "--lock-timeout",
-            "500ms",
-            "--lock-retry-for",
-            retry_for,
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .output()
-        .unwrap();
-    let took = started.elapsed();
-    stop.store(true, Ordering::SeqCst);
-    let longest = probe.join().unwrap();
-    holder_thread.join().unwrap();
-    let run = Run {
-        code: out.status.code().unwrap(),
-        stdout: String::from_utf8_lossy(&out.stdout).into(),
-        stderr: String::from_utf8_lossy(&out.stderr).into(),
-    };
-    assert!(!run.both().contains(&db.password()));
-    eprintln!("apply took {took:?}; the probe's longest wait was {longest:?}");
-    (run, took, longest)
+    db
 }
 
 #[test]
 fn apply_retries_until_the_blocking_transaction_ends_and_the_application_keeps_answering() {
-    let db = fresh_db();
-    let (run, took, longest) =
-        apply_while_a_transaction_holds_the_table(&db, Duration::from_secs(10), "60s");
+    let db = legacy_baselined();
+    let args = [
+        "migrate",
+        "apply",
+        "--yes",
+        "--target",
+        "2",
+        "--lock-timeout",
+        "500ms",
+        "--lock-retry-for",
+        "60s",
+    ];
+    let (run, took, longest) = run_while_held(&db, HOLD, Duration::from_secs(10), PROBE, &args);
     assert_eq!(run.code, 0, "{}", run.both());
     assert!(
         took >= Duration::from_secs(8),
@@ -103,9 +49,19 @@ fn apply_retries_until_the_blocking_transaction_ends_and_the_application_keeps_a
 
 #[test]
 fn apply_stops_with_exit_1_when_the_retry_budget_is_shorter_than_the_blocker() {
-    let db = fresh_db();
-    let (run, took, longest) =
-        apply_while_a_transaction_holds_the_table(&db, Duration::from_secs(10), "3s");
+    let db = legacy_baselined();
+    let args = [
+        "migrate",
+        "apply",
+        "--yes",
+        "--target",
+        "2",
+        "--lock-timeout",
+        "500ms",
+        "--lock-retry-for",
+        "3s",
+    ];
+    let (run, took, longest) = run_while_held(&db, HOLD, Duration::from_secs(10), PROBE, &args);
     assert_eq!(run.code, 1, "{}", run.both());
     assert!(
         took < Duration::from_secs(9),

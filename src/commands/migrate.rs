@@ -11,7 +11,6 @@ use super::{confirm, open, print_json};
 use crate::cli::{
     ApplyArgs, BaselineArgs, Format, MigrationsArgs, PlanArgs, SafetyArgs, StatusArgs, ValidateArgs,
 };
-use crate::online::validate;
 use crate::config;
 use crate::db::conninfo::ConnParams;
 use crate::db::retry::LockPolicy;
@@ -19,6 +18,7 @@ use crate::db::runner_lock;
 use crate::error::{Outcome, PgContext};
 use crate::migrate::source::{Migration, Source};
 use crate::migrate::{apply, baseline, history, plan, status};
+use crate::online::{catalog, validate};
 
 fn load(args: &MigrationsArgs) -> Result<Vec<Migration>> {
     let source = match &args.migrations_dir {
@@ -64,20 +64,23 @@ pub fn status(args: &StatusArgs, format: Format) -> Result<Outcome> {
         .start()
         .doing("opening a read-only transaction")?;
     let applied = history::read(&mut tx)?;
+    let invalid_indexes = catalog::invalid_indexes(&mut tx)?;
     tx.rollback().doing("closing the read-only transaction")?;
     let entries = status::compute(&files, &applied);
-    let problems = entries.iter().filter(|e| e.state.is_problem()).count();
+    let problems = entries.iter().filter(|e| e.state.is_problem()).count() + invalid_indexes.len();
     match format {
         Format::Json => {
             #[derive(Serialize)]
             struct Doc<'a> {
                 database: DatabaseJson<'a>,
                 migrations: &'a [status::Entry],
+                invalid_indexes: &'a [catalog::InvalidIndex],
                 problems: usize,
             }
             print_json(&Doc {
                 database: database_json(&session.params),
                 migrations: &entries,
+                invalid_indexes: &invalid_indexes,
                 problems,
             })?;
         }
@@ -121,6 +124,9 @@ pub fn status(args: &StatusArgs, format: Format) -> Result<Outcome> {
                 writeln!(out, "{problems} problem(s): `pgmend migrate apply` will refuse until they are fixed.")?;
                 if let Err(e) = status::ensure_consistent(&entries) {
                     writeln!(out, "{e:#}")?;
+                }
+                for index in &invalid_indexes {
+                    writeln!(out, "{}", index.describe())?;
                 }
             }
         }
@@ -334,7 +340,10 @@ pub fn validate(args: &ValidateArgs, format: Format) -> Result<Outcome> {
     let _lock = runner_lock::acquire(&mut session.client, args.safety.runner_wait)?;
     confirm(
         args.safety.yes,
-        &format!("Validate constraint {} on {} (a full scan under SHARE UPDATE EXCLUSIVE)?", args.name, session.params),
+        &format!(
+            "Validate constraint {} on {} (a full scan under SHARE UPDATE EXCLUSIVE)?",
+            args.name, session.params
+        ),
     )?;
     let result = validate::run(&mut session.client, &args.name, &policy)?;
     match format {
@@ -342,9 +351,17 @@ pub fn validate(args: &ValidateArgs, format: Format) -> Result<Outcome> {
         Format::Human => {
             let mut out = std::io::stdout().lock();
             if result.already_valid {
-                writeln!(out, "{} on {} is already valid; nothing to do.", result.constraint, result.table)?;
+                writeln!(
+                    out,
+                    "{} on {} is already valid; nothing to do.",
+                    result.constraint, result.table
+                )?;
             } else {
-                writeln!(out, "{} on {}: no row breaks it; validated.", result.constraint, result.table)?;
+                writeln!(
+                    out,
+                    "{} on {}: no row breaks it; validated.",
+                    result.constraint, result.table
+                )?;
             }
         }
     }

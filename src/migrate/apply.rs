@@ -61,10 +61,15 @@ pub fn execute(
         }
         let started = Instant::now();
         if migration.mode == Mode::Online {
-            progress(&format!("applying {label} (online: each statement in autocommit, watched)"));
+            progress(&format!(
+                "applying {label} (online: each statement in autocommit, watched)"
+            ));
             index::apply(client, params, migration, build_wait, progress)?;
         } else {
-            progress(&format!("applying {label} ({} statements, one transaction)", planned.statements.len()));
+            progress(&format!(
+                "applying {label} ({} statements, one transaction)",
+                planned.statements.len()
+            ));
             with_lock_retry(client, policy, &format!("applying {label}"), &tables, |c| {
                 let mut tx = c.transaction()?;
                 tx.batch_execute(&policy.set_local_sql())?;

@@ -195,7 +195,16 @@ pub fn render_human(plan: &Plan, out: &mut impl Write) -> std::io::Result<()> {
             )?;
         }
         for finding in &m.censuses {
-            writeln!(out, "   {}{}", finding.describe(), if finding.stops() { " — apply stops here (exit 1)" } else { "" })?;
+            writeln!(
+                out,
+                "   {}{}",
+                finding.describe(),
+                if finding.stops() {
+                    " — apply stops here (exit 1)"
+                } else {
+                    ""
+                }
+            )?;
         }
         if let Some(mode) = m.strongest_lock {
             writeln!(

@@ -76,7 +76,11 @@ pub fn for_migration(sql: &str, statements: &[Statement], origin: &str) -> Resul
             let (name, table, columns) = (c[1].to_string(), c[2].to_string(), &c[3]);
             let predicate = c.get(4).map(|m| m.as_str().to_string());
             let cols: Vec<&str> = columns.split(',').map(str::trim).collect();
-            let not_null = cols.iter().map(|c| format!("{c} IS NOT NULL")).collect::<Vec<_>>().join(" AND ");
+            let not_null = cols
+                .iter()
+                .map(|c| format!("{c} IS NOT NULL"))
+                .collect::<Vec<_>>()
+                .join(" AND ");
             let filter = match &predicate {
                 Some(p) => format!("({p}) AND {not_null}"),
                 None => not_null,
@@ -144,7 +148,12 @@ fn parse_precondition(body: &str) -> Result<Census> {
         query.push_str(line);
     }
     let query = query.trim().trim_end_matches(';').to_string();
-    let get = |k: &str| fields.get(k).cloned().ok_or_else(|| anyhow::anyhow!("precondition is missing `{k}:`"));
+    let get = |k: &str| {
+        fields
+            .get(k)
+            .cloned()
+            .ok_or_else(|| anyhow::anyhow!("precondition is missing `{k}:`"))
+    };
     if query.is_empty() {
         bail!("precondition is missing `query:` (a SELECT whose rows are the violators)");
     }
@@ -154,7 +163,11 @@ fn parse_precondition(body: &str) -> Result<Census> {
         counts: get("explain")?,
         fix: get("fix")?,
         violators_sql: query,
-        tables: get("tables")?.split(',').map(|t| t.trim().to_string()).filter(|t| !t.is_empty()).collect(),
+        tables: get("tables")?
+            .split(',')
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty())
+            .collect(),
     })
 }
 
@@ -182,11 +195,21 @@ pub fn added_column(statement: &Statement) -> Option<AddedColumn> {
     }
     let rest = c[3].to_string();
     let lower = rest.to_lowercase();
-    let type_end = [" not ", " null", " default ", " references ", " check", " constraint ", " primary ", " unique", " collate "]
-        .iter()
-        .filter_map(|k| lower.find(k))
-        .min()
-        .unwrap_or(rest.len());
+    let type_end = [
+        " not ",
+        " null",
+        " default ",
+        " references ",
+        " check",
+        " constraint ",
+        " primary ",
+        " unique",
+        " collate ",
+    ]
+    .iter()
+    .filter_map(|k| lower.find(k))
+    .min()
+    .unwrap_or(rest.len());
     let default_sql = lower.find(" default ").map(|at| {
         let after = &rest[at + " default ".len()..];
         let after_lower = after.to_lowercase();
@@ -223,7 +246,14 @@ pub fn with_shadows(sql: &str, shadows: &[AddedColumn]) -> String {
         .map(|(table, cols)| {
             let extra: Vec<String> = cols
                 .iter()
-                .map(|c| format!("({})::{} AS {}", c.default_sql.as_deref().unwrap_or("NULL"), c.type_sql, c.column))
+                .map(|c| {
+                    format!(
+                        "({})::{} AS {}",
+                        c.default_sql.as_deref().unwrap_or("NULL"),
+                        c.type_sql,
+                        c.column
+                    )
+                })
                 .collect();
             format!("{table} AS (SELECT *, {} FROM {table})", extra.join(", "))
         })
@@ -264,9 +294,15 @@ ALTER TABLE campaign_budgets ADD CONSTRAINT issued_within_budget CHECK (issued_y
         assert_eq!(cs[0].tables, ["campaigns", "campaign_budgets"]);
         assert_eq!(cs[0].violators_sql, "SELECT 1 FROM campaigns");
         assert_eq!(cs[1].guard, Guard::CheckNotValid);
-        assert_eq!(cs[1].violators_sql, "SELECT * FROM campaign_budgets WHERE NOT (issued_yen BETWEEN 0 AND budget_yen)");
+        assert_eq!(
+            cs[1].violators_sql,
+            "SELECT * FROM campaign_budgets WHERE NOT (issued_yen BETWEEN 0 AND budget_yen)"
+        );
         let bad = "/* pgmend:precondition\nname: x\nbogus: y\n*/ SELECT 1;";
-        assert!(for_migration(bad, &split(bad), "V9").unwrap_err().to_string().contains("bogus"));
+        assert!(for_migration(bad, &split(bad), "V9")
+            .unwrap_err()
+            .to_string()
+            .contains("bogus"));
     }
 
     #[test]

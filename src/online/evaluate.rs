@@ -56,7 +56,11 @@ impl Finding {
 /// Counts `census` inside `tx` (read-only is enough), each query in a savepoint so a
 /// census that cannot run yet does not spoil the transaction. `shadows` are columns that
 /// pending steps add; those the table lacks today read as the value the step gives them.
-pub fn evaluate(tx: &mut postgres::Transaction<'_>, census: &Census, shadows: &[AddedColumn]) -> Result<Finding> {
+pub fn evaluate(
+    tx: &mut postgres::Transaction<'_>,
+    census: &Census,
+    shadows: &[AddedColumn],
+) -> Result<Finding> {
     let mut missing = Vec::new();
     for t in &census.tables {
         let exists: bool = tx
@@ -91,12 +95,20 @@ pub fn evaluate(tx: &mut postgres::Transaction<'_>, census: &Census, shadows: &[
             active.push(s.clone());
         }
     }
-    let count_sql = with_shadows(&format!("SELECT count(*) FROM ({}) v", census.violators_sql), &active);
-    let sample_sql = with_shadows(
-        &format!("SELECT row_to_json(v)::text FROM ({}) v LIMIT {SAMPLE}", census.violators_sql),
+    let count_sql = with_shadows(
+        &format!("SELECT count(*) FROM ({}) v", census.violators_sql),
         &active,
     );
-    let mut savepoint = tx.transaction().doing("opening a savepoint for the census")?;
+    let sample_sql = with_shadows(
+        &format!(
+            "SELECT row_to_json(v)::text FROM ({}) v LIMIT {SAMPLE}",
+            census.violators_sql
+        ),
+        &active,
+    );
+    let mut savepoint = tx
+        .transaction()
+        .doing("opening a savepoint for the census")?;
     let counted = savepoint.query_one(&count_sql, &[]);
     let finding = match counted {
         Ok(row) => {
@@ -111,16 +123,25 @@ pub fn evaluate(tx: &mut postgres::Transaction<'_>, census: &Census, shadows: &[
             } else {
                 Vec::new()
             };
-            Finding { census: census.clone(), violators: Some(n), sample, not_yet: None }
+            Finding {
+                census: census.clone(),
+                violators: Some(n),
+                sample,
+                not_yet: None,
+            }
         }
         Err(e) if matches!(sqlstate(&e), Some("42703") | Some("42P01")) => Finding {
             census: census.clone(),
             violators: None,
             sample: Vec::new(),
-            not_yet: Some(format!("not countable before the earlier pending steps run ({})", describe(&e))),
+            not_yet: Some(format!(
+                "not countable before the earlier pending steps run ({})",
+                describe(&e)
+            )),
         },
         Err(e) => {
-            return Err(anyhow::Error::new(describe(&e)).context(format!("taking census {} ({count_sql})", census.name)))
+            return Err(anyhow::Error::new(describe(&e))
+                .context(format!("taking census {} ({count_sql})", census.name)))
         }
     };
     savepoint.rollback().doing("closing the census savepoint")?;
@@ -129,7 +150,11 @@ pub fn evaluate(tx: &mut postgres::Transaction<'_>, census: &Census, shadows: &[
 
 /// Takes every census of a migration in one short read-only transaction, and stops
 /// (exit 1) when one of them blocks the step.
-pub fn check_before(client: &mut postgres::Client, label: &str, censuses: &[Census]) -> Result<Vec<Finding>> {
+pub fn check_before(
+    client: &mut postgres::Client,
+    label: &str,
+    censuses: &[Census],
+) -> Result<Vec<Finding>> {
     if censuses.is_empty() {
         return Ok(Vec::new());
     }
@@ -143,7 +168,11 @@ pub fn check_before(client: &mut postgres::Client, label: &str, censuses: &[Cens
         findings.push(evaluate(&mut tx, c, &[])?);
     }
     tx.rollback().doing("closing the census transaction")?;
-    let stopping: Vec<String> = findings.iter().filter(|f| f.stops()).map(Finding::describe).collect();
+    let stopping: Vec<String> = findings
+        .iter()
+        .filter(|f| f.stops())
+        .map(Finding::describe)
+        .collect();
     if !stopping.is_empty() {
         return Err(Stopped::error(format!(
             "{label} was not attempted: {}. The steps before it are applied; nothing of {label} was changed",

@@ -3,8 +3,8 @@
 //! a lock_timeout there leaves an INVALID index), watched from pgmend's main session and
 //! cancelled once it has waited longer than `--build-wait`.
 
-use std::sync::LazyLock;
 use std::sync::mpsc;
+use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
@@ -39,17 +39,26 @@ pub fn apply(
             Some(c) => {
                 let name = c[2].trim_matches('"').to_string();
                 let table = c[3].to_string();
-                build_index(main, params, migration, statement, &name, &table, build_wait, progress)?;
+                build_index(
+                    main, params, migration, statement, &name, &table, build_wait, progress,
+                )?;
             }
             None => {
                 progress(&format!("running {} (online)", statement.summary));
-                run_watched(main, params, &statement.sql, build_wait, progress)?
-                    .map_err(|e| anyhow::Error::new(describe(&e)).context(format!("{} line {}: {}", migration.origin, statement.line, statement.summary)))?;
+                run_watched(main, params, &statement.sql, build_wait, progress)?.map_err(|e| {
+                    anyhow::Error::new(describe(&e)).context(format!(
+                        "{} line {}: {}",
+                        migration.origin, statement.line, statement.summary
+                    ))
+                })?;
             }
         }
     }
     main.execute(
-        &format!("INSERT INTO {} (version, name, applied_on, checksum) VALUES ($1, $2, $3, $4)", history::TABLE),
+        &format!(
+            "INSERT INTO {} (version, name, applied_on, checksum) VALUES ($1, $2, $3, $4)",
+            history::TABLE
+        ),
         &[
             &migration.version,
             &migration.name,
@@ -76,15 +85,26 @@ fn existing(main: &mut postgres::Client, name: &str) -> Result<Option<Existing>>
             &[&name],
         )
         .doing(format!("looking up index {name}"))?;
-    Ok(row.map(|r| Existing { valid: r.get(0), ready: r.get(1), definition: r.get(2) }))
+    Ok(row.map(|r| Existing {
+        valid: r.get(0),
+        ready: r.get(1),
+        definition: r.get(2),
+    }))
 }
 
 /// Compares an index definition from the catalog with the statement that would create it,
 /// ignoring what pg_get_indexdef adds (schema, USING btree, parentheses, case, spaces).
 fn same_definition(catalog: &str, statement: &str) -> bool {
     let normal = |s: &str| {
-        let s = s.to_lowercase().replace("concurrently", "").replace("if not exists", "").replace("using btree", "").replace("public.", "");
-        s.chars().filter(|c| !c.is_whitespace() && *c != '(' && *c != ')' && *c != '"' && *c != ';').collect::<String>()
+        let s = s
+            .to_lowercase()
+            .replace("concurrently", "")
+            .replace("if not exists", "")
+            .replace("using btree", "")
+            .replace("public.", "");
+        s.chars()
+            .filter(|c| !c.is_whitespace() && *c != '(' && *c != ')' && *c != '"' && *c != ';')
+            .collect::<String>()
     };
     normal(catalog) == normal(statement)
 }
@@ -103,25 +123,38 @@ fn build_index(
     let label = migration.label();
     if let Some(found) = existing(main, name)? {
         if found.valid && found.ready && same_definition(&found.definition, &statement.sql) {
-            progress(&format!("index {name} already exists, valid and as defined; nothing to build"));
+            progress(&format!(
+                "index {name} already exists, valid and as defined; nothing to build"
+            ));
             return Ok(());
         }
         progress(&format!(
             "index {name} exists but is {}; dropping it concurrently before building it again",
-            if !found.valid || !found.ready { "INVALID (a failed earlier build)".to_string() } else { format!("defined differently ({})", found.definition) }
+            if !found.valid || !found.ready {
+                "INVALID (a failed earlier build)".to_string()
+            } else {
+                format!("defined differently ({})", found.definition)
+            }
         ));
         drop_index(main, params, name, build_wait, progress)?;
     }
     preflight(main, table, progress)?;
     for attempt in 1..=BUILD_ATTEMPTS {
         evaluate::check_before(main, &label, &migration.censuses)?;
-        progress(&format!("building {name} concurrently (attempt {attempt} of {BUILD_ATTEMPTS})"));
+        progress(&format!(
+            "building {name} concurrently (attempt {attempt} of {BUILD_ATTEMPTS})"
+        ));
         let started = Instant::now();
         let outcome = run_watched(main, params, &statement.sql, build_wait, progress)?;
         match outcome {
             Ok(()) => match existing(main, name)? {
                 Some(e) if e.valid && e.ready => {
-                    progress(&format!("built {name} in {}; it is valid", crate::config::format_duration(Duration::from_millis(started.elapsed().as_millis() as u64))));
+                    progress(&format!(
+                        "built {name} in {}; it is valid",
+                        crate::config::format_duration(Duration::from_millis(
+                            started.elapsed().as_millis() as u64
+                        ))
+                    ));
                     return Ok(());
                 }
                 _ => {
@@ -133,13 +166,19 @@ fn build_index(
                 let code = sqlstate(&e).unwrap_or("").to_string();
                 let text = describe(&e).to_string();
                 if existing(main, name)?.is_some() {
-                    progress(&format!("the build failed ({text}); dropping the INVALID index it left"));
+                    progress(&format!(
+                        "the build failed ({text}); dropping the INVALID index it left"
+                    ));
                     drop_index(main, params, name, build_wait, progress)?;
                 }
                 if !matches!(code.as_str(), "23505" | "40P01" | "55P03" | "57014") {
-                    return Err(anyhow::anyhow!("{text}").context(format!("building {name} ({label}); the INVALID index it left was dropped")));
+                    return Err(anyhow::anyhow!("{text}").context(format!(
+                        "building {name} ({label}); the INVALID index it left was dropped"
+                    )));
                 }
-                progress(&format!("the build failed with {code}; taking the census again"));
+                progress(&format!(
+                    "the build failed with {code}; taking the census again"
+                ));
             }
         }
     }
@@ -157,8 +196,11 @@ pub fn drop_index(
     progress: &mut dyn FnMut(&str),
 ) -> Result<()> {
     let sql = format!("DROP INDEX CONCURRENTLY IF EXISTS {}", quote_ident(name));
-    run_watched(main, params, &sql, build_wait, progress)?
-        .map_err(|e| anyhow::Error::new(describe(&e)).context(format!("dropping index {name} concurrently; drop it by hand with: {sql}")))
+    run_watched(main, params, &sql, build_wait, progress)?.map_err(|e| {
+        anyhow::Error::new(describe(&e)).context(format!(
+            "dropping index {name} concurrently; drop it by hand with: {sql}"
+        ))
+    })
 }
 
 fn quote_ident(name: &str) -> String {
@@ -166,9 +208,16 @@ fn quote_ident(name: &str) -> String {
 }
 
 /// The table's size and the transactions a concurrent build will have to wait for.
-fn preflight(main: &mut postgres::Client, table: &str, progress: &mut dyn FnMut(&str)) -> Result<()> {
+fn preflight(
+    main: &mut postgres::Client,
+    table: &str,
+    progress: &mut dyn FnMut(&str),
+) -> Result<()> {
     let size: String = main
-        .query_one("SELECT pg_size_pretty(pg_total_relation_size(to_regclass($1)))", &[&table])
+        .query_one(
+            "SELECT pg_size_pretty(pg_total_relation_size(to_regclass($1)))",
+            &[&table],
+        )
         .doing("measuring the table")?
         .get(0);
     progress(&format!("preflight: {table} takes {size} with its indexes"));
@@ -221,7 +270,10 @@ fn run_watched(
     worker
         .batch_execute("SET lock_timeout = 0; SET statement_timeout = 0")
         .doing("preparing the connection for an online statement")?;
-    let pid: i32 = worker.query_one("SELECT pg_backend_pid()", &[]).doing("reading the worker's pid")?.get(0);
+    let pid: i32 = worker
+        .query_one("SELECT pg_backend_pid()", &[])
+        .doing("reading the worker's pid")?
+        .get(0);
     let (sender, receiver) = mpsc::channel();
     let owned_sql = sql.to_string();
     let handle = std::thread::spawn(move || {
@@ -247,12 +299,17 @@ fn run_watched(
             waited += POLL;
         }
         if report != last_report || last_report_at.elapsed() >= Duration::from_secs(10) {
-            progress(&format!("{report} (waited {} of --build-wait {})", crate::config::format_duration(Duration::from_secs(waited.as_secs())), crate::config::format_duration(build_wait)));
+            progress(&format!(
+                "{report} (waited {} of --build-wait {})",
+                crate::config::format_duration(Duration::from_secs(waited.as_secs())),
+                crate::config::format_duration(build_wait)
+            ));
             last_report = report.clone();
             last_report_at = Instant::now();
         }
         if waited > build_wait {
-            main.execute("SELECT pg_cancel_backend($1)", &[&pid]).doing("cancelling the online statement")?;
+            main.execute("SELECT pg_cancel_backend($1)", &[&pid])
+                .doing("cancelling the online statement")?;
             let result = receiver.recv_timeout(Duration::from_secs(30));
             let _ = handle.join();
             if let Ok(Ok(())) = result {
@@ -289,7 +346,10 @@ fn watch(main: &mut postgres::Client, pid: i32) -> Result<(bool, String)> {
         )
         .doing("looking up what the online statement waits for")?;
     let wait_event: Option<String> = main
-        .query_opt("SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1", &[&pid])
+        .query_opt(
+            "SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1",
+            &[&pid],
+        )
         .doing("reading the online statement's wait state")?
         .and_then(|r| r.get(0));
     let waiting = !blockers.is_empty() || wait_event.as_deref() == Some("Lock");
@@ -306,7 +366,14 @@ fn watch(main: &mut postgres::Client, pid: i32) -> Result<(bool, String)> {
         None => "running".to_string(),
     };
     if !blockers.is_empty() {
-        report.push_str(&format!(", waiting for {}", blockers.iter().map(session_line).collect::<Vec<_>>().join("; ")));
+        report.push_str(&format!(
+            ", waiting for {}",
+            blockers
+                .iter()
+                .map(session_line)
+                .collect::<Vec<_>>()
+                .join("; ")
+        ));
     }
     Ok((waiting, report))
 }

@@ -33,9 +33,15 @@ pub fn run(client: &mut postgres::Client, name: &str, policy: &LockPolicy) -> Re
     let Some(row) = row else {
         bail!("there is no constraint named {name:?} in the current schema; `pgmend migrate status` and `pgmend migrate plan` show which migrations add constraints");
     };
-    let (table, kind, validated, definition): (String, String, bool, String) = (row.get(0), row.get(1), row.get(2), row.get(3));
+    let (table, kind, validated, definition): (String, String, bool, String) =
+        (row.get(0), row.get(1), row.get(2), row.get(3));
     if validated {
-        return Ok(Validation { constraint: name.into(), table, already_valid: true, finding: None });
+        return Ok(Validation {
+            constraint: name.into(),
+            table,
+            already_valid: true,
+            finding: None,
+        });
     }
     if kind != "c" {
         bail!("{name} is not a CHECK constraint ({definition}); pgmend validates only checks");
@@ -49,17 +55,36 @@ pub fn run(client: &mut postgres::Client, name: &str, policy: &LockPolicy) -> Re
         guard: Guard::Check,
         name: name.to_string(),
         counts: format!("rows of {table} that break {expression}"),
-        fix: "fix or accept those rows (the check already refuses new violations), then rerun".into(),
+        fix: "fix or accept those rows (the check already refuses new violations), then rerun"
+            .into(),
         violators_sql: format!("SELECT * FROM {table} WHERE NOT {expression}"),
         tables: vec![table.clone()],
     };
-    let findings = evaluate::check_before(client, &format!("VALIDATE CONSTRAINT {name}"), std::slice::from_ref(&census))?;
-    let sql = format!("ALTER TABLE {table} VALIDATE CONSTRAINT \"{}\"", name.replace('"', "\"\""));
-    with_lock_retry(client, policy, &format!("validating {name}"), std::slice::from_ref(&table), |c| {
-        let mut tx = c.transaction()?;
-        tx.batch_execute(&policy.set_local_sql())?;
-        tx.batch_execute(&sql)?;
-        tx.commit()
-    })?;
-    Ok(Validation { constraint: name.into(), table, already_valid: false, finding: findings.into_iter().next() })
+    let findings = evaluate::check_before(
+        client,
+        &format!("VALIDATE CONSTRAINT {name}"),
+        std::slice::from_ref(&census),
+    )?;
+    let sql = format!(
+        "ALTER TABLE {table} VALIDATE CONSTRAINT \"{}\"",
+        name.replace('"', "\"\"")
+    );
+    with_lock_retry(
+        client,
+        policy,
+        &format!("validating {name}"),
+        std::slice::from_ref(&table),
+        |c| {
+            let mut tx = c.transaction()?;
+            tx.batch_execute(&policy.set_local_sql())?;
+            tx.batch_execute(&sql)?;
+            tx.commit()
+        },
+    )?;
+    Ok(Validation {
+        constraint: name.into(),
+        table,
+        already_valid: false,
+        finding: findings.into_iter().next(),
+    })
 }

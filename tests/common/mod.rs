@@ -136,6 +136,40 @@ impl TestDb {
         .unwrap();
     }
 
+    /// Stands in for the void-duplicate-coupons repair (its own issue): rank 1 of each
+    /// (campaign, member) stays, later rows become legacy duplicates, unredeemed ones voided.
+    pub fn void_duplicates_by_sql(&self) {
+        self.client()
+            .batch_execute(
+                "WITH ranked AS (
+                   SELECT coupon_id, redeemed_at, row_number() OVER (PARTITION BY campaign_id, member_id
+                          ORDER BY redeemed_at IS NULL, issued_at, coupon_id) AS rank
+                     FROM issued_coupons)
+                 UPDATE issued_coupons c SET legacy_duplicate = true,
+                        voided_at = CASE WHEN r.redeemed_at IS NULL THEN now() END
+                   FROM ranked r WHERE r.coupon_id = c.coupon_id AND r.rank > 1",
+            )
+            .unwrap();
+    }
+
+    /// Stands in for the rebuild-campaign-budgets repair (its own issue).
+    pub fn rebuild_budgets_by_sql(&self) {
+        self.client()
+            .batch_execute(
+                "INSERT INTO campaign_budgets (campaign_id, discount_yen, budget_yen, issued_yen)
+                 SELECT c.campaign_id, c.discount_yen, c.budget_yen,
+                        coalesce((SELECT sum(amount_yen) FROM issued_coupons i
+                                   WHERE i.campaign_id = c.campaign_id AND voided_at IS NULL), 0)
+                   FROM campaigns c
+                 ON CONFLICT (campaign_id) DO UPDATE SET issued_yen = excluded.issued_yen",
+            )
+            .unwrap();
+    }
+
+    pub fn invalid_indexes(&self) -> i64 {
+        self.scalar_i64("SELECT count(*) FROM pg_index WHERE NOT indisvalid OR NOT indisready")
+    }
+
     pub fn scalar_i64(&self, sql: &str) -> i64 {
         self.client().query_one(sql, &[]).unwrap().get(0)
     }
@@ -226,4 +260,59 @@ pub fn migrations_dir(extra: &[(&str, &str)]) -> tempfile::TempDir {
 
 pub fn dir_arg(dir: &Path) -> String {
     dir.display().to_string()
+}
+
+/// Runs pgmend with `args` while another session holds a transaction that ran `hold_sql`
+/// (for `hold`), and a probe runs `probe_sql` every 20 ms, as the application would.
+/// Returns the run, how long it took, and the probe's longest wait.
+pub fn run_while_held(
+    db: &TestDb,
+    hold_sql: &str,
+    hold: std::time::Duration,
+    probe_sql: &str,
+    args: &[&str],
+) -> (Run, std::time::Duration, std::time::Duration) {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    let mut holder = db.client();
+    let hold_sql = hold_sql.to_string();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let holder_thread = std::thread::spawn(move || {
+        let mut tx = holder.transaction().unwrap();
+        tx.batch_execute(&hold_sql).unwrap();
+        ready_tx.send(()).unwrap();
+        std::thread::sleep(hold);
+        tx.commit().unwrap();
+    });
+    ready_rx.recv().unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let probe = {
+        let stop = stop.clone();
+        let mut c = db.client();
+        let probe_sql = probe_sql.to_string();
+        std::thread::spawn(move || {
+            let mut longest = Duration::ZERO;
+            while !stop.load(Ordering::SeqCst) {
+                let t = Instant::now();
+                c.batch_execute(&probe_sql).unwrap();
+                longest = longest.max(t.elapsed());
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            longest
+        })
+    };
+    let started = Instant::now();
+    let run = db.run(args);
+    let took = started.elapsed();
+    stop.store(true, Ordering::SeqCst);
+    let longest = probe.join().unwrap();
+    holder_thread.join().unwrap();
+    eprintln!(
+        "pgmend {} took {took:?}; the probe's longest wait was {longest:?}",
+        args.join(" ")
+    );
+    (run, took, longest)
 }
