@@ -145,7 +145,21 @@ fn build_index(
             "building {name} concurrently (attempt {attempt} of {BUILD_ATTEMPTS})"
         ));
         let started = Instant::now();
-        let outcome = run_watched(main, params, &statement.sql, build_wait, progress)?;
+        let outcome = match run_watched(main, params, &statement.sql, build_wait, progress) {
+            Ok(outcome) => outcome,
+            Err(stopped) => {
+                // Cancelled after --build-wait: the build left an INVALID index behind.
+                if existing(main, name)?.is_some() {
+                    progress(&format!(
+                        "dropping the INVALID index {name} the cancelled build left"
+                    ));
+                    drop_index(main, params, name, build_wait, progress)?;
+                }
+                return Err(stopped.context(format!(
+                    "{label}: the INVALID index was dropped; nothing of this step remains"
+                )));
+            }
+        };
         match outcome {
             Ok(()) => match existing(main, name)? {
                 Some(e) if e.valid && e.ready => {

@@ -1,0 +1,391 @@
+//! Online DDL against a real server: the unique index built CONCURRENTLY under traffic,
+//! failed builds cleaned up, the NOT VALID check, VALIDATE, and two pgmends at once.
+
+mod common;
+
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// A database at V2 (through apply on an empty database) with clean coupon data: no
+/// duplicates, counters not yet built.
+fn at_v2() -> TestDb {
+    let db = fresh_db();
+    assert_eq!(
+        db.run(&["migrate", "apply", "--yes", "--target", "2"]).code,
+        0
+    );
+    db.client()
+        .batch_execute(
+            "INSERT INTO campaigns VALUES ('SW-A', 1000, 2000, 0), ('SW-B', 1000, 5000, 0);
+             INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen)
+             SELECT gen_random_uuid(), 'SW-B', 'm' || g, '2026-09', 1000 FROM generate_series(1, 4) g;
+             INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen)
+             SELECT gen_random_uuid(), 'SW-A', 'm' || g, '2026-09', 1000 FROM generate_series(1, 3) g;",
+        )
+        .unwrap();
+    db
+}
+
+fn index_is_valid(db: &TestDb) -> bool {
+    db.client()
+        .query_one(
+            "SELECT coalesce((SELECT indisvalid AND indisready AND indisunique AND pg_get_expr(indpred, indrelid) = '(NOT legacy_duplicate)'
+                                FROM pg_index WHERE indexrelid = to_regclass('one_coupon_per_member')), false)",
+            &[],
+        )
+        .unwrap()
+        .get(0)
+}
+
+fn wait_for(db: &TestDb, sql: &str, what: &str) {
+    let started = Instant::now();
+    let mut c = db.client();
+    while !c.query_one(sql, &[]).unwrap().get::<_, bool>(0) {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "timed out waiting for {what}"
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn the_unique_index_is_built_concurrently_under_writers_and_an_old_reader() {
+    let db = at_v2();
+    // Writers keep issuing (distinct) coupons all through the build.
+    let stop = Arc::new(AtomicBool::new(false));
+    let written = Arc::new(AtomicU32::new(0));
+    let writer = {
+        let (stop, written) = (stop.clone(), written.clone());
+        let mut c = db.client();
+        thread::spawn(move || {
+            let mut n = 0;
+            while !stop.load(Ordering::SeqCst) {
+                n += 1;
+                c.execute(
+                    "INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen) VALUES (gen_random_uuid(), 'SW-B', $1, '2026-09', 1000)",
+                    &[&format!("w{n}")],
+                )
+                .unwrap();
+                written.fetch_add(1, Ordering::SeqCst);
+                thread::sleep(Duration::from_millis(10));
+            }
+        })
+    };
+    // A 5-second reader elsewhere in the database, holding a snapshot: the build must wait.
+    let hold = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM campaigns";
+    let (run, took, _) = run_while_held(
+        &db,
+        hold,
+        Duration::from_secs(5),
+        "SELECT 1",
+        &["migrate", "apply", "--yes", "--target", "3"],
+    );
+    stop.store(true, Ordering::SeqCst);
+    writer.join().unwrap();
+    assert_eq!(run.code, 0, "{}", run.both());
+    assert!(
+        took >= Duration::from_secs(4),
+        "the build waited for the reader: {took:?}"
+    );
+    assert!(
+        run.stderr.contains("waiting for pid"),
+        "names what it waits for: {}",
+        run.stderr
+    );
+    assert!(
+        written.load(Ordering::SeqCst) > 50,
+        "writers were not blocked"
+    );
+    assert!(index_is_valid(&db));
+    assert_eq!(db.invalid_indexes(), 0);
+    assert_eq!(
+        db.history().iter().map(|h| h.0).collect::<Vec<_>>(),
+        [1, 2, 3]
+    );
+}
+
+#[test]
+fn a_build_broken_by_a_late_duplicate_is_dropped_and_the_release_stops() {
+    let db = at_v2();
+    // A writer's open transaction: the build waits for it before scanning the table.
+    let mut writer = db.client();
+    let mut tx = writer.transaction().unwrap();
+    tx.execute("INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen) VALUES (gen_random_uuid(), 'SW-B', 'late1', '2026-09', 1000)", &[]).unwrap();
+    let child = db
+        .pgmend()
+        .args(["migrate", "apply", "--yes", "--target", "3"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(
+        &db,
+        "SELECT EXISTS (SELECT 1 FROM pg_stat_progress_create_index)",
+        "the build to start",
+    );
+    // The old application double-taps: a duplicate of a live coupon lands mid-build.
+    tx.execute("INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen) VALUES (gen_random_uuid(), 'SW-B', 'm1', '2026-09', 1000)", &[]).unwrap();
+    tx.commit().unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("23505"), "{stderr}");
+    assert!(
+        stderr.contains("1 groups of (campaign_id, member_id)"),
+        "{stderr}"
+    );
+    assert!(
+        !db.exists("one_coupon_per_member"),
+        "the INVALID index was dropped"
+    );
+    assert_eq!(db.invalid_indexes(), 0);
+    assert_eq!(db.history().len(), 2);
+
+    db.void_duplicates_by_sql();
+    let r = db.run(&["migrate", "apply", "--yes", "--target", "3"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(index_is_valid(&db));
+}
+
+#[test]
+fn an_invalid_or_different_index_of_the_same_name_is_rebuilt_and_a_valid_one_adopted() {
+    let db = at_v2();
+    let mut c = db.client();
+    c.batch_execute(
+        "CREATE UNIQUE INDEX one_coupon_per_member ON issued_coupons (campaign_id, member_id) WHERE NOT legacy_duplicate;
+         UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'one_coupon_per_member'::regclass;",
+    )
+    .unwrap();
+    let r = db.run(&["migrate", "status", "--format", "json"]);
+    assert_eq!(r.code, 1, "status reports the INVALID index: {}", r.both());
+    let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(doc["invalid_indexes"][0]["index"], "one_coupon_per_member");
+
+    let r = db.run(&["migrate", "apply", "--yes", "--target", "3"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(r.stderr.contains("INVALID"), "{}", r.stderr);
+    assert!(index_is_valid(&db));
+    assert_eq!(db.invalid_indexes(), 0);
+
+    // A valid index with the same definition (say, built by hand during an incident) is adopted.
+    let db = at_v2();
+    db.client()
+        .batch_execute("CREATE UNIQUE INDEX one_coupon_per_member ON issued_coupons (campaign_id, member_id) WHERE NOT legacy_duplicate")
+        .unwrap();
+    let oid = db.scalar_i64("SELECT 'one_coupon_per_member'::regclass::oid::bigint");
+    let r = db.run(&["migrate", "apply", "--yes", "--target", "3"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert_eq!(
+        db.scalar_i64("SELECT 'one_coupon_per_member'::regclass::oid::bigint"),
+        oid,
+        "not rebuilt"
+    );
+    assert_eq!(db.history().len(), 3);
+
+    // Same name, different definition (not unique): dropped and rebuilt as defined.
+    let db = at_v2();
+    db.client()
+        .batch_execute(
+            "CREATE INDEX one_coupon_per_member ON issued_coupons (campaign_id, member_id)",
+        )
+        .unwrap();
+    let r = db.run(&["migrate", "apply", "--yes", "--target", "3"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(index_is_valid(&db), "rebuilt unique, with its predicate");
+}
+
+#[test]
+fn the_not_valid_check_keeps_old_overruns_and_refuses_new_ones() {
+    let db = at_v2();
+    assert_eq!(
+        db.run(&["migrate", "apply", "--yes", "--target", "3"]).code,
+        0
+    );
+    // Counters must equal the truth first: the precondition stops the step until then.
+    let r = db.run(&["migrate", "apply", "--yes"]);
+    assert_eq!(r.code, 1, "{}", r.both());
+    assert!(
+        r.stderr
+            .contains("campaign_budgets_match_coupons: 2 campaigns"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        r.stderr.contains("rebuild-campaign-budgets"),
+        "{}",
+        r.stderr
+    );
+
+    db.rebuild_budgets_by_sql(); // SW-A: 3,000 yen issued against a 2,000 yen budget.
+    let r = db.run(&["migrate", "plan"]);
+    assert!(
+        r.stdout
+            .contains("census issued_within_budget: 1 rows of campaign_budgets"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains("VALIDATE CONSTRAINT would fail"),
+        "{}",
+        r.stdout
+    );
+    let r = db.run(&["migrate", "apply", "--yes"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert_eq!(db.history().len(), 4);
+
+    let mut c = db.client();
+    let err = c
+        .execute(
+            "UPDATE campaign_budgets SET issued_yen = 6000 WHERE campaign_id = 'SW-B'",
+            &[],
+        )
+        .unwrap_err();
+    assert_eq!(err.code().unwrap().code(), "23514");
+    assert_eq!(
+        db.scalar_i64("SELECT issued_yen::bigint FROM campaign_budgets WHERE campaign_id = 'SW-A'"),
+        3000
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM pg_constraint WHERE conname = 'issued_within_budget' AND NOT convalidated"),
+        1
+    );
+
+    // VALIDATE only once nothing breaks the check.
+    let r = db.run(&["migrate", "validate", "issued_within_budget", "--yes"]);
+    assert_eq!(r.code, 1, "{}", r.both());
+    assert!(
+        r.stderr.contains("\"campaign_id\":\"SW-A\""),
+        "names the row: {}",
+        r.stderr
+    );
+    c.batch_execute("UPDATE campaign_budgets SET budget_yen = 3000 WHERE campaign_id = 'SW-A'")
+        .unwrap();
+    let r = db.run(&["migrate", "validate", "issued_within_budget", "--yes"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM pg_constraint WHERE conname = 'issued_within_budget' AND convalidated"),
+        1
+    );
+    let r = db.run(&["migrate", "validate", "no_such_thing", "--yes"]);
+    assert_eq!(r.code, 2);
+}
+
+#[test]
+fn a_second_pgmend_waiting_during_the_build_does_not_deadlock_it() {
+    let db = at_v2();
+    let hold = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM campaigns";
+    let mut holder = db.client();
+    let mut tx = holder.transaction().unwrap();
+    tx.batch_execute(hold).unwrap();
+    let spawn = || {
+        db.pgmend()
+            .args([
+                "migrate",
+                "apply",
+                "--yes",
+                "--target",
+                "3",
+                "--runner-wait",
+                "1m",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let first = spawn();
+    wait_for(
+        &db,
+        "SELECT EXISTS (SELECT 1 FROM pg_stat_progress_create_index)",
+        "the build to start",
+    );
+    let second = spawn();
+    thread::sleep(Duration::from_secs(2)); // the second polls the runner lock meanwhile
+    tx.commit().unwrap();
+    let started = Instant::now();
+    let (a, b) = (
+        first.wait_with_output().unwrap(),
+        second.wait_with_output().unwrap(),
+    );
+    assert!(started.elapsed() < Duration::from_secs(60));
+    assert_eq!(
+        a.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&a.stderr)
+    );
+    assert_eq!(
+        b.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&b.stderr)
+    );
+    assert!(String::from_utf8_lossy(&b.stderr).contains("waiting up to 1m for another pgmend"));
+    assert!(index_is_valid(&db));
+    assert_eq!(
+        db.history().iter().map(|h| h.0).collect::<Vec<_>>(),
+        [1, 2, 3]
+    );
+}
+
+#[test]
+fn the_check_waits_in_bounded_attempts_while_the_application_keeps_answering() {
+    let db = at_v2();
+    assert_eq!(
+        db.run(&["migrate", "apply", "--yes", "--target", "3"]).code,
+        0
+    );
+    db.rebuild_budgets_by_sql();
+    let args = [
+        "migrate",
+        "apply",
+        "--yes",
+        "--lock-timeout",
+        "500ms",
+        "--lock-retry-for",
+        "60s",
+    ];
+    let (run, took, longest) = run_while_held(
+        &db,
+        "SELECT count(*) FROM campaign_budgets",
+        Duration::from_secs(10),
+        "SELECT count(*) FROM campaign_budgets",
+        &args,
+    );
+    assert_eq!(run.code, 0, "{}", run.both());
+    assert!(took >= Duration::from_secs(8), "{took:?}");
+    assert!(longest < Duration::from_secs(2), "probe waited {longest:?}");
+    assert_eq!(db.history().len(), 4);
+}
+
+#[test]
+fn a_build_that_waits_past_build_wait_is_cancelled_and_leaves_no_invalid_index() {
+    let db = at_v2();
+    let hold = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM campaigns";
+    let (run, _, _) = run_while_held(
+        &db,
+        hold,
+        Duration::from_secs(8),
+        "SELECT 1",
+        &[
+            "migrate",
+            "apply",
+            "--yes",
+            "--target",
+            "3",
+            "--build-wait",
+            "2s",
+        ],
+    );
+    assert_eq!(run.code, 1, "{}", run.both());
+    assert!(run.stderr.contains("--build-wait 2s"), "{}", run.stderr);
+    assert!(!db.exists("one_coupon_per_member"));
+    assert_eq!(db.invalid_indexes(), 0);
+    assert_eq!(db.history().len(), 2);
+}
