@@ -26,10 +26,13 @@ pub enum Command {
     /// Versioned migrations: status, plan, apply, baseline.
     #[command(subcommand)]
     Migrate(MigrateCommand),
-    /// The pending release, as a dry run (today: the pending migrations).
-    Plan(PlanArgs),
-    /// Apply the pending release in order (today: the pending migrations).
-    Apply(ApplyArgs),
+    /// The pending release, as a dry run: migrations (SQL, locks, censuses), repair diffs, gates.
+    Plan(ReleasePlanArgs),
+    /// Apply the pending release in order, up to the next unconfirmed gate.
+    Apply(ReleaseApplyArgs),
+    /// Repairs: list, plan (dry-run diff), apply, status, log, undo, abandon.
+    #[command(subcommand)]
+    Repair(RepairCommand),
     /// A throwaway local PostgreSQL with dirty legacy data, adopted and migrated.
     Demo(DemoArgs),
 }
@@ -56,6 +59,129 @@ pub struct ValidateArgs {
     pub conn: ConnectionArgs,
     #[command(flatten)]
     pub safety: SafetyArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct ReleasePlanArgs {
+    #[command(flatten)]
+    pub conn: ConnectionArgs,
+    #[command(flatten)]
+    pub migrations: MigrationsArgs,
+    #[command(flatten)]
+    pub repairs: RepairsArgs,
+    /// How many changed rows each repair's diff shows.
+    #[arg(long, default_value_t = 20)]
+    pub sample: usize,
+}
+
+#[derive(Debug, Args)]
+pub struct ReleaseApplyArgs {
+    #[command(flatten)]
+    pub conn: ConnectionArgs,
+    #[command(flatten)]
+    pub migrations: MigrationsArgs,
+    #[command(flatten)]
+    pub repairs: RepairsArgs,
+    #[command(flatten)]
+    pub safety: SafetyArgs,
+    #[command(flatten)]
+    pub batch: BatchArgs,
+    /// Pass this gate (recorded with who and when), e.g. deploy-new-application.
+    #[arg(long, value_name = "GATE")]
+    pub confirm: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RepairCommand {
+    /// The repair definitions.
+    List(RepairListArgs),
+    /// Dry run: what the repair would change, as diffs, in a read-only transaction.
+    Plan(RepairPlanArgs),
+    /// Run the repair (or resume its unfinished run) in batches.
+    Apply(RepairApplyArgs),
+    /// Every run, its progress and checkpoint.
+    Status(RepairStatusArgs),
+    /// Every row a run changed, before and after.
+    Log(RepairLogArgs),
+    /// Restore what a run changed.
+    Undo(RepairRunArgs),
+    /// Give up an unfinished run (its changes stay, and can be undone).
+    Abandon(RepairRunArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RepairsArgs {
+    /// Read repair definitions from this directory instead of the ones built into pgmend.
+    #[arg(long, env = "PGMEND_REPAIRS_DIR", value_name = "DIR")]
+    pub repairs_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct RepairListArgs {
+    #[command(flatten)]
+    pub repairs: RepairsArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct RepairPlanArgs {
+    pub name: String,
+    #[command(flatten)]
+    pub conn: ConnectionArgs,
+    #[command(flatten)]
+    pub repairs: RepairsArgs,
+    /// How many changed rows to show as diffs.
+    #[arg(long, default_value_t = 20)]
+    pub sample: usize,
+    /// Show every changed row (streamed).
+    #[arg(long)]
+    pub all: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct RepairApplyArgs {
+    pub name: String,
+    #[command(flatten)]
+    pub conn: ConnectionArgs,
+    #[command(flatten)]
+    pub repairs: RepairsArgs,
+    #[command(flatten)]
+    pub safety: SafetyArgs,
+    #[command(flatten)]
+    pub batch: BatchArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct RepairStatusArgs {
+    #[command(flatten)]
+    pub conn: ConnectionArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct RepairLogArgs {
+    pub run_id: i64,
+    #[command(flatten)]
+    pub conn: ConnectionArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct RepairRunArgs {
+    pub run_id: i64,
+    #[command(flatten)]
+    pub conn: ConnectionArgs,
+    #[command(flatten)]
+    pub repairs: RepairsArgs,
+    #[command(flatten)]
+    pub safety: SafetyArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct BatchArgs {
+    /// Aim for batch transactions of about this long.
+    #[arg(long, default_value = "200ms", value_parser = parse_duration, value_name = "DURATION")]
+    pub batch_target: Duration,
+    /// Pause batches while a streaming replica replays later than this.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub max_replica_lag: Option<Duration>,
 }
 
 #[derive(Debug, Args)]
@@ -146,7 +272,8 @@ pub struct SafetyArgs {
 
 #[derive(Debug, Args)]
 pub struct OutputArgs {
-    /// human for people, json for programs (a stable, documented document).
+    /// human for people, json for programs (a stable, documented document); csv only for
+    /// `repair log`.
     #[arg(long, global = true, value_enum, default_value_t = Format::Human)]
     pub format: Format,
 }
@@ -155,4 +282,5 @@ pub struct OutputArgs {
 pub enum Format {
     Human,
     Json,
+    Csv,
 }

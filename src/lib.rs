@@ -9,3 +9,5 @@ pub mod error;
 pub mod localpg;
 pub mod migrate;
 pub mod online;
+pub mod release;
+pub mod repair;

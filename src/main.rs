@@ -4,8 +4,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use pgmend::cli::{Cli, Command, MigrateCommand};
-use pgmend::commands::{demo, migrate};
+use pgmend::cli::{Cli, Command, Format, MigrateCommand, RepairCommand};
+use pgmend::commands::{demo, migrate, release, repair};
 use pgmend::error::{exit_code_for, Outcome};
 
 fn main() -> ExitCode {
@@ -17,10 +17,23 @@ fn main() -> ExitCode {
         }
     };
     let format = cli.output.format;
+    if format == Format::Csv && !matches!(cli.command, Command::Repair(RepairCommand::Log(_))) {
+        eprintln!("pgmend: error: --format csv is only for `pgmend repair log`; use human or json");
+        return ExitCode::from(2);
+    }
     let result = match &cli.command {
         Command::Migrate(MigrateCommand::Status(a)) => migrate::status(a, format),
-        Command::Migrate(MigrateCommand::Plan(a)) | Command::Plan(a) => migrate::plan(a, format),
-        Command::Migrate(MigrateCommand::Apply(a)) | Command::Apply(a) => migrate::apply(a, format),
+        Command::Migrate(MigrateCommand::Plan(a)) => migrate::plan(a, format),
+        Command::Migrate(MigrateCommand::Apply(a)) => migrate::apply(a, format),
+        Command::Plan(a) => release::plan(a, format),
+        Command::Apply(a) => release::apply(a, format),
+        Command::Repair(RepairCommand::List(a)) => repair::list(a, format),
+        Command::Repair(RepairCommand::Plan(a)) => repair::plan(a, format),
+        Command::Repair(RepairCommand::Apply(a)) => repair::apply(a, format),
+        Command::Repair(RepairCommand::Status(a)) => repair::status(a, format),
+        Command::Repair(RepairCommand::Log(a)) => repair::log(a, format),
+        Command::Repair(RepairCommand::Undo(a)) => repair::undo(a, format),
+        Command::Repair(RepairCommand::Abandon(a)) => repair::abandon(a, format),
         Command::Migrate(MigrateCommand::Baseline(a)) => migrate::baseline(a, format),
         Command::Migrate(MigrateCommand::Validate(a)) => migrate::validate(a, format),
         Command::Demo(a) => demo::run(a),

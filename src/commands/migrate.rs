@@ -20,7 +20,7 @@ use crate::migrate::source::{Migration, Source};
 use crate::migrate::{apply, baseline, history, plan, status};
 use crate::online::{catalog, validate};
 
-fn load(args: &MigrationsArgs) -> Result<Vec<Migration>> {
+pub fn load(args: &MigrationsArgs) -> Result<Vec<Migration>> {
     let source = match &args.migrations_dir {
         Some(dir) => Source::Directory(dir.clone()),
         None => Source::Embedded,
@@ -28,7 +28,7 @@ fn load(args: &MigrationsArgs) -> Result<Vec<Migration>> {
     source.load()
 }
 
-fn policy(safety: &SafetyArgs) -> Result<LockPolicy> {
+pub fn policy(safety: &SafetyArgs) -> Result<LockPolicy> {
     config::check_lock_options(safety.lock_timeout, safety.statement_timeout)?;
     Ok(LockPolicy {
         lock_timeout: safety.lock_timeout,
@@ -84,7 +84,7 @@ pub fn status(args: &StatusArgs, format: Format) -> Result<Outcome> {
                 problems,
             })?;
         }
-        Format::Human => {
+        Format::Human | Format::Csv => {
             #[derive(Tabled)]
             struct Row {
                 #[tabled(rename = "version")]
@@ -155,7 +155,7 @@ pub fn plan(args: &PlanArgs, format: Format) -> Result<Outcome> {
 fn render_plan(plan: &plan::Plan, format: Format) -> Result<()> {
     match format {
         Format::Json => print_json(plan),
-        Format::Human => Ok(plan::render_human(plan, &mut std::io::stdout().lock())?),
+        Format::Human | Format::Csv => Ok(plan::render_human(plan, &mut std::io::stdout().lock())?),
     }
 }
 
@@ -202,7 +202,7 @@ pub fn apply(args: &ApplyArgs, format: Format) -> Result<Outcome> {
                 current_version: now_at,
             })?;
         }
-        Format::Human => {
+        Format::Human | Format::Csv => {
             let mut out = std::io::stdout().lock();
             if applied.is_empty() {
                 writeln!(
@@ -311,7 +311,7 @@ fn report_baseline(
                 extra: comparison.map(|c| c.extra.clone()).unwrap_or_default(),
             })
         }
-        Format::Human => {
+        Format::Human | Format::Csv => {
             let mut out = std::io::stdout().lock();
             if already {
                 writeln!(
@@ -348,7 +348,7 @@ pub fn validate(args: &ValidateArgs, format: Format) -> Result<Outcome> {
     let result = validate::run(&mut session.client, &args.name, &policy)?;
     match format {
         Format::Json => print_json(&result)?,
-        Format::Human => {
+        Format::Human | Format::Csv => {
             let mut out = std::io::stdout().lock();
             if result.already_valid {
                 writeln!(

@@ -3,6 +3,8 @@
 
 pub mod demo;
 pub mod migrate;
+pub mod release;
+pub mod repair;
 
 use std::io::{IsTerminal, Write};
 

@@ -159,64 +159,7 @@ pub fn render_human(plan: &Plan, out: &mut impl Write) -> std::io::Result<()> {
         )?;
     }
     for m in &plan.pending {
-        writeln!(out)?;
-        writeln!(
-            out,
-            "== V{}__{} ({}) — {}",
-            m.version,
-            m.name,
-            m.origin,
-            if m.in_transaction {
-                "one transaction, with its history row"
-            } else {
-                "online: each statement in autocommit"
-            }
-        )?;
-        for s in &m.statements {
-            let locks = if s.locks.is_empty() {
-                "no lock on existing tables".to_string()
-            } else {
-                s.locks
-                    .iter()
-                    .map(|l| format!("{} on {}", l.mode, l.relation))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            };
-            writeln!(
-                out,
-                "   line {:>3}  {:<48} {locks}{}",
-                s.line,
-                s.summary,
-                if s.lock_assumed {
-                    " (not recognised: assumed)"
-                } else {
-                    ""
-                }
-            )?;
-        }
-        for finding in &m.censuses {
-            writeln!(
-                out,
-                "   {}{}",
-                finding.describe(),
-                if finding.stops() {
-                    " — apply stops here (exit 1)"
-                } else {
-                    ""
-                }
-            )?;
-        }
-        if let Some(mode) = m.strongest_lock {
-            writeln!(
-                out,
-                "   strongest lock: {mode} — while held it blocks {}",
-                mode.blocks()
-            )?;
-        }
-        writeln!(out, "   SQL:")?;
-        for line in m.sql.lines() {
-            writeln!(out, "   | {line}")?;
-        }
+        render_migration(m, out)?;
     }
     if !plan.blockers.is_empty() {
         writeln!(out)?;
@@ -224,6 +167,69 @@ pub fn render_human(plan: &Plan, out: &mut impl Write) -> std::io::Result<()> {
         for b in &plan.blockers {
             writeln!(out, "  - {b}")?;
         }
+    }
+    Ok(())
+}
+
+/// One pending migration for people: statements with locks, censuses, SQL.
+pub fn render_migration(m: &PlannedMigration, out: &mut impl Write) -> std::io::Result<()> {
+    writeln!(out)?;
+    writeln!(
+        out,
+        "== V{}__{} ({}) — {}",
+        m.version,
+        m.name,
+        m.origin,
+        if m.in_transaction {
+            "one transaction, with its history row"
+        } else {
+            "online: each statement in autocommit"
+        }
+    )?;
+    for s in &m.statements {
+        let locks = if s.locks.is_empty() {
+            "no lock on existing tables".to_string()
+        } else {
+            s.locks
+                .iter()
+                .map(|l| format!("{} on {}", l.mode, l.relation))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        writeln!(
+            out,
+            "   line {:>3}  {:<48} {locks}{}",
+            s.line,
+            s.summary,
+            if s.lock_assumed {
+                " (not recognised: assumed)"
+            } else {
+                ""
+            }
+        )?;
+    }
+    for finding in &m.censuses {
+        writeln!(
+            out,
+            "   {}{}",
+            finding.describe(),
+            if finding.stops() {
+                " — apply stops here (exit 1)"
+            } else {
+                ""
+            }
+        )?;
+    }
+    if let Some(mode) = m.strongest_lock {
+        writeln!(
+            out,
+            "   strongest lock: {mode} — while held it blocks {}",
+            mode.blocks()
+        )?;
+    }
+    writeln!(out, "   SQL:")?;
+    for line in m.sql.lines() {
+        writeln!(out, "   | {line}")?;
     }
     Ok(())
 }

@@ -1,0 +1,330 @@
+//! `pgmend repair list|plan|apply|status|log|undo|abandon`.
+
+use std::io::{IsTerminal, Write};
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use tabled::{settings::Style, Table, Tabled};
+
+use super::{confirm, open, print_json};
+use crate::cli::{BatchArgs, Format, RepairApplyArgs, RepairListArgs, RepairLogArgs, RepairPlanArgs, RepairRunArgs, RepairStatusArgs, RepairsArgs, SafetyArgs};
+use crate::db::retry::LockPolicy;
+use crate::db::runner_lock;
+use crate::error::{Outcome, PgContext, Stopped};
+use crate::repair::definition::{Repair, RepairSource};
+use crate::repair::preview::{self, Change, Preview};
+use crate::repair::runner::{self, RunOptions, RunReport};
+use crate::repair::{store, undo};
+
+pub fn source(args: &RepairsArgs) -> RepairSource {
+    match &args.repairs_dir {
+        Some(dir) => RepairSource::Directory(dir.clone()),
+        None => RepairSource::Embedded,
+    }
+}
+
+pub fn run_options(safety: &SafetyArgs, batch: &BatchArgs) -> Result<RunOptions> {
+    Ok(RunOptions { policy: super::migrate::policy(safety)?, batch_target: batch.batch_target, max_replica_lag: batch.max_replica_lag })
+}
+
+pub fn list(args: &RepairListArgs, format: Format) -> Result<Outcome> {
+    let repairs = source(&args.repairs).load()?;
+    #[derive(Serialize, Tabled)]
+    struct Row {
+        name: String,
+        kind: String,
+        description: String,
+    }
+    let rows: Vec<Row> = repairs.iter().map(|r| Row { name: r.name.clone(), kind: r.kind().into(), description: r.description().into() }).collect();
+    match format {
+        Format::Json => print_json(&rows)?,
+        _ => writeln!(std::io::stdout().lock(), "{}", Table::new(&rows).with(Style::psql()))?,
+    }
+    Ok(Outcome::Done)
+}
+
+/// Renders a preview's header and summary for people.
+pub fn render_summary(p: &Preview, out: &mut impl Write) -> std::io::Result<()> {
+    if let Some(why) = &p.not_yet {
+        return writeln!(out, "{}: {why}", p.repair);
+    }
+    match p.kind.as_str() {
+        "void_duplicates" => writeln!(out, "{}: {} rows would change, {} of them voided (the rest are redeemed: marked only)", p.repair, p.changes, p.voided_or_created)?,
+        _ => writeln!(out, "{}: {} counters would change, {} of them created", p.repair, p.changes, p.voided_or_created)?,
+    }
+    if p.kind == "void_duplicates" && !p.amounts.is_empty() {
+        for (by, yen) in &p.amounts {
+            writeln!(out, "  voided per {by}: {yen} yen")?;
+        }
+    }
+    Ok(())
+}
+
+pub fn plan(args: &RepairPlanArgs, format: Format) -> Result<Outcome> {
+    let repair = source(&args.repairs).find(&args.name)?;
+    let mut session = open(&args.conn)?;
+    let mut tx = session.client.build_transaction().read_only(true).start().doing("opening a read-only transaction")?;
+    let colour = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    let sample = if args.all { None } else { Some(args.sample) };
+    let mut out = std::io::stdout().lock();
+    let preview = match format {
+        Format::Json => {
+            let mut changes: Vec<Change> = Vec::new();
+            let p = preview::preview(&mut tx, &repair, &[], sample, &mut |c| {
+                changes.push(c.clone());
+                Ok(())
+            })?;
+            #[derive(Serialize)]
+            struct Doc<'a> {
+                #[serde(flatten)]
+                preview: &'a Preview,
+                sample: Vec<Change>,
+            }
+            print_json(&Doc { preview: &p, sample: changes })?;
+            p
+        }
+        _ => {
+            writeln!(out, "Dry run of {} (read-only transaction; nothing is changed):", repair.name)?;
+            let p = preview::preview(&mut tx, &repair, &[], sample, &mut |c| Ok(preview::render_diff(c, colour, &mut out)?))?;
+            render_summary(&p, &mut out)?;
+            if sample.is_some_and(|n| p.changes as usize > n) {
+                writeln!(out, "(showing {} of {} changes; --all shows every one)", args.sample, p.changes)?;
+            }
+            p
+        }
+    };
+    tx.rollback().doing("closing the read-only transaction")?;
+    let _ = preview;
+    Ok(Outcome::Done)
+}
+
+pub fn apply(args: &RepairApplyArgs, format: Format) -> Result<Outcome> {
+    let repair = source(&args.repairs).find(&args.name)?;
+    let options = run_options(&args.safety, &args.batch)?;
+    let mut session = open(&args.conn)?;
+    session.ensure_writable()?;
+    let _lock = runner_lock::acquire(&mut session.client, args.safety.runner_wait)?;
+    if !args.safety.yes {
+        let mut tx = session.client.build_transaction().read_only(true).start().doing("opening a read-only transaction")?;
+        let p = preview::preview(&mut tx, &repair, &[], Some(5), &mut |c| Ok(preview::render_diff(c, false, &mut std::io::stderr())?))?;
+        tx.rollback().doing("closing the read-only transaction")?;
+        render_summary(&p, &mut std::io::stderr())?;
+        confirm(false, &format!("Run {} on {}?", repair.name, session.params))?;
+    }
+    let report = run_repair(&mut session.client, &repair, &options)?;
+    print_report(&report, format)?;
+    finish(&report, &repair)
+}
+
+/// Runs a repair with Ctrl-C handling.
+pub fn run_repair(client: &mut postgres::Client, repair: &Repair, options: &RunOptions) -> Result<RunReport> {
+    install_interrupt_handler();
+    runner::apply(client, repair, options, &mut |line| eprintln!("{line}"))
+}
+
+pub fn install_interrupt_handler() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = ctrlc::set_handler(|| {
+            if runner::INTERRUPTED.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                std::process::exit(130);
+            }
+            eprintln!("interrupted: finishing the current batch, then stopping (Ctrl-C again to quit at once)");
+        });
+    });
+}
+
+/// Exit 1 when the run stopped early or skipped keys; the run's state says the rest.
+pub fn finish(report: &RunReport, repair: &Repair) -> Result<Outcome> {
+    if report.interrupted {
+        return Err(Stopped::error(format!(
+            "run {} of {} stopped after its current batch ({} of {} targets done). Resume it with: pgmend repair apply {} --yes",
+            report.run.run_id, repair.name, report.run.checkpoint, report.run.targets, repair.name
+        )));
+    }
+    let skipped = report.run.skipped.as_array().map_or(0, Vec::len);
+    if skipped > 0 {
+        return Err(Stopped::error(format!(
+            "run {} of {} skipped {skipped} key(s) it could not write: {}. Finance raises the budget or accepts the figure (see runbooks), then rerun the repair",
+            report.run.run_id, repair.name, report.run.skipped
+        )));
+    }
+    if report.left_over > 0 && repair.kind() == "void_duplicates" {
+        return Err(Stopped::error(format!(
+            "run {} of {} finished, but {} of its groups received new duplicates meanwhile; run it again (the release does this itself)",
+            report.run.run_id, repair.name, report.left_over
+        )));
+    }
+    Ok(Outcome::Done)
+}
+
+pub fn print_report(report: &RunReport, format: Format) -> Result<()> {
+    match format {
+        Format::Json => print_json(report),
+        _ => {
+            let r = &report.run;
+            let mut out = std::io::stdout().lock();
+            writeln!(
+                out,
+                "run {} of {}{}: {}/{} targets, {} rows changed in {} batches (p50 {} ms, p99 {} ms, max {} ms), state {}",
+                r.run_id,
+                r.repair,
+                if report.resumed { " (resumed)" } else { "" },
+                r.processed,
+                r.targets,
+                r.changed,
+                report.batches,
+                report.batch_ms_p50,
+                report.batch_ms_p99,
+                report.batch_ms_max,
+                r.state
+            )?;
+            if report.left_over > 0 && r.kind == "rebuild_counter" {
+                writeln!(out, "  note: {} counter(s) already differ from the source again (writes by an application that does not maintain them yet); the rebuild after the deploy gate catches them", report.left_over)?;
+            }
+            Ok(())
+        }
+    }
+}
+
+pub fn status(args: &RepairStatusArgs, format: Format) -> Result<Outcome> {
+    let mut session = open(&args.conn)?;
+    let mut tx = session.client.build_transaction().read_only(true).start().doing("opening a read-only transaction")?;
+    let runs = store::runs(&mut tx)?;
+    tx.rollback().doing("closing the read-only transaction")?;
+    match format {
+        Format::Json => print_json(&runs)?,
+        _ => {
+            #[derive(Tabled)]
+            struct Row {
+                run: i64,
+                repair: String,
+                state: String,
+                progress: String,
+                changed: i64,
+                skipped: usize,
+                #[tabled(rename = "as of")]
+                as_of: String,
+                note: String,
+            }
+            let rows: Vec<Row> = runs
+                .iter()
+                .map(|r| Row {
+                    run: r.run_id,
+                    repair: r.repair.clone(),
+                    state: r.state.clone(),
+                    progress: format!("{}/{} (checkpoint {})", r.processed, r.targets, r.checkpoint),
+                    changed: r.changed,
+                    skipped: r.skipped.as_array().map_or(0, Vec::len),
+                    as_of: r.as_of.clone(),
+                    note: match (r.undone_by_run, r.undoes_run) {
+                        (Some(u), _) => format!("undone by run {u}"),
+                        (_, Some(u)) => format!("undoes run {u}"),
+                        _ => String::new(),
+                    },
+                })
+                .collect();
+            let mut out = std::io::stdout().lock();
+            if rows.is_empty() {
+                writeln!(out, "No repair has run on this database.")?;
+            } else {
+                writeln!(out, "{}", Table::new(rows).with(Style::psql()))?;
+            }
+        }
+    }
+    Ok(Outcome::Done)
+}
+
+pub fn log(args: &RepairLogArgs, format: Format) -> Result<Outcome> {
+    let mut session = open(&args.conn)?;
+    let mut tx = session.client.build_transaction().read_only(true).start().doing("opening a read-only transaction")?;
+    if store::run(&mut tx, args.run_id)?.is_none() {
+        bail!("there is no repair run {}; `pgmend repair status` lists the runs", args.run_id);
+    }
+    let mut out = std::io::stdout().lock();
+    let sql = "SELECT ledger_id, target_table, row_key::text, action, coalesce(before::text, ''), coalesce(after::text, ''), reason,
+                      to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')
+                 FROM pgmend.repair_ledger WHERE run_id = $1 ORDER BY ledger_id";
+    let mut rows = tx.query_raw(sql, [&args.run_id]).doing("reading the ledger")?;
+    use fallible_iterator::FallibleIterator;
+    let mut csv_writer = (format == Format::Csv).then(|| csv::Writer::from_writer(std::io::stdout()));
+    if let Some(w) = csv_writer.as_mut() {
+        w.write_record(["ledger_id", "table", "row_key", "action", "before", "after", "reason", "at"]).map_err(std::io::Error::from)?;
+    }
+    let mut first = true;
+    if format == Format::Json {
+        write!(out, "[")?;
+    }
+    while let Some(r) = rows.next().doing("reading the ledger")? {
+        let fields: (i64, String, String, String, String, String, String, String) =
+            (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5), r.get(6), r.get(7));
+        match format {
+            Format::Csv => {
+                let w = csv_writer.as_mut().expect("csv writer");
+                w.write_record([&fields.0.to_string(), &fields.1, &fields.2, &fields.3, &fields.4, &fields.5, &fields.6, &fields.7])
+                    .map_err(std::io::Error::from)?;
+            }
+            Format::Json => {
+                let value = serde_json::json!({
+                    "ledger_id": fields.0, "table": fields.1,
+                    "row_key": serde_json::from_str::<serde_json::Value>(&fields.2).unwrap_or_default(),
+                    "action": fields.3,
+                    "before": serde_json::from_str::<serde_json::Value>(&fields.4).unwrap_or(serde_json::Value::Null),
+                    "after": serde_json::from_str::<serde_json::Value>(&fields.5).unwrap_or(serde_json::Value::Null),
+                    "reason": fields.6, "at": fields.7,
+                });
+                write!(out, "{}\n  {}", if first { "" } else { "," }, value)?;
+            }
+            Format::Human => writeln!(out, "{} {} {} {}: {} -> {} ({})", fields.7, fields.1, fields.2, fields.3, fields.4, fields.5, fields.6)?,
+        }
+        first = false;
+    }
+    if let Some(mut w) = csv_writer {
+        w.flush()?;
+    }
+    if format == Format::Json {
+        writeln!(out, "\n]")?;
+    }
+    Ok(Outcome::Done)
+}
+
+fn find_run(client: &mut postgres::Client, run_id: i64) -> Result<store::Run> {
+    store::run(client, run_id)?.with_context(|| format!("there is no repair run {run_id}; `pgmend repair status` lists the runs"))
+}
+
+pub fn undo(args: &RepairRunArgs, format: Format) -> Result<Outcome> {
+    let policy: LockPolicy = super::migrate::policy(&args.safety)?;
+    let mut session = open(&args.conn)?;
+    session.ensure_writable()?;
+    let _lock = runner_lock::acquire(&mut session.client, args.safety.runner_wait)?;
+    let run = find_run(&mut session.client, args.run_id)?;
+    let repair = source(&args.repairs).find(run.repair.trim_start_matches("undo:"))?;
+    confirm(args.safety.yes, &format!("Restore the {} rows run {} of {} changed?", run.changed, run.run_id, run.repair))?;
+    let report = undo::undo(&mut session.client, &repair, &run, &policy, &mut |l| eprintln!("{l}"))?;
+    match format {
+        Format::Json => print_json(&report)?,
+        _ => writeln!(
+            std::io::stdout().lock(),
+            "run {} undid run {}: {} rows restored, {} created rows deleted",
+            report.undo_run, report.undone_run, report.restored, report.deleted
+        )?,
+    }
+    Ok(Outcome::Done)
+}
+
+pub fn abandon(args: &RepairRunArgs, _format: Format) -> Result<Outcome> {
+    let mut session = open(&args.conn)?;
+    session.ensure_writable()?;
+    let _lock = runner_lock::acquire(&mut session.client, args.safety.runner_wait)?;
+    let run = find_run(&mut session.client, args.run_id)?;
+    if run.state != "running" {
+        bail!("run {} is {}, not unfinished; only an unfinished run can be abandoned", run.run_id, run.state);
+    }
+    confirm(args.safety.yes, &format!("Abandon run {} of {} at {}/{}? Its changes stay (undo can restore them).", run.run_id, run.repair, run.checkpoint, run.targets))?;
+    session
+        .client
+        .execute("UPDATE pgmend.repair_runs SET state = 'abandoned', finished_at = now() WHERE run_id = $1 AND state = 'running'", &[&run.run_id])
+        .doing("abandoning the run")?;
+    writeln!(std::io::stdout().lock(), "run {} abandoned; its {} changed rows stay (pgmend repair undo {} --yes restores them)", run.run_id, run.changed, run.run_id)?;
+    Ok(Outcome::Done)
+}

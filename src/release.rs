@@ -1,0 +1,128 @@
+//! The whole release as data (`release.toml`, built into the binary): migrations, repairs
+//! and gates in the order of PRODUCT.md, and where a database stands in it.
+
+use anyhow::{bail, Context, Result};
+use postgres::GenericClient;
+use serde::{Deserialize, Serialize};
+
+use crate::error::PgContext;
+use crate::repair::store;
+
+const RELEASE: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/release.toml"));
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    step: Vec<StepDef>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StepDef {
+    migrate: Option<i32>,
+    repair: Option<String>,
+    gate: Option<String>,
+    explain: Option<String>,
+    retry_with: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Step {
+    /// Apply migration `version`; when its census stops it, run `retry_with` and try again.
+    Migrate { version: i32, retry_with: Option<String> },
+    Repair { name: String },
+    /// A person does something outside the database, then confirms.
+    Gate { name: String, explain: String },
+}
+
+impl Step {
+    pub fn label(&self) -> String {
+        match self {
+            Step::Migrate { version, .. } => format!("migration V{version}"),
+            Step::Repair { name } => format!("repair {name}"),
+            Step::Gate { name, .. } => format!("gate {name}"),
+        }
+    }
+}
+
+/// The release steps, in order.
+pub fn steps() -> Result<Vec<Step>> {
+    let file: File = toml::from_str(RELEASE).context("release.toml is malformed")?;
+    file.step
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| match (s.migrate, s.repair, s.gate) {
+            (Some(version), None, None) => Ok(Step::Migrate { version, retry_with: s.retry_with }),
+            (None, Some(name), None) => Ok(Step::Repair { name }),
+            (None, None, Some(name)) => Ok(Step::Gate { name, explain: s.explain.unwrap_or_default() }),
+            _ => bail!("release.toml step {}: give exactly one of migrate, repair, gate", i + 1),
+        })
+        .collect()
+}
+
+/// Which steps are done: migrations by the history, repair steps by pgmend.release_steps,
+/// gates by pgmend.gates.
+pub struct Progress {
+    pub applied_versions: Vec<i32>,
+    pub finished_steps: Vec<i32>,
+    pub gates: Vec<(String, String, String)>,
+}
+
+pub fn progress(client: &mut impl GenericClient, applied_versions: Vec<i32>) -> Result<Progress> {
+    let (mut finished_steps, mut gates) = (Vec::new(), Vec::new());
+    if store::exists(client)? {
+        finished_steps = client
+            .query("SELECT step FROM pgmend.release_steps ORDER BY step", &[])
+            .doing("reading the release's finished steps")?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        gates = client
+            .query(
+                "SELECT gate, confirmed_by, to_char(confirmed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') FROM pgmend.gates",
+                &[],
+            )
+            .doing("reading the confirmed gates")?
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect();
+    }
+    Ok(Progress { applied_versions, finished_steps, gates })
+}
+
+impl Progress {
+    /// Whether step `index` (0-based) is done.
+    pub fn done(&self, index: usize, step: &Step) -> bool {
+        match step {
+            Step::Migrate { version, .. } => self.applied_versions.contains(version),
+            Step::Repair { .. } => self.finished_steps.contains(&(index as i32 + 1)),
+            Step::Gate { name, .. } => self.gates.iter().any(|g| &g.0 == name),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_release_follows_product_md() {
+        let labels: Vec<String> = steps().unwrap().iter().map(Step::label).collect();
+        assert_eq!(
+            labels,
+            [
+                "migration V1",
+                "migration V2",
+                "repair void-duplicate-coupons",
+                "migration V3",
+                "repair rebuild-campaign-budgets",
+                "repair rebuild-member-monthly-usage",
+                "gate deploy-new-application",
+                "repair rebuild-campaign-budgets",
+                "repair rebuild-member-monthly-usage",
+                "migration V4",
+            ]
+        );
+    }
+}

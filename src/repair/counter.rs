@@ -1,0 +1,368 @@
+//! The rebuild-counter engine. Exact under concurrent writers in READ COMMITTED: each batch
+//! first locks its counter rows, then sums the source in a new statement (whose snapshot
+//! sees every writer that committed while we waited for the lock). A single
+//! `UPDATE ... SET x = (SELECT sum ...)` takes its snapshot before it waits, and writes a
+//! stale sum.
+
+use anyhow::Result;
+use postgres::types::ToSql;
+use serde_json::json;
+
+use super::definition::{Aggregate, CounterSpec, WhenNoSource};
+use super::store::{column_types, q};
+use super::void::lit;
+use crate::error::PgContext;
+
+pub struct CounterEngine {
+    pub spec: CounterSpec,
+    key_types: Vec<String>,
+    counter_type: String,
+    /// Every column of the counter table, for evaluating its checks on proposed values.
+    columns: Vec<String>,
+    /// CHECK expressions on the counter table (NOT VALID ones too: they check updates).
+    checks: Vec<(String, String)>,
+}
+
+/// What one batch did.
+#[derive(Debug, Default)]
+pub struct BatchResult {
+    pub changed: i64,
+    pub skipped: Vec<serde_json::Value>,
+}
+
+impl CounterEngine {
+    /// For previews, where the counter table may not exist yet: no catalog reads.
+    pub fn preview_only(spec: CounterSpec) -> CounterEngine {
+        CounterEngine { spec, key_types: Vec::new(), counter_type: String::new(), columns: Vec::new(), checks: Vec::new() }
+    }
+
+    pub fn prepare(client: &mut impl postgres::GenericClient, spec: &CounterSpec) -> Result<CounterEngine> {
+        let key_types = column_types(client, &spec.counter_table, &spec.key)?;
+        let counter_type = column_types(client, &spec.counter_table, std::slice::from_ref(&spec.counter))?.remove(0);
+        column_types(client, &spec.source_table, &spec.key)?;
+        if let Some(v) = &spec.value {
+            column_types(client, &spec.source_table, std::slice::from_ref(v))?;
+        }
+        let columns: Vec<String> = client
+            .query(
+                "SELECT attname::text FROM pg_attribute WHERE attrelid = to_regclass(quote_ident($1))
+                    AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+                &[&spec.counter_table],
+            )
+            .doing("reading the counter table's columns")?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let checks = client
+            .query(
+                "SELECT conname::text, pg_get_constraintdef(oid) FROM pg_constraint
+                  WHERE conrelid = to_regclass(quote_ident($1)) AND contype = 'c'",
+                &[&spec.counter_table],
+            )
+            .doing("reading the counter table's checks")?
+            .iter()
+            .map(|r| {
+                let def: String = r.get(1);
+                let expr = def.strip_prefix("CHECK ").unwrap_or(&def).trim_end_matches(" NOT VALID").to_string();
+                (r.get(0), expr)
+            })
+            .collect();
+        Ok(CounterEngine { spec: spec.clone(), key_types, counter_type, columns, checks })
+    }
+
+    fn keys_text(&self, alias: &str) -> String {
+        let parts: Vec<String> = self.spec.key.iter().map(|k| format!("{alias}.{}::text", q(k))).collect();
+        format!("ARRAY[{}]", parts.join(", "))
+    }
+
+    fn keys_match(&self, a: &str, b: &str) -> String {
+        self.spec.key.iter().map(|k| format!("{a}.{k} = {b}.{k}", k = q(k))).collect::<Vec<_>>().join(" AND ")
+    }
+
+    /// Every key: those of `keys_from` (or of the source) and those already counted.
+    pub fn freeze_sql(&self) -> String {
+        let s = &self.spec;
+        let from = if s.keys_from == "source" { q(&s.source_table) } else { q(&s.keys_from) };
+        let not_null = s.key.iter().map(|k| format!("x.{} IS NOT NULL", q(k))).collect::<Vec<_>>().join(" AND ");
+        format!(
+            "INSERT INTO pgmend.repair_targets (run_id, seq, key)
+             SELECT $1, row_number() OVER (ORDER BY k), k FROM (
+               SELECT {xk} AS k FROM {from} x WHERE {not_null}
+               UNION
+               SELECT {ck} FROM {counter} c) u",
+            xk = self.keys_text("x"),
+            ck = self.keys_text("c"),
+            counter = q(&s.counter_table),
+        )
+    }
+
+    fn batch_keys(&self) -> String {
+        let cols = self
+            .spec
+            .key
+            .iter()
+            .zip(&self.key_types)
+            .enumerate()
+            .map(|(i, (c, ty))| format!("key[{}]::{ty} AS {}", i + 1, q(c)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!("SELECT {cols} FROM pgmend.repair_targets WHERE run_id = $1 AND seq > $2 AND seq <= $3")
+    }
+
+    /// The true value per key of `keys` (SQL yielding the key columns): key text array,
+    /// truth, whether any source row exists.
+    fn truth_sql(&self, keys: &str) -> String {
+        let s = &self.spec;
+        let agg = match (s.aggregate, &s.value) {
+            (Aggregate::Sum, Some(v)) => format!("sum(s.{})", q(v)),
+            _ => "count(*)".to_string(),
+        };
+        let filter = s.source_filter_null.as_ref().map(|f| format!(" AND s.{} IS NULL", q(f))).unwrap_or_default();
+        format!(
+            "SELECT {gk}, coalesce((SELECT {agg} FROM {source} s WHERE {m}{filter}), 0)::bigint,
+                    EXISTS (SELECT 1 FROM {source} s WHERE {m})
+               FROM ({keys}) g",
+            gk = self.keys_text("g"),
+            source = q(&s.source_table),
+            m = self.keys_match("s", "g"),
+        )
+    }
+
+    /// One batch: create missing counter rows, lock them, sum, check, write, ledger.
+    pub fn batch(&self, tx: &mut postgres::Transaction<'_>, run_id: i64, lo: i64, hi: i64) -> Result<BatchResult, postgres::Error> {
+        let s = &self.spec;
+        let counter = q(&s.counter_table);
+        let mut result = BatchResult::default();
+        if s.when_no_source == WhenNoSource::Zero {
+            let (copy_to, copy_from, join) = if s.copy_on_create.is_empty() {
+                (String::new(), String::new(), String::new())
+            } else {
+                let to: Vec<String> = s.copy_on_create.keys().map(|c| format!(", {}", q(c))).collect();
+                let from: Vec<String> = s.copy_on_create.values().map(|c| format!(", x.{}", q(c))).collect();
+                (to.concat(), from.concat(), format!(" JOIN {} x ON {}", q(&s.keys_from), self.keys_match("x", "g")))
+            };
+            let keys_cols = s.key.iter().map(|k| q(k)).collect::<Vec<_>>().join(", ");
+            let g_cols = s.key.iter().map(|k| format!("g.{}", q(k))).collect::<Vec<_>>().join(", ");
+            let key_obj = s.key.iter().map(|k| format!("{}, i.{}", lit(k), q(k))).collect::<Vec<_>>().join(", ");
+            let inserted = tx.execute(
+                &format!(
+                    "WITH i AS (
+                       INSERT INTO {counter} ({keys_cols}{copy_to}, {cn})
+                       SELECT {g_cols}{copy_from}, 0 FROM ({keys}) g{join}
+                       ON CONFLICT DO NOTHING RETURNING *)
+                     INSERT INTO pgmend.repair_ledger (run_id, target_table, row_key, action, before, after, reason)
+                     SELECT $1, {tl}, jsonb_build_object({key_obj}), 'insert', NULL, to_jsonb(i), 'the key had no counter row'
+                       FROM i",
+                    cn = q(&s.counter),
+                    keys = self.batch_keys(),
+                    tl = lit(&s.counter_table),
+                ),
+                &[&run_id, &lo, &hi],
+            )?;
+            result.changed += inserted as i64;
+        }
+        // Lock first ...
+        let locked = tx.query(
+            &format!(
+                "SELECT {ck}, c.{cn}::bigint FROM {counter} c JOIN ({keys}) g ON {m} ORDER BY 1 FOR UPDATE OF c",
+                ck = self.keys_text("c"),
+                cn = q(&s.counter),
+                keys = self.batch_keys(),
+                m = self.keys_match("c", "g"),
+            ),
+            &[&run_id, &lo, &hi],
+        )?;
+        let current: std::collections::HashMap<Vec<String>, i64> = locked.iter().map(|r| (r.get(0), r.get(1))).collect();
+        // ... then sum, in a new statement.
+        let truths = tx.query(&self.truth_sql(&self.batch_keys()), &[&run_id, &lo, &hi])?;
+        let (min, max) = match self.counter_type.as_str() {
+            "smallint" => (i64::from(i16::MIN), i64::from(i16::MAX)),
+            "integer" => (i64::from(i32::MIN), i64::from(i32::MAX)),
+            _ => (i64::MIN, i64::MAX),
+        };
+        let mut updates: Vec<(Vec<String>, i64, i64)> = Vec::new();
+        for row in &truths {
+            let key: Vec<String> = row.get(0);
+            let truth: i64 = row.get(1);
+            let has_source: bool = row.get(2);
+            let Some(&before) = current.get(&key) else { continue };
+            if !has_source && s.when_no_source == WhenNoSource::Keep {
+                continue;
+            }
+            if truth == before {
+                continue;
+            }
+            if truth < min || truth > max {
+                result.skipped.push(json!({
+                    "key": key, "counter": before, "true_value": truth,
+                    "reason": format!("the true value {truth} does not fit {}.{} ({})", s.counter_table, s.counter, self.counter_type)
+                }));
+                continue;
+            }
+            updates.push((key, before, truth));
+        }
+        if !updates.is_empty() && !self.checks.is_empty() {
+            let rejected = self.rejected_by_checks(tx, &updates)?;
+            let mut kept = Vec::new();
+            for (i, u) in updates.into_iter().enumerate() {
+                match rejected.iter().find(|(idx, _)| *idx == i as i64) {
+                    Some((_, names)) => result.skipped.push(json!({
+                        "key": u.0, "counter": u.1, "true_value": u.2,
+                        "reason": format!("writing it would break {names}")
+                    })),
+                    None => kept.push(u),
+                }
+            }
+            updates = kept;
+        }
+        if !updates.is_empty() {
+            result.changed += self.write(tx, run_id, &updates)? as i64;
+        }
+        Ok(result)
+    }
+
+    /// Unnest parameters: one text[] per key column, then before and after bigint[].
+    fn unnest(&self, updates: &[(Vec<String>, i64, i64)], first_param: usize) -> (String, Vec<Vec<String>>, Vec<i64>, Vec<i64>) {
+        let n = self.spec.key.len();
+        let mut cols: Vec<Vec<String>> = vec![Vec::new(); n];
+        for (key, _, _) in updates {
+            for (i, part) in key.iter().enumerate() {
+                cols[i].push(part.clone());
+            }
+        }
+        let befores = updates.iter().map(|u| u.1).collect();
+        let afters = updates.iter().map(|u| u.2).collect();
+        let params: Vec<String> = (0..n).map(|i| format!("${}::text[]", first_param + i)).collect();
+        let names: Vec<String> = (0..n).map(|i| format!("k{i}")).collect();
+        let sql = format!(
+            "unnest({}, ${}::bigint[], ${}::bigint[]) WITH ORDINALITY AS u({}, before, after, i)",
+            params.join(", "),
+            first_param + n,
+            first_param + n + 1,
+            names.join(", ")
+        );
+        (sql, cols, befores, afters)
+    }
+
+    fn u_match(&self) -> String {
+        self.spec
+            .key
+            .iter()
+            .zip(&self.key_types)
+            .enumerate()
+            .map(|(i, (k, ty))| format!("c.{} = u.k{i}::{ty}", q(k)))
+            .collect::<Vec<_>>()
+            .join(" AND ")
+    }
+
+    /// Which proposed values a CHECK on the counter table would refuse (checked before
+    /// writing, so nothing is written for them): (index into updates, check names).
+    fn rejected_by_checks(&self, tx: &mut postgres::Transaction<'_>, updates: &[(Vec<String>, i64, i64)]) -> Result<Vec<(i64, String)>, postgres::Error> {
+        let (unnest, cols, befores, afters) = self.unnest(updates, 1);
+        let row_cols: Vec<String> = self
+            .columns
+            .iter()
+            .map(|c| if *c == self.spec.counter { format!("u.after::{} AS {}", self.counter_type, q(c)) } else { format!("c.{}", q(c)) })
+            .collect();
+        let tests: Vec<String> = self
+            .checks
+            .iter()
+            .map(|(name, expr)| format!("CASE WHEN EXISTS (SELECT 1 FROM (SELECT {}) x WHERE ({expr}) IS FALSE) THEN {} END", row_cols.join(", "), lit(name)))
+            .collect();
+        let sql = format!(
+            "SELECT u.i - 1, concat_ws(', ', {}) FROM {unnest} JOIN {} c ON {} WHERE concat_ws(', ', {}) <> ''",
+            tests.join(", "),
+            q(&self.spec.counter_table),
+            self.u_match(),
+            tests.join(", ")
+        );
+        let mut params: Vec<&(dyn ToSql + Sync)> = cols.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
+        params.push(&befores);
+        params.push(&afters);
+        Ok(tx.query(&sql, &params)?.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+
+    fn write(&self, tx: &mut postgres::Transaction<'_>, run_id: i64, updates: &[(Vec<String>, i64, i64)]) -> Result<u64, postgres::Error> {
+        let s = &self.spec;
+        let (unnest, cols, befores, afters) = self.unnest(updates, 2);
+        let key_obj = s
+            .key
+            .iter()
+            .zip(&self.key_types)
+            .enumerate()
+            .map(|(i, (k, ty))| format!("{}, u.k{i}::{ty}", lit(k)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let sql = format!(
+            "WITH u AS (SELECT * FROM {unnest}),
+             upd AS (UPDATE {counter} c SET {cn} = u.after FROM u WHERE {m} RETURNING u.*)
+             INSERT INTO pgmend.repair_ledger (run_id, target_table, row_key, action, before, after, reason)
+             SELECT $1, {tl}, jsonb_build_object({key_obj}), 'update',
+                    jsonb_build_object({cl}, u.before), jsonb_build_object({cl}, u.after),
+                    format('counter was %s; the source sums to %s', u.before, u.after)
+               FROM upd u
+             -- A row this batch created has its 'insert' record; it takes the final value.
+             ON CONFLICT (run_id, target_table, row_key) DO UPDATE
+               SET after = pgmend.repair_ledger.after || excluded.after,
+                   reason = 'the key had no counter row; ' || excluded.reason
+             RETURNING (xmax = 0) AS new_record",
+            counter = q(&s.counter_table),
+            cn = q(&s.counter),
+            m = self.u_match(),
+            tl = lit(&s.counter_table),
+            cl = lit(&s.counter),
+        );
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&run_id];
+        params.extend(cols.iter().map(|c| c as &(dyn ToSql + Sync)));
+        params.push(&befores);
+        params.push(&afters);
+        // Rows created earlier in this batch already count as changed.
+        Ok(tx.query(&sql, &params)?.iter().filter(|r| r.get::<_, bool>(0)).count() as u64)
+    }
+
+    /// For the dry run: every key whose counter would change. Columns: key (text), the
+    /// counter now (NULL: no row yet), the true value. `counter_exists` is false on a
+    /// database where the counter table is still to be created.
+    pub fn preview_sql(&self, counter_exists: bool) -> String {
+        let s = &self.spec;
+        let from = if s.keys_from == "source" { q(&s.source_table) } else { q(&s.keys_from) };
+        let key_cols = s.key.iter().map(|k| format!("x.{}", q(k))).collect::<Vec<_>>().join(", ");
+        let mut keys = format!("SELECT DISTINCT {key_cols} FROM {from} x");
+        if counter_exists {
+            let c_cols = s.key.iter().map(|k| format!("c.{}", q(k))).collect::<Vec<_>>().join(", ");
+            keys = format!("{keys} UNION SELECT {c_cols} FROM {} c", q(&s.counter_table));
+        }
+        let truth = self.truth_sql(&keys);
+        let current = if counter_exists {
+            format!(
+                "(SELECT c.{cn}::bigint FROM {counter} c WHERE {m})",
+                cn = q(&s.counter),
+                counter = q(&s.counter_table),
+                m = s.key.iter().enumerate().map(|(i, k)| format!("c.{}::text = t.k[{}]", q(k), i + 1)).collect::<Vec<_>>().join(" AND ")
+            )
+        } else {
+            "NULL::bigint".to_string()
+        };
+        let keep = s.when_no_source == WhenNoSource::Keep;
+        format!(
+            "SELECT array_to_string(t.k, '/'), {current} AS now, t.truth FROM ({truth}) AS t(k, truth, has_source)
+              WHERE {current} IS DISTINCT FROM t.truth {keep_filter}
+              ORDER BY t.k",
+            keep_filter = if keep { "AND t.has_source" } else { "" }
+        )
+    }
+
+    /// After a run: keys of the run whose counter no longer equals the source (writes by
+    /// an application that does not maintain the counter yet).
+    pub fn drift_sql(&self) -> String {
+        let keys = self.batch_keys().replace("seq > $2 AND seq <= $3", "true");
+        format!(
+            "SELECT count(*) FROM ({truth}) t(k, truth, has_source) JOIN {counter} c ON {m} WHERE c.{cn}::bigint <> t.truth {keep}",
+            truth = self.truth_sql(&keys),
+            counter = q(&self.spec.counter_table),
+            m = self.spec.key.iter().enumerate().map(|(i, k)| format!("c.{}::text = t.k[{}]", q(k), i + 1)).collect::<Vec<_>>().join(" AND "),
+            cn = q(&self.spec.counter),
+            keep = if self.spec.when_no_source == WhenNoSource::Keep { "AND t.has_source" } else { "" },
+        )
+    }
+}

@@ -1,0 +1,295 @@
+//! Repair definitions: TOML files in `repairs/`, one per repair, for one of two engines.
+//! Identifiers are checked here and always quoted in SQL; values are always bound.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+mod embedded {
+    include!(concat!(env!("OUT_DIR"), "/embedded_repairs.rs"));
+}
+
+/// How one column orders the rows of a group (rank 1 is kept).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Order {
+    Asc,
+    Desc,
+    /// Rows where the column is set come first (`column IS NULL` ascending).
+    NotNullFirst,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RankBy {
+    pub column: String,
+    #[serde(default = "default_order")]
+    pub order: Order,
+}
+
+fn default_order() -> Order {
+    Order::Asc
+}
+
+/// Void duplicates: in each group of `group_by` with more than one unmarked row, rank the
+/// unmarked rows; every row after the first gets `mark = true`, and `void = now()` unless
+/// `keep_when_not_null` is set on it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct VoidSpec {
+    pub description: String,
+    pub table: String,
+    pub row_key: String,
+    pub group_by: Vec<String>,
+    pub rank_by: Vec<RankBy>,
+    pub mark: String,
+    pub void: String,
+    pub keep_when_not_null: Option<String>,
+    /// For the dry run: sum this column of the changed rows ...
+    pub report_sum: Option<String>,
+    /// ... per value of this column (yen affected per campaign).
+    pub report_by: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Aggregate {
+    Sum,
+    Count,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WhenNoSource {
+    /// The counter becomes 0.
+    Zero,
+    /// The counter keeps its value.
+    Keep,
+}
+
+/// Rebuild a counter: for every key, `counter = aggregate(value)` over the source rows with
+/// the same key (and `source_filter_null` IS NULL), locking the counter row first and
+/// summing in a new statement.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CounterSpec {
+    pub description: String,
+    pub counter_table: String,
+    pub key: Vec<String>,
+    pub counter: String,
+    pub source_table: String,
+    pub aggregate: Aggregate,
+    /// The summed column (ignored for count).
+    pub value: Option<String>,
+    /// Only source rows where this column IS NULL count.
+    pub source_filter_null: Option<String>,
+    /// `source` (every key with source rows) or a table holding every key.
+    pub keys_from: String,
+    /// counter-table column = keys_from column, copied when a counter row is created.
+    #[serde(default)]
+    pub copy_on_create: std::collections::BTreeMap<String, String>,
+    pub when_no_source: WhenNoSource,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Spec {
+    VoidDuplicates(VoidSpec),
+    RebuildCounter(CounterSpec),
+}
+
+#[derive(Debug, Clone)]
+pub struct Repair {
+    pub name: String,
+    pub origin: String,
+    /// FNV-1a of the file's bytes: a run resumes only under the definition it started with.
+    pub checksum: String,
+    pub spec: Spec,
+}
+
+impl Repair {
+    pub fn description(&self) -> &str {
+        match &self.spec {
+            Spec::VoidDuplicates(v) => &v.description,
+            Spec::RebuildCounter(c) => &c.description,
+        }
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self.spec {
+            Spec::VoidDuplicates(_) => "void_duplicates",
+            Spec::RebuildCounter(_) => "rebuild_counter",
+        }
+    }
+}
+
+/// An identifier as written in a definition: a plain SQL name, quoted wherever it is used.
+pub fn check_identifier(origin: &str, field: &str, name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !ok {
+        bail!(
+            "{origin}: {field} {name:?} is not a plain identifier (letters, digits and underscores, starting with a letter or underscore, at most 63 characters)"
+        );
+    }
+    Ok(())
+}
+
+fn fnv1a(bytes: &[u8]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+/// Parses and checks one definition file.
+pub fn parse(name: &str, origin: &str, bytes: &[u8]) -> Result<Repair> {
+    let text = std::str::from_utf8(bytes).map_err(|e| anyhow::anyhow!("{origin}: not valid UTF-8 (at byte {})", e.valid_up_to()))?;
+    let spec: Spec = toml::from_str(text).map_err(|e| anyhow::anyhow!("{origin}: {}", e.to_string().trim()))?;
+    let check = |field: &str, n: &str| check_identifier(origin, field, n);
+    match &spec {
+        Spec::VoidDuplicates(v) => {
+            check("table", &v.table)?;
+            check("row_key", &v.row_key)?;
+            check("mark", &v.mark)?;
+            check("void", &v.void)?;
+            if v.group_by.is_empty() || v.rank_by.is_empty() {
+                bail!("{origin}: group_by and rank_by need at least one column each");
+            }
+            for c in &v.group_by {
+                check("group_by", c)?;
+            }
+            for r in &v.rank_by {
+                check("rank_by", &r.column)?;
+            }
+            for (field, value) in [("keep_when_not_null", &v.keep_when_not_null), ("report_sum", &v.report_sum), ("report_by", &v.report_by)] {
+                if let Some(k) = value {
+                    check(field, k)?;
+                }
+            }
+        }
+        Spec::RebuildCounter(c) => {
+            check("counter_table", &c.counter_table)?;
+            check("counter", &c.counter)?;
+            check("source_table", &c.source_table)?;
+            if c.key.is_empty() {
+                bail!("{origin}: key needs at least one column");
+            }
+            for k in &c.key {
+                check("key", k)?;
+            }
+            match (c.aggregate, &c.value) {
+                (Aggregate::Sum, None) => bail!("{origin}: aggregate = \"sum\" needs value = \"<column>\""),
+                (_, Some(v)) => check("value", v)?,
+                _ => {}
+            }
+            if let Some(f) = &c.source_filter_null {
+                check("source_filter_null", f)?;
+            }
+            if c.keys_from != "source" {
+                check("keys_from", &c.keys_from)?;
+            } else if !c.copy_on_create.is_empty() {
+                bail!("{origin}: copy_on_create needs keys_from = \"<table>\" to copy from");
+            }
+            for (to, from) in &c.copy_on_create {
+                check("copy_on_create", to)?;
+                check("copy_on_create", from)?;
+            }
+        }
+    }
+    Ok(Repair { name: name.to_string(), origin: origin.to_string(), checksum: fnv1a(bytes), spec })
+}
+
+/// Where the repair definitions come from.
+#[derive(Debug, Clone)]
+pub enum RepairSource {
+    Embedded,
+    Directory(PathBuf),
+}
+
+impl RepairSource {
+    /// Every definition, by name. A broken file refuses the whole set.
+    pub fn load(&self) -> Result<Vec<Repair>> {
+        let files: Vec<(String, String, Vec<u8>)> = match self {
+            RepairSource::Embedded => embedded::EMBEDDED
+                .iter()
+                .map(|(f, b)| (f.to_string(), format!("embedded:{f}"), b.to_vec()))
+                .collect(),
+            RepairSource::Directory(dir) => {
+                let mut out = Vec::new();
+                for entry in std::fs::read_dir(dir).with_context(|| format!("cannot read the repairs directory {}; check --repairs-dir", dir.display()))? {
+                    let path = entry?.path();
+                    if let Some(f) = path.file_name().and_then(|f| f.to_str()) {
+                        if path.is_file() {
+                            out.push((f.to_string(), path.display().to_string(), std::fs::read(&path)?));
+                        }
+                    }
+                }
+                out
+            }
+        };
+        let mut repairs = Vec::new();
+        for (file, origin, bytes) in files {
+            let Some(name) = file.strip_suffix(".toml") else { continue };
+            if !name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-') || name.is_empty() {
+                bail!("{origin}: a repair file is named <name>.toml with lowercase letters, digits and dashes, e.g. void-duplicate-coupons.toml");
+            }
+            repairs.push(parse(name, &origin, &bytes)?);
+        }
+        repairs.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(repairs)
+    }
+
+    pub fn find(&self, name: &str) -> Result<Repair> {
+        let all = self.load()?;
+        let names: Vec<String> = all.iter().map(|r| r.name.clone()).collect();
+        all.into_iter().find(|r| r.name == name).with_context(|| {
+            format!("there is no repair named {name:?}; the repairs are: {}", names.join(", "))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn the_shipped_definitions_load() {
+        let all = RepairSource::Embedded.load().unwrap();
+        let names: Vec<&str> = all.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["rebuild-campaign-budgets", "rebuild-member-monthly-usage", "restore-legacy-campaign-counters", "void-duplicate-coupons"]
+        );
+    }
+
+    #[test]
+    fn hostile_definitions_are_refused() {
+        let base = "kind = \"rebuild_counter\"\ndescription = \"d\"\ncounter_table = \"t\"\nkey = [\"k\"]\ncounter = \"c\"\nsource_table = \"s\"\naggregate = \"count\"\nkeys_from = \"source\"\nwhen_no_source = \"zero\"\n";
+        assert!(parse("x", "x.toml", base.as_bytes()).is_ok());
+        for (bad, expect) in [
+            (base.replace("counter = \"c\"", "counter = \"c\\\"; DROP TABLE t; --\""), "not a plain identifier"),
+            (base.replace("key = [\"k\"]", "key = [\"k--\"]"), "not a plain identifier"),
+            (base.replace("key = [\"k\"]", "key = [\"k/*\"]"), "not a plain identifier"),
+            (format!("{base}bogus = 1\n"), "unknown field"),
+            (base.replace("when_no_source = \"zero\"\n", ""), "missing field"),
+            (base.replace("kind = \"rebuild_counter\"", "kind = \"delete_everything\""), "unknown variant"),
+        ] {
+            let e = parse("x", "repairs/x.toml", bad.as_bytes()).unwrap_err().to_string();
+            assert!(e.contains(expect) && e.contains("repairs/x.toml"), "{bad}\n=> {e}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn the_definition_parser_never_panics(text in "\\PC{0,200}") {
+            let _ = parse("x", "x.toml", text.as_bytes());
+        }
+    }
+}

@@ -1,0 +1,10 @@
+//! Repairs: definitions from `repairs/`, the two engines (void duplicates, rebuild
+//! counter), the batch runner with its checkpoint and ledger, dry-run previews, and undo.
+
+pub mod counter;
+pub mod definition;
+pub mod preview;
+pub mod runner;
+pub mod store;
+pub mod undo;
+pub mod void;

@@ -1,0 +1,216 @@
+//! Dry runs of a repair: what would change, streamed from a READ ONLY transaction, with a
+//! bounded sample rendered as unified diffs (similar). Nothing is held per row beyond the
+//! sample, so memory does not grow with the table.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+
+use anyhow::Result;
+use fallible_iterator::FallibleIterator;
+use serde::Serialize;
+
+use super::counter::CounterEngine;
+use super::definition::{Repair, Spec};
+use super::void::VoidEngine;
+use crate::error::{describe, sqlstate, PgContext};
+use crate::online::census::{with_shadows, AddedColumn};
+
+/// One row that would change.
+#[derive(Debug, Clone, Serialize)]
+pub struct Change {
+    pub table: String,
+    pub key: String,
+    pub before: BTreeMap<String, String>,
+    pub after: BTreeMap<String, String>,
+    pub reason: String,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct Preview {
+    pub repair: String,
+    pub kind: String,
+    pub description: String,
+    /// Rows (or counter rows) that would change.
+    pub changes: i64,
+    /// Void: rows that would be voided (the rest are only marked). Counters: rows created.
+    pub voided_or_created: i64,
+    /// Void: the report_sum of changed rows per report_by value. Counters: new minus old per key
+    /// (only the first 1,000 keys are listed).
+    pub amounts: BTreeMap<String, i64>,
+    /// Why nothing could be computed yet, if so.
+    pub not_yet: Option<String>,
+}
+
+/// Computes the preview of `repair` inside `tx` (READ ONLY), calling `sink` for each of
+/// the first `sample` changes (all with None). `shadows` are columns pending migrations add.
+pub fn preview(
+    tx: &mut postgres::Transaction<'_>,
+    repair: &Repair,
+    shadows: &[AddedColumn],
+    sample: Option<usize>,
+    sink: &mut dyn FnMut(&Change) -> Result<()>,
+) -> Result<Preview> {
+    let mut p = Preview {
+        repair: repair.name.clone(),
+        kind: repair.kind().into(),
+        description: repair.description().into(),
+        ..Preview::default()
+    };
+    let mut savepoint = tx.transaction().doing("opening a savepoint for the preview")?;
+    let result = match &repair.spec {
+        Spec::VoidDuplicates(spec) => preview_void(&mut savepoint, spec, repair, shadows, sample, sink, &mut p),
+        Spec::RebuildCounter(spec) => preview_counter(&mut savepoint, spec, shadows, sample, sink, &mut p),
+    };
+    match result {
+        Ok(()) => {}
+        Err(e) => {
+            let missing = e.chain().filter_map(|c| c.downcast_ref::<postgres::Error>()).find_map(|pg| {
+                matches!(sqlstate(pg), Some("42P01") | Some("42703")).then(|| describe(pg).to_string())
+            });
+            match missing {
+                Some(text) => p.not_yet = Some(format!("not computable before the earlier pending steps run ({text})")),
+                None => return Err(e),
+            }
+        }
+    }
+    savepoint.rollback().doing("closing the preview savepoint")?;
+    Ok(p)
+}
+
+fn table_exists(tx: &mut postgres::Transaction<'_>, table: &str) -> Result<bool> {
+    Ok(tx.query_one("SELECT to_regclass(quote_ident($1)) IS NOT NULL", &[&table]).doing("checking a table")?.get(0))
+}
+
+fn preview_void(
+    tx: &mut postgres::Transaction<'_>,
+    spec: &super::definition::VoidSpec,
+    repair: &Repair,
+    shadows: &[AddedColumn],
+    sample: Option<usize>,
+    sink: &mut dyn FnMut(&Change) -> Result<()>,
+    p: &mut Preview,
+) -> Result<()> {
+    if !table_exists(tx, &spec.table)? {
+        p.not_yet = Some(format!("{} does not exist yet", spec.table));
+        return Ok(());
+    }
+    let engine = VoidEngine::preview_only(spec.clone());
+    let active = missing_shadows(tx, shadows)?;
+    let sql = with_shadows(&engine.preview_sql(), &active);
+    let params: Vec<&(dyn postgres::types::ToSql + Sync)> = Vec::new();
+    let mut rows = tx.query_raw(&sql, params).map_err(anyhow::Error::new).with_context_doing(&repair.name)?;
+    while let Some(row) = rows.next().map_err(anyhow::Error::new)? {
+        let (key, grp): (String, String) = (row.get(0), row.get(1));
+        let (before_mark, before_void, voids): (bool, Option<String>, bool) = (row.get(2), row.get(3), row.get(4));
+        let (kept, rank): (String, i64) = (row.get(5), row.get(6));
+        let (by, amount): (Option<String>, i64) = (row.get(7), row.get(8));
+        p.changes += 1;
+        let will_void = voids && before_void.is_none();
+        if will_void {
+            p.voided_or_created += 1;
+            *p.amounts.entry(by.unwrap_or_else(|| "-".into())).or_default() += amount;
+        }
+        if sample.is_none_or(|n| (p.changes as usize) <= n) {
+            let show = |v: &Option<String>| v.clone().unwrap_or_else(|| "NULL".into());
+            let change = Change {
+                table: spec.table.clone(),
+                key: format!("{} = {key}", spec.row_key),
+                before: BTreeMap::from([(spec.mark.clone(), before_mark.to_string()), (spec.void.clone(), show(&before_void))]),
+                after: BTreeMap::from([
+                    (spec.mark.clone(), "true".to_string()),
+                    (spec.void.clone(), if will_void { "now() at its batch".into() } else { show(&before_void) }),
+                ]),
+                reason: format!("rank {rank} in group {grp}; {} = {kept} is kept{}", spec.row_key, if voids { "" } else { "; redeemed, so only marked" }),
+            };
+            sink(&change)?;
+        }
+    }
+    Ok(())
+}
+
+fn preview_counter(
+    tx: &mut postgres::Transaction<'_>,
+    spec: &super::definition::CounterSpec,
+    shadows: &[AddedColumn],
+    sample: Option<usize>,
+    sink: &mut dyn FnMut(&Change) -> Result<()>,
+    p: &mut Preview,
+) -> Result<()> {
+    let counter_exists = table_exists(tx, &spec.counter_table)?;
+    let engine = CounterEngine::preview_only(spec.clone());
+    let active = missing_shadows(tx, shadows)?;
+    let sql = with_shadows(&engine.preview_sql(counter_exists), &active);
+    let params: Vec<&(dyn postgres::types::ToSql + Sync)> = Vec::new();
+    let mut rows = tx.query_raw(&sql, params).map_err(anyhow::Error::new)?;
+    while let Some(row) = rows.next().map_err(anyhow::Error::new)? {
+        let (key, now, truth): (String, Option<i64>, i64) = (row.get(0), row.get(1), row.get(2));
+        p.changes += 1;
+        if now.is_none() {
+            p.voided_or_created += 1;
+        }
+        if p.amounts.len() < 1000 {
+            p.amounts.insert(key.clone(), truth - now.unwrap_or(0));
+        }
+        if sample.is_none_or(|n| (p.changes as usize) <= n) {
+            sink(&Change {
+                table: spec.counter_table.clone(),
+                key: format!("{} = {key}", spec.key.join("/")),
+                before: match now {
+                    Some(v) => BTreeMap::from([(spec.counter.clone(), v.to_string())]),
+                    None => BTreeMap::new(),
+                },
+                after: BTreeMap::from([(spec.counter.clone(), truth.to_string())]),
+                reason: if now.is_none() { "no counter row yet: created".into() } else { "the counter differs from the source".into() },
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// The shadows whose column the table lacks today.
+fn missing_shadows(tx: &mut postgres::Transaction<'_>, shadows: &[AddedColumn]) -> Result<Vec<AddedColumn>> {
+    let mut out = Vec::new();
+    for s in shadows {
+        let present: bool = tx
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped)",
+                &[&s.table, &s.column.trim_matches('"')],
+            )
+            .doing("checking a column")?
+            .get(0);
+        let table_exists: bool = tx.query_one("SELECT to_regclass($1) IS NOT NULL", &[&s.table]).doing("checking a table")?.get(0);
+        if table_exists && !present {
+            out.push(s.clone());
+        }
+    }
+    Ok(out)
+}
+
+trait DoingExt<T> {
+    fn with_context_doing(self, what: &str) -> Result<T>;
+}
+
+impl<T> DoingExt<T> for Result<T> {
+    fn with_context_doing(self, what: &str) -> Result<T> {
+        self.map_err(|e| e.context(format!("previewing {what}")))
+    }
+}
+
+/// A change as a unified diff, coloured on a terminal.
+pub fn render_diff(change: &Change, colour: bool, out: &mut impl Write) -> std::io::Result<()> {
+    let text = |m: &BTreeMap<String, String>| m.iter().map(|(k, v)| format!("{k} = {v}\n")).collect::<String>();
+    let (before, after) = (text(&change.before), text(&change.after));
+    let diff = similar::TextDiff::from_lines(&before, &after);
+    let header_a = format!("{} {} (now)", change.table, change.key);
+    let header_b = format!("{} {} (after)", change.table, change.key);
+    writeln!(out, "# {}", change.reason)?;
+    for line in diff.unified_diff().context_radius(3).header(&header_a, &header_b).to_string().lines() {
+        let painted = match line.chars().next() {
+            Some('+') if colour && !line.starts_with("+++") => format!("\x1b[32m{line}\x1b[0m"),
+            Some('-') if colour && !line.starts_with("---") => format!("\x1b[31m{line}\x1b[0m"),
+            _ => line.to_string(),
+        };
+        writeln!(out, "{painted}")?;
+    }
+    Ok(())
+}

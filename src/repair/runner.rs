@@ -1,0 +1,261 @@
+//! The batch runner: freeze the targets, walk them in keyset pages (seq ranges, never
+//! OFFSET), one short transaction per batch that changes the rows, writes the ledger and
+//! advances the checkpoint together. Resumes an unfinished run from its checkpoint.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use serde::Serialize;
+
+use super::counter::{BatchResult, CounterEngine};
+use super::definition::{Repair, Spec};
+use super::store::{self, Run};
+use super::void::VoidEngine;
+use crate::config::format_duration;
+use crate::db::retry::{with_lock_retry, LockPolicy};
+use crate::error::{PgContext, Stopped};
+
+/// Set by the Ctrl-C handler: finish the current batch, then stop cleanly.
+pub static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+#[derive(Debug, Clone, Copy)]
+pub struct RunOptions {
+    pub policy: LockPolicy,
+    /// Aim for batches that take about this long.
+    pub batch_target: Duration,
+    /// Pause between batches while a streaming replica replays later than this.
+    pub max_replica_lag: Option<Duration>,
+}
+
+pub enum Engine {
+    Void(VoidEngine),
+    Counter(CounterEngine),
+}
+
+impl Engine {
+    pub fn prepare(client: &mut impl postgres::GenericClient, repair: &Repair) -> Result<Engine> {
+        Ok(match &repair.spec {
+            Spec::VoidDuplicates(v) => Engine::Void(VoidEngine::prepare(client, v)?),
+            Spec::RebuildCounter(c) => Engine::Counter(CounterEngine::prepare(client, c)?),
+        })
+    }
+
+    fn freeze_sql(&self) -> String {
+        match self {
+            Engine::Void(e) => e.freeze_sql(),
+            Engine::Counter(e) => e.freeze_sql(),
+        }
+    }
+
+    fn batch(&self, tx: &mut postgres::Transaction<'_>, run_id: i64, lo: i64, hi: i64) -> Result<BatchResult, postgres::Error> {
+        match self {
+            Engine::Void(e) => {
+                tx.execute(&e.lock_sql(), &[&run_id, &lo, &hi])?;
+                let changed = tx.execute(&e.apply_sql(), &[&run_id, &lo, &hi])?;
+                Ok(BatchResult { changed: changed as i64, skipped: Vec::new() })
+            }
+            Engine::Counter(e) => e.batch(tx, run_id, lo, hi),
+        }
+    }
+}
+
+/// How a run ended.
+#[derive(Debug, Serialize)]
+pub struct RunReport {
+    pub run: Run,
+    pub resumed: bool,
+    pub interrupted: bool,
+    pub batches: u64,
+    /// Batch transaction times in milliseconds: p50, p99, max.
+    pub batch_ms_p50: u64,
+    pub batch_ms_p99: u64,
+    pub batch_ms_max: u64,
+    /// For void: frozen groups that still hold duplicates (new arrivals). For counters:
+    /// keys whose counter drifted from the source since their batch.
+    pub left_over: i64,
+}
+
+pub fn ensure_schema(client: &mut postgres::Client, policy: &LockPolicy) -> Result<()> {
+    if store::exists(client)? {
+        return Ok(());
+    }
+    with_lock_retry(client, policy, "creating pgmend's tables (schema pgmend)", &[], |c| {
+        let mut tx = c.transaction()?;
+        tx.batch_execute(&policy.set_local_sql())?;
+        tx.batch_execute(store::SCHEMA_SQL)?;
+        tx.commit()
+    })
+}
+
+/// Runs (or resumes) `repair` to the end of its frozen targets.
+pub fn apply(client: &mut postgres::Client, repair: &Repair, options: &RunOptions, progress: &mut dyn FnMut(&str)) -> Result<RunReport> {
+    ensure_schema(client, &options.policy)?;
+    let engine = Engine::prepare(client, repair)?;
+    let unfinished = client
+        .query_opt(
+            &format!("SELECT {} FROM pgmend.repair_runs WHERE repair = $1 AND state = 'running'", store::RUN_COLUMNS),
+            &[&repair.name],
+        )
+        .doing("looking for an unfinished run")?
+        .as_ref()
+        .map(store::run_from_row);
+    let (mut run, resumed) = match unfinished {
+        Some(run) if run.definition_checksum == repair.checksum => {
+            progress(&format!(
+                "resuming run {} of {} from its checkpoint: {} of {} targets done",
+                run.run_id, repair.name, run.checkpoint, run.targets
+            ));
+            (run, true)
+        }
+        Some(run) => {
+            return Err(Stopped::error(format!(
+                "run {} of {} (started {} by {}) is unfinished and used another version of the definition ({} now, {} then); nothing was changed. Finish it with the definition it started with, or abandon it: pgmend repair abandon {} --yes",
+                run.run_id, repair.name, run.as_of, run.started_by, repair.checksum, run.definition_checksum, run.run_id
+            )))
+        }
+        None => (freeze(client, &engine, repair, &options.policy, progress)?, false),
+    };
+
+    let mut size: i64 = 200;
+    let mut times: Vec<u64> = Vec::new();
+    let started = Instant::now();
+    let mut last_line = Instant::now();
+    let mut interrupted = false;
+    while run.checkpoint < run.targets {
+        if INTERRUPTED.load(Ordering::SeqCst) {
+            interrupted = true;
+            break;
+        }
+        if let Some(max_lag) = options.max_replica_lag {
+            wait_for_replicas(client, max_lag, progress)?;
+        }
+        let (lo, hi) = (run.checkpoint, (run.checkpoint + size).min(run.targets));
+        let t = Instant::now();
+        let result = with_lock_retry(client, &options.policy, &format!("{} batch {lo}..{hi}", repair.name), &[], |c| {
+            let mut tx = c.transaction()?;
+            tx.batch_execute(&options.policy.set_local_sql())?;
+            let r = engine.batch(&mut tx, run.run_id, lo, hi)?;
+            tx.execute(
+                "UPDATE pgmend.repair_runs SET checkpoint = $2, processed = processed + ($2 - $3), changed = changed + $4,
+                        skipped = skipped || $5::text::jsonb
+                  WHERE run_id = $1 AND checkpoint = $3",
+                &[&run.run_id, &hi, &lo, &r.changed, &serde_json::Value::from(r.skipped.clone()).to_string()],
+            )?;
+            tx.commit()?;
+            Ok(r)
+        })?;
+        let took = t.elapsed();
+        times.push(took.as_millis() as u64);
+        run.checkpoint = hi;
+        run.processed += hi - lo;
+        run.changed += result.changed;
+        if let serde_json::Value::Array(list) = &mut run.skipped {
+            list.extend(result.skipped);
+        }
+        // Aim the next batch at the target duration, changing by at most 2x at a time.
+        let ratio = (options.batch_target.as_secs_f64() / took.as_secs_f64().max(0.001)).clamp(0.5, 2.0);
+        size = ((size as f64 * ratio) as i64).clamp(10, 50_000);
+        if last_line.elapsed() >= Duration::from_secs(2) || run.checkpoint == run.targets {
+            let rate = run.processed as f64 / started.elapsed().as_secs_f64().max(0.001);
+            let eta = ((run.targets - run.checkpoint) as f64 / rate.max(0.001)) as u64;
+            progress(&format!(
+                "{}: {}/{} targets ({}%), {} rows changed, {:.0} targets/s, ETA {}, last batch {} in {}",
+                repair.name,
+                run.checkpoint,
+                run.targets,
+                run.checkpoint * 100 / run.targets.max(1),
+                run.changed,
+                rate,
+                format_duration(Duration::from_secs(eta)),
+                hi - lo,
+                format_duration(Duration::from_millis(took.as_millis() as u64))
+            ));
+            last_line = Instant::now();
+        }
+    }
+    let left_over = if interrupted { 0 } else { reconcile(client, &engine, run.run_id)? };
+    if !interrupted {
+        client
+            .execute("UPDATE pgmend.repair_runs SET state = 'finished', finished_at = now() WHERE run_id = $1", &[&run.run_id])
+            .doing("marking the run finished")?;
+    }
+    let run = store::run(client, run.run_id)?.expect("the run exists");
+    times.sort_unstable();
+    let pct = |p: f64| times.get(((times.len() as f64 - 1.0) * p).round() as usize).copied().unwrap_or(0);
+    Ok(RunReport {
+        resumed,
+        interrupted,
+        batches: times.len() as u64,
+        batch_ms_p50: pct(0.5),
+        batch_ms_p99: pct(0.99),
+        batch_ms_max: times.last().copied().unwrap_or(0),
+        left_over,
+        run,
+    })
+}
+
+/// Creates the run and freezes its targets in one transaction, then ANALYZEs them.
+fn freeze(client: &mut postgres::Client, engine: &Engine, repair: &Repair, policy: &LockPolicy, progress: &mut dyn FnMut(&str)) -> Result<Run> {
+    let started = Instant::now();
+    let freeze_policy = LockPolicy { statement_timeout: policy.statement_timeout.max(Duration::from_secs(600)), ..*policy };
+    let run_id = with_lock_retry(client, &freeze_policy, &format!("freezing the targets of {}", repair.name), &[], |c| {
+        let mut tx = c.transaction()?;
+        tx.batch_execute(&freeze_policy.set_local_sql())?;
+        let run_id: i64 = tx
+            .query_one(
+                "INSERT INTO pgmend.repair_runs (repair, kind, definition_checksum, state) VALUES ($1, $2, $3, 'running') RETURNING run_id",
+                &[&repair.name, &repair.kind(), &repair.checksum],
+            )?
+            .get(0);
+        let targets = tx.execute(&engine.freeze_sql(), &[&run_id])? as i64;
+        tx.execute("UPDATE pgmend.repair_runs SET targets = $2 WHERE run_id = $1", &[&run_id, &targets])?;
+        tx.commit()?;
+        Ok(run_id)
+    })?;
+    client.batch_execute("ANALYZE pgmend.repair_targets").doing("analyzing the frozen targets")?;
+    let run = store::run(client, run_id)?.expect("the run was just created");
+    progress(&format!(
+        "run {} of {}: froze {} targets as of {} in {}",
+        run.run_id,
+        repair.name,
+        run.targets,
+        run.as_of,
+        format_duration(Duration::from_millis(started.elapsed().as_millis() as u64))
+    ));
+    Ok(run)
+}
+
+fn reconcile(client: &mut postgres::Client, engine: &Engine, run_id: i64) -> Result<i64> {
+    let sql = match engine {
+        Engine::Void(e) => e.reconcile_sql(),
+        Engine::Counter(e) => e.drift_sql(),
+    };
+    Ok(client.query_one(&sql, &[&run_id]).doing("reconciling the run")?.get(0))
+}
+
+/// Waits while any streaming replica replays more than `max_lag` behind.
+fn wait_for_replicas(client: &mut postgres::Client, max_lag: Duration, progress: &mut dyn FnMut(&str)) -> Result<()> {
+    let mut announced = false;
+    loop {
+        let row = client
+            .query_one(
+                "SELECT coalesce(max(extract(epoch FROM replay_lag) * 1000), 0)::bigint
+                   FROM pg_stat_replication",
+                &[],
+            )
+            .doing("reading replication lag")?;
+        let lag_ms: i64 = row.get(0);
+        if lag_ms <= max_lag.as_millis() as i64 {
+            return Ok(());
+        }
+        if INTERRUPTED.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        if !announced {
+            progress(&format!("pausing: a replica is {lag_ms} ms behind (--max-replica-lag {})", format_duration(max_lag)));
+            announced = true;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}

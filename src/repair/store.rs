@@ -1,0 +1,160 @@
+//! pgmend's own tables, in schema `pgmend`: repair runs, their frozen targets, the audit
+//! ledger, confirmed gates and finished release steps.
+
+use anyhow::Result;
+use postgres::GenericClient;
+use serde::Serialize;
+
+use crate::error::PgContext;
+
+pub const SCHEMA_SQL: &str = "
+CREATE SCHEMA IF NOT EXISTS pgmend;
+CREATE TABLE IF NOT EXISTS pgmend.repair_runs (
+  run_id              bigserial PRIMARY KEY,
+  repair              text NOT NULL,
+  kind                text NOT NULL,
+  definition_checksum text NOT NULL,
+  state               text NOT NULL CHECK (state IN ('running', 'finished', 'abandoned')),
+  as_of               timestamptz NOT NULL DEFAULT now(),
+  targets             bigint NOT NULL DEFAULT 0,
+  checkpoint          bigint NOT NULL DEFAULT 0,
+  processed           bigint NOT NULL DEFAULT 0,
+  changed             bigint NOT NULL DEFAULT 0,
+  skipped             jsonb NOT NULL DEFAULT '[]',
+  started_by          text NOT NULL DEFAULT current_user,
+  finished_at         timestamptz,
+  undoes_run          bigint REFERENCES pgmend.repair_runs,
+  undone_by_run       bigint REFERENCES pgmend.repair_runs
+);
+-- One unfinished run per repair (seed 004: the database, not the tool, enforces it).
+CREATE UNIQUE INDEX IF NOT EXISTS one_unfinished_run_per_repair
+  ON pgmend.repair_runs (repair) WHERE state = 'running';
+CREATE TABLE IF NOT EXISTS pgmend.repair_targets (
+  run_id bigint NOT NULL REFERENCES pgmend.repair_runs,
+  seq    bigint NOT NULL,
+  key    text[] NOT NULL,
+  PRIMARY KEY (run_id, seq)
+);
+CREATE TABLE IF NOT EXISTS pgmend.repair_ledger (
+  ledger_id    bigserial PRIMARY KEY,
+  run_id       bigint NOT NULL REFERENCES pgmend.repair_runs,
+  target_table text NOT NULL,
+  row_key      jsonb NOT NULL,
+  action       text NOT NULL CHECK (action IN ('update', 'insert', 'restore', 'delete')),
+  before       jsonb,
+  after        jsonb,
+  reason       text NOT NULL,
+  at           timestamptz NOT NULL DEFAULT now(),
+  UNIQUE (run_id, target_table, row_key)
+);
+CREATE TABLE IF NOT EXISTS pgmend.gates (
+  gate         text PRIMARY KEY,
+  confirmed_by text NOT NULL,
+  confirmed_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS pgmend.release_steps (
+  step        integer PRIMARY KEY,
+  what        text NOT NULL,
+  run_id      bigint REFERENCES pgmend.repair_runs,
+  finished_at timestamptz NOT NULL DEFAULT now()
+);";
+
+/// Whether pgmend's schema exists yet (read-only commands must not create it).
+pub fn exists(client: &mut impl GenericClient) -> Result<bool> {
+    Ok(client
+        .query_one("SELECT to_regclass('pgmend.repair_runs') IS NOT NULL", &[])
+        .doing("looking for pgmend's tables")?
+        .get(0))
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Run {
+    pub run_id: i64,
+    pub repair: String,
+    pub kind: String,
+    pub definition_checksum: String,
+    pub state: String,
+    pub as_of: String,
+    pub targets: i64,
+    pub checkpoint: i64,
+    pub processed: i64,
+    pub changed: i64,
+    pub skipped: serde_json::Value,
+    pub started_by: String,
+    pub finished_at: Option<String>,
+    pub undoes_run: Option<i64>,
+    pub undone_by_run: Option<i64>,
+}
+
+pub const RUN_COLUMNS: &str = "run_id, repair, kind, definition_checksum, state,
+    to_char(as_of AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), targets, checkpoint, processed, changed,
+    skipped::text, started_by, to_char(finished_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),
+    undoes_run, undone_by_run";
+
+pub fn run_from_row(r: &postgres::Row) -> Run {
+    Run {
+        run_id: r.get(0),
+        repair: r.get(1),
+        kind: r.get(2),
+        definition_checksum: r.get(3),
+        state: r.get(4),
+        as_of: r.get(5),
+        targets: r.get(6),
+        checkpoint: r.get(7),
+        processed: r.get(8),
+        changed: r.get(9),
+        skipped: serde_json::from_str(&r.get::<_, String>(10)).unwrap_or_default(),
+        started_by: r.get(11),
+        finished_at: r.get(12),
+        undoes_run: r.get(13),
+        undone_by_run: r.get(14),
+    }
+}
+
+pub fn runs(client: &mut impl GenericClient) -> Result<Vec<Run>> {
+    if !exists(client)? {
+        return Ok(Vec::new());
+    }
+    Ok(client
+        .query(&format!("SELECT {RUN_COLUMNS} FROM pgmend.repair_runs ORDER BY run_id"), &[])
+        .doing("reading the repair runs")?
+        .iter()
+        .map(run_from_row)
+        .collect())
+}
+
+pub fn run(client: &mut impl GenericClient, run_id: i64) -> Result<Option<Run>> {
+    if !exists(client)? {
+        return Ok(None);
+    }
+    Ok(client
+        .query_opt(&format!("SELECT {RUN_COLUMNS} FROM pgmend.repair_runs WHERE run_id = $1"), &[&run_id])
+        .doing("reading the repair run")?
+        .as_ref()
+        .map(run_from_row))
+}
+
+/// A SQL identifier, quoted. Definitions only hold plain identifiers (checked on load), so
+/// this never needs escaping, but it quotes anyway.
+pub fn q(ident: &str) -> String {
+    format!("\"{}\"", ident.replace('"', "\"\""))
+}
+
+/// The SQL types of `columns` of `table`, to cast frozen keys (stored as text) back.
+pub fn column_types(client: &mut impl GenericClient, table: &str, columns: &[String]) -> Result<Vec<String>> {
+    let mut types = Vec::new();
+    for c in columns {
+        let row = client
+            .query_opt(
+                "SELECT format_type(atttypid, atttypmod) FROM pg_attribute
+                  WHERE attrelid = to_regclass(quote_ident($1)) AND attname = $2 AND attnum > 0 AND NOT attisdropped",
+                &[&table, c],
+            )
+            .doing(format!("reading the type of {table}.{c}"))?;
+        match row {
+            Some(r) => types.push(r.get(0)),
+            None => anyhow::bail!("{table}.{c} does not exist; the repair definition does not match this database (has the migration that adds it been applied?)"),
+        }
+    }
+    Ok(types)
+}

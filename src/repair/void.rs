@@ -1,0 +1,189 @@
+//! The void-duplicates engine: SQL for freezing the groups, for one batch (lock, rank at
+//! write time, mark and void, ledger), for the dry-run preview and for reconciling.
+
+use anyhow::Result;
+
+use super::definition::{Order, VoidSpec};
+use super::store::{column_types, q};
+
+pub struct VoidEngine {
+    pub spec: VoidSpec,
+    group_types: Vec<String>,
+}
+
+impl VoidEngine {
+    /// For previews on a database that may lack the table's new columns: no catalog checks.
+    pub fn preview_only(spec: VoidSpec) -> VoidEngine {
+        VoidEngine { spec, group_types: Vec::new() }
+    }
+
+    pub fn prepare(client: &mut impl postgres::GenericClient, spec: &VoidSpec) -> Result<VoidEngine> {
+        let group_types = column_types(client, &spec.table, &spec.group_by)?;
+        let mut needed = vec![spec.row_key.clone(), spec.mark.clone(), spec.void.clone()];
+        needed.extend(spec.rank_by.iter().map(|r| r.column.clone()));
+        needed.extend(spec.keep_when_not_null.clone());
+        column_types(client, &spec.table, &needed)?;
+        Ok(VoidEngine { spec: spec.clone(), group_types })
+    }
+
+    fn group_cols(&self, alias: &str) -> String {
+        self.spec.group_by.iter().map(|c| format!("{alias}.{}", q(c))).collect::<Vec<_>>().join(", ")
+    }
+
+    fn rank_order(&self) -> String {
+        self.spec
+            .rank_by
+            .iter()
+            .map(|r| match r.order {
+                Order::Asc => format!("t.{} ASC", q(&r.column)),
+                Order::Desc => format!("t.{} DESC", q(&r.column)),
+                Order::NotNullFirst => format!("(t.{} IS NULL) ASC", q(&r.column)),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The frozen groups: every group with more than one unmarked row.
+    pub fn freeze_sql(&self) -> String {
+        let s = &self.spec;
+        let cols = self.group_cols("t");
+        let as_text = s.group_by.iter().map(|c| format!("t.{}::text", q(c))).collect::<Vec<_>>().join(", ");
+        let not_null = s.group_by.iter().map(|c| format!("t.{} IS NOT NULL", q(c))).collect::<Vec<_>>().join(" AND ");
+        format!(
+            "INSERT INTO pgmend.repair_targets (run_id, seq, key)
+             SELECT $1, row_number() OVER (ORDER BY {cols}), ARRAY[{as_text}]
+               FROM {table} t WHERE NOT t.{mark} AND {not_null}
+              GROUP BY {cols} HAVING count(*) > 1",
+            table = q(&s.table),
+            mark = q(&s.mark)
+        )
+    }
+
+    /// The groups of one batch: frozen keys `seq` in ($2, $3] of run $1, cast back.
+    fn batch_groups(&self) -> String {
+        let cols = self
+            .spec
+            .group_by
+            .iter()
+            .zip(&self.group_types)
+            .enumerate()
+            .map(|(i, (c, ty))| format!("key[{}]::{ty} AS {}", i + 1, q(c)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!("SELECT {cols} FROM pgmend.repair_targets WHERE run_id = $1 AND seq > $2 AND seq <= $3")
+    }
+
+    fn join_on(&self) -> String {
+        self.spec.group_by.iter().map(|c| format!("t.{c} = g.{c}", c = q(c))).collect::<Vec<_>>().join(" AND ")
+    }
+
+    /// Statement 1 of a batch: lock every unmarked row of the batch's groups.
+    pub fn lock_sql(&self) -> String {
+        format!(
+            "SELECT 1 FROM {table} t JOIN ({groups}) g ON {on} WHERE NOT t.{mark} ORDER BY t.{key} FOR UPDATE OF t",
+            table = q(&self.spec.table),
+            groups = self.batch_groups(),
+            on = self.join_on(),
+            mark = q(&self.spec.mark),
+            key = q(&self.spec.row_key),
+        )
+    }
+
+    /// The ranked unmarked rows of `groups`: rn 1 is kept.
+    fn ranked(&self, groups: &str) -> String {
+        let s = &self.spec;
+        let keep = s.keep_when_not_null.as_ref().map(|k| format!("t.{}", q(k))).unwrap_or_else(|| "NULL".into());
+        format!(
+            "SELECT t.{key} AS k, t.{mark} AS before_mark, t.{void} AS before_void, {keep} AS keep_value,
+                    row_number() OVER w AS rn, first_value(t.{key}) OVER w AS kept
+               FROM {table} t JOIN ({groups}) g ON {on}
+              WHERE NOT t.{mark}
+             WINDOW w AS (PARTITION BY {cols} ORDER BY {order})",
+            key = q(&s.row_key),
+            mark = q(&s.mark),
+            void = q(&s.void),
+            table = q(&s.table),
+            on = self.join_on(),
+            cols = self.group_cols("t"),
+            order = self.rank_order(),
+        )
+    }
+
+    /// Statement 2 of a batch: rank by current values, mark and void, write the ledger.
+    /// Returns the number of rows changed.
+    pub fn apply_sql(&self) -> String {
+        let s = &self.spec;
+        format!(
+            "WITH ranked AS ({ranked}),
+             changed AS (
+               UPDATE {table} t SET {mark} = true,
+                      {void} = CASE WHEN r.keep_value IS NULL THEN coalesce(t.{void}, now()) ELSE t.{void} END
+                 FROM ranked r WHERE t.{key} = r.k AND r.rn > 1
+               RETURNING t.{key} AS k, r.before_mark, r.before_void, t.{mark} AS after_mark, t.{void} AS after_void, r.rn, r.kept, r.keep_value)
+             INSERT INTO pgmend.repair_ledger (run_id, target_table, row_key, action, before, after, reason)
+             SELECT $1, {table_lit}, jsonb_build_object({key_lit}, k), 'update',
+                    jsonb_build_object({mark_lit}, before_mark, {void_lit}, before_void{keep_obj}),
+                    jsonb_build_object({mark_lit}, after_mark, {void_lit}, after_void{keep_obj}),
+                    format('rank %s in its group; %s %s is kept', rn, {key_lit}, kept)
+               FROM changed",
+            ranked = self.ranked(&self.batch_groups()),
+            table = q(&s.table),
+            mark = q(&s.mark),
+            void = q(&s.void),
+            key = q(&s.row_key),
+            table_lit = lit(&s.table),
+            key_lit = lit(&s.row_key),
+            mark_lit = lit(&s.mark),
+            void_lit = lit(&s.void),
+            // The column that keeps a row from being voided (redeemed_at) is recorded too, so
+            // undo can see a coupon redeemed after it was voided.
+            keep_obj = s.keep_when_not_null.as_ref().map(|k| format!(", {}, keep_value", lit(k))).unwrap_or_default(),
+        )
+    }
+
+    /// For the dry run: every row that would change, with its before and after, over all
+    /// groups that would be frozen now. Columns: key, group (text), before, after (text),
+    /// kept.
+    pub fn preview_sql(&self) -> String {
+        let s = &self.spec;
+        let cols = self.group_cols("t");
+        let not_null = s.group_by.iter().map(|c| format!("t.{} IS NOT NULL", q(c))).collect::<Vec<_>>().join(" AND ");
+        let groups = format!(
+            "SELECT {cols} FROM {table} t WHERE NOT t.{mark} AND {not_null} GROUP BY {cols} HAVING count(*) > 1",
+            table = q(&s.table),
+            mark = q(&s.mark)
+        );
+        let group_text = s.group_by.iter().map(|c| format!("t.{}::text", q(c))).collect::<Vec<_>>().join(" || '/' || ");
+        let by = s.report_by.as_ref().map(|c| format!("t.{}::text", q(c))).unwrap_or_else(|| "NULL::text".into());
+        let sum = s.report_sum.as_ref().map(|c| format!("t.{}::bigint", q(c))).unwrap_or_else(|| "0::bigint".into());
+        format!(
+            "SELECT r.k::text, r.grp, r.before_mark, r.before_void::text, r.keep_value IS NULL AS voids, r.kept::text, r.rn, r.by, r.amount
+               FROM (SELECT x.*, {group_text} AS grp, {by} AS by, {sum} AS amount
+                       FROM ({ranked}) x JOIN {table} t ON t.{key} = x.k) r
+              WHERE r.rn > 1
+              ORDER BY r.grp, r.rn",
+            ranked = self.ranked(&groups),
+            table = q(&s.table),
+            key = q(&s.row_key),
+        )
+    }
+
+    /// After a run: how many of its frozen groups still hold more than one unmarked row.
+    pub fn reconcile_sql(&self) -> String {
+        let s = &self.spec;
+        let groups = self.batch_groups().replace("seq > $2 AND seq <= $3", "true");
+        format!(
+            "SELECT count(*) FROM (SELECT 1 FROM {table} t JOIN ({groups}) g ON {on} WHERE NOT t.{mark}
+                                     GROUP BY {cols} HAVING count(*) > 1) v",
+            table = q(&s.table),
+            on = self.join_on(),
+            mark = q(&s.mark),
+            cols = self.group_cols("t"),
+        )
+    }
+}
+
+/// A SQL string literal.
+pub fn lit(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
