@@ -114,14 +114,15 @@ mod tests {
             [
                 "migration V1",
                 "migration V2",
-                "repair void-duplicate-coupons",
                 "migration V3",
+                "repair void-duplicate-coupons",
+                "migration V4",
                 "repair rebuild-campaign-budgets",
                 "repair rebuild-member-monthly-usage",
                 "gate deploy-new-application",
                 "repair rebuild-campaign-budgets",
                 "repair rebuild-member-monthly-usage",
-                "migration V4",
+                "migration V5",
             ]
         );
     }

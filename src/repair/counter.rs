@@ -110,18 +110,21 @@ impl CounterEngine {
     }
 
     /// The true value per key of `keys` (SQL yielding the key columns): key text array,
-    /// truth, whether any source row exists.
+    /// truth, whether any source row exists. One join and one GROUP BY: an index on the
+    /// source key makes it a lookup per key, and without one it is still a single pass.
     fn truth_sql(&self, keys: &str) -> String {
         let s = &self.spec;
+        let filter = s.source_filter_null.as_ref().map(|f| format!("s.{} IS NULL", q(f))).unwrap_or_else(|| "true".into());
         let agg = match (s.aggregate, &s.value) {
-            (Aggregate::Sum, Some(v)) => format!("sum(s.{})", q(v)),
-            _ => "count(*)".to_string(),
+            (Aggregate::Sum, Some(v)) => format!("sum(s.{}) FILTER (WHERE {filter})", q(v)),
+            _ => format!("count(*) FILTER (WHERE {filter})"),
         };
-        let filter = s.source_filter_null.as_ref().map(|f| format!(" AND s.{} IS NULL", q(f))).unwrap_or_default();
+        let g_cols = s.key.iter().map(|k| format!("g.{}", q(k))).collect::<Vec<_>>().join(", ");
+        let first = q(&s.key[0]);
         format!(
-            "SELECT {gk}, coalesce((SELECT {agg} FROM {source} s WHERE {m}{filter}), 0)::bigint,
-                    EXISTS (SELECT 1 FROM {source} s WHERE {m})
-               FROM ({keys}) g",
+            "SELECT {gk}, coalesce({agg}, 0)::bigint, count(s.{first}) > 0
+               FROM ({keys}) g LEFT JOIN {source} s ON {m}
+              GROUP BY {g_cols}",
             gk = self.keys_text("g"),
             source = q(&s.source_table),
             m = self.keys_match("s", "g"),
@@ -334,19 +337,15 @@ impl CounterEngine {
         }
         let truth = self.truth_sql(&keys);
         let current = if counter_exists {
-            format!(
-                "(SELECT c.{cn}::bigint FROM {counter} c WHERE {m})",
-                cn = q(&s.counter),
-                counter = q(&s.counter_table),
-                m = s.key.iter().enumerate().map(|(i, k)| format!("c.{}::text = t.k[{}]", q(k), i + 1)).collect::<Vec<_>>().join(" AND ")
-            )
+            format!("SELECT {ck} AS k, c.{cn}::bigint AS now FROM {counter} c", ck = self.keys_text("c"), cn = q(&s.counter), counter = q(&s.counter_table))
         } else {
-            "NULL::bigint".to_string()
+            "SELECT NULL::text[] AS k, NULL::bigint AS now WHERE false".to_string()
         };
         let keep = s.when_no_source == WhenNoSource::Keep;
         format!(
-            "SELECT array_to_string(t.k, '/'), {current} AS now, t.truth FROM ({truth}) AS t(k, truth, has_source)
-              WHERE {current} IS DISTINCT FROM t.truth {keep_filter}
+            "SELECT array_to_string(t.k, '/'), c.now, t.truth
+               FROM ({truth}) AS t(k, truth, has_source) LEFT JOIN ({current}) c ON c.k = t.k
+              WHERE c.now IS DISTINCT FROM t.truth {keep_filter}
               ORDER BY t.k",
             keep_filter = if keep { "AND t.has_source" } else { "" }
         )
@@ -357,10 +356,12 @@ impl CounterEngine {
     pub fn drift_sql(&self) -> String {
         let keys = self.batch_keys().replace("seq > $2 AND seq <= $3", "true");
         format!(
-            "SELECT count(*) FROM ({truth}) t(k, truth, has_source) JOIN {counter} c ON {m} WHERE c.{cn}::bigint <> t.truth {keep}",
+            "SELECT count(*) FROM ({truth}) t(k, truth, has_source)
+               JOIN (SELECT {ck} AS k, c.{cn}::bigint AS now FROM {counter} c) c ON c.k = t.k
+              WHERE c.now <> t.truth {keep}",
             truth = self.truth_sql(&keys),
+            ck = self.keys_text("c"),
             counter = q(&self.spec.counter_table),
-            m = self.spec.key.iter().enumerate().map(|(i, k)| format!("c.{}::text = t.k[{}]", q(k), i + 1)).collect::<Vec<_>>().join(" AND "),
             cn = q(&self.spec.counter),
             keep = if self.spec.when_no_source == WhenNoSource::Keep { "AND t.has_source" } else { "" },
         )

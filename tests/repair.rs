@@ -1,0 +1,559 @@
+//! Repairs and the whole release against a real server: edge cases against an independent
+//! expectation, dry runs that change nothing, exact counters under concurrent writers,
+//! ranking at write time, undo, a second schema, kill -9 and resumption.
+
+mod common;
+
+use std::process::Stdio;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const CONFIRM: [&str; 4] = ["apply", "--yes", "--confirm", "deploy-new-application"];
+
+/// A database at V2 with the edge cases of the incident: exact ties on issued_at, groups
+/// of three and four, two redeemed duplicates in one group, a campaign with no coupons, a
+/// campaign that ends exactly on budget, coupons in two months, and counters that drifted
+/// below and above the truth.
+fn edge_cases() -> TestDb {
+    let db = fresh_db();
+    assert_eq!(db.run(&["migrate", "apply", "--yes", "--target", "2"]).code, 0);
+    db.client()
+        .batch_execute(
+            "INSERT INTO campaigns VALUES ('C-OVER', 1000, 2000, 999), ('C-ON', 1000, 3000, 0),
+                                         ('C-NONE', 500, 5000, 0), ('C-BIG', 1000, 100000, 5000);
+             INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen, issued_at, redeemed_at) VALUES
+               -- an exact tie on issued_at: the smaller coupon_id is kept
+               ('00000000-0000-0000-0000-0000000000a2', 'C-OVER', 'a', '2026-09', 1000, '2026-09-20 10:00+09', NULL),
+               ('00000000-0000-0000-0000-0000000000a1', 'C-OVER', 'a', '2026-09', 1000, '2026-09-20 10:00+09', NULL),
+               ('00000000-0000-0000-0000-0000000000a3', 'C-OVER', 'a', '2026-09', 1000, '2026-09-20 10:01+09', NULL),
+               -- four rows, two redeemed: the earlier redeemed one is kept, the other only marked
+               ('00000000-0000-0000-0000-0000000000b1', 'C-OVER', 'b', '2026-09', 1000, '2026-09-20 09:00+09', NULL),
+               ('00000000-0000-0000-0000-0000000000b2', 'C-OVER', 'b', '2026-09', 1000, '2026-09-20 09:01+09', '2026-09-22 12:00+09'),
+               ('00000000-0000-0000-0000-0000000000b3', 'C-OVER', 'b', '2026-09', 1000, '2026-09-20 09:02+09', '2026-09-23 12:00+09'),
+               ('00000000-0000-0000-0000-0000000000b4', 'C-OVER', 'b', '2026-09', 1000, '2026-09-20 09:03+09', NULL),
+               ('00000000-0000-0000-0000-0000000000c1', 'C-OVER', 'c', '2026-09', 1000, '2026-09-20 09:00+09', '2026-09-21 12:00+09'),
+               -- exactly on budget once voided; the duplicate is in the next month
+               ('00000000-0000-0000-0000-0000000000d1', 'C-ON', 'a', '2026-09', 1000, '2026-09-20 09:00+09', NULL),
+               ('00000000-0000-0000-0000-0000000000d2', 'C-ON', 'b', '2026-09', 1000, '2026-09-20 09:00+09', NULL),
+               ('00000000-0000-0000-0000-0000000000d3', 'C-ON', 'b', '2026-10', 1000, '2026-10-01 09:00+09', NULL),
+               ('00000000-0000-0000-0000-0000000000d4', 'C-ON', 'd', '2026-09', 1000, '2026-09-20 09:00+09', NULL),
+               ('00000000-0000-0000-0000-0000000000e1', 'C-BIG', 'a', '2026-10', 1000, '2026-10-02 09:00+09', NULL);
+             -- counters someone filled in by hand, wrong both ways
+             INSERT INTO campaign_budgets VALUES ('C-OVER', 1000, 2000, 1000), ('C-BIG', 1000, 100000, 99000);
+             INSERT INTO member_monthly_usage VALUES ('a', '2026-09', 9000), ('b', '2026-09', 0), ('zz', '2026-09', 700);",
+        )
+        .unwrap();
+    db
+}
+
+/// The expected end state, computed from the rule in PRODUCT.md (not from pgmend's SQL),
+/// before anything runs.
+fn remember_expected(db: &TestDb) {
+    db.client()
+        .batch_execute(
+            "CREATE TABLE expected_coupons AS
+               SELECT coupon_id, rn > 1 AS dup, rn > 1 AND redeemed_at IS NULL AS voided
+                 FROM (SELECT coupon_id, redeemed_at, row_number() OVER (PARTITION BY campaign_id, member_id
+                               ORDER BY redeemed_at IS NULL, issued_at, coupon_id) AS rn FROM issued_coupons) x;",
+        )
+        .unwrap();
+}
+
+/// Every difference between the database and the expectation, as lines.
+fn differences(db: &TestDb) -> Vec<String> {
+    let mut c = db.client();
+    let mut out: Vec<String> = c
+        .query(
+            "SELECT 'coupon ' || e.coupon_id || ': legacy_duplicate ' || i.legacy_duplicate || ', voided ' || (i.voided_at IS NOT NULL)
+                    || ' (expected ' || e.dup || ', ' || e.voided || ')'
+               FROM expected_coupons e JOIN issued_coupons i USING (coupon_id)
+              WHERE i.legacy_duplicate <> e.dup OR (i.voided_at IS NOT NULL) <> e.voided",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    out.extend(
+        c.query(
+            "WITH truth AS (SELECT c.campaign_id, coalesce(sum(i.amount_yen) FILTER (WHERE NOT e.voided), 0) AS yen
+                              FROM campaigns c LEFT JOIN issued_coupons i USING (campaign_id)
+                              LEFT JOIN expected_coupons e USING (coupon_id) GROUP BY 1)
+             SELECT 'campaign ' || t.campaign_id || ': ' || coalesce(b.issued_yen::text, 'no row') || ' (expected ' || t.yen || ')'
+               FROM truth t LEFT JOIN campaign_budgets b USING (campaign_id) WHERE b.issued_yen IS DISTINCT FROM t.yen
+             UNION ALL
+             SELECT 'campaign_budgets ' || b.campaign_id || ': discount/budget not copied'
+               FROM campaign_budgets b JOIN campaigns c USING (campaign_id)
+              WHERE (b.discount_yen, b.budget_yen) <> (c.discount_yen, c.budget_yen) AND b.campaign_id NOT IN ('C-OVER', 'C-BIG')",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get::<_, String>(0)),
+    );
+    out.extend(
+        c.query(
+            "WITH truth AS (SELECT i.member_id, i.month, sum(i.amount_yen) FILTER (WHERE NOT e.voided) AS yen
+                              FROM issued_coupons i JOIN expected_coupons e USING (coupon_id) GROUP BY 1, 2)
+             SELECT 'usage ' || coalesce(t.member_id, u.member_id) || '/' || coalesce(t.month, u.month) || ': '
+                    || coalesce(u.used_yen, 0) || ' (expected ' || coalesce(t.yen, 0) || ')'
+               FROM truth t FULL JOIN member_monthly_usage u USING (member_id, month)
+              WHERE coalesce(u.used_yen, 0) <> coalesce(t.yen, 0)",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get::<_, String>(0)),
+    );
+    out
+}
+
+/// A checksum of every table's content (pgmend's own included).
+fn checksum_all(db: &TestDb) -> String {
+    let mut c = db.client();
+    let tables: Vec<String> = c
+        .query(
+            "SELECT format('%I.%I', schemaname, tablename) FROM pg_tables
+              WHERE schemaname NOT IN ('pg_catalog', 'information_schema') ORDER BY 1",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let mut sums = Vec::new();
+    for t in &tables {
+        let s: String = c
+            .query_one(&format!("SELECT '{t}:' || coalesce(md5(string_agg(x::text, ',' ORDER BY x::text)), '-') FROM {t} x"), &[])
+            .unwrap()
+            .get(0);
+        sums.push(s);
+    }
+    let schema: String = c
+        .query_one(
+            "SELECT md5(string_agg(format('%s.%s %s %s', c.relname, a.attname, a.atttypid, c.relkind), ',' ORDER BY 1))
+               FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0
+              WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast')",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    format!("{} schema:{schema}", sums.join(" "))
+}
+
+#[test]
+fn the_release_ends_in_the_expected_state_on_the_edge_cases() {
+    let db = edge_cases();
+    remember_expected(&db);
+    let before = checksum_all(&db);
+    for args in [
+        vec!["plan"],
+        vec!["plan", "--format", "json"],
+        vec!["repair", "plan", "void-duplicate-coupons", "--all"],
+        vec!["repair", "plan", "rebuild-member-monthly-usage", "--format", "json"],
+    ] {
+        let r = db.run(&args);
+        assert_eq!(r.code, 0, "{args:?}: {}", r.both());
+    }
+    assert_eq!(checksum_all(&db), before, "a dry run changed something");
+    let r = db.run(&["repair", "plan", "void-duplicate-coupons", "--format", "json"]);
+    let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(doc["changes"], 7, "{}", r.stdout); // a2 a3 b1 b3 b4 d3, and C-ON/b's second
+    assert_eq!(doc["voided_or_created"], 5, "{}", r.stdout);
+
+    let r = db.run(&["apply", "--yes"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(r.stdout.contains("pgmend apply --yes --confirm deploy-new-application"), "{}", r.stdout);
+    assert_eq!(db.scalar_i64("SELECT count(*) FROM refinery_schema_history"), 4, "stops before V5");
+    let r = db.run(&CONFIRM);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert_eq!(differences(&db), Vec::<String>::new());
+    assert_eq!(db.history().len(), 5);
+    assert_eq!(db.invalid_indexes(), 0);
+    assert_eq!(db.scalar_i64("SELECT count(*) FROM pgmend.gates WHERE gate = 'deploy-new-application'"), 1);
+
+    // Run twice, changes nothing the second time.
+    let before = checksum_all(&db);
+    for name in ["void-duplicate-coupons", "rebuild-campaign-budgets", "rebuild-member-monthly-usage"] {
+        let r = db.run(&["repair", "apply", name, "--yes", "--format", "json"]);
+        assert_eq!(r.code, 0, "{}", r.both());
+        let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+        assert_eq!(doc["run"]["changed"], 0, "{name}: {}", r.stdout);
+    }
+    let after = checksum_all(&db);
+    let strip_pgmend = |s: &str| s.split(' ').filter(|p| !p.starts_with("pgmend.")).collect::<Vec<_>>().join(" ");
+    assert_eq!(strip_pgmend(&after), strip_pgmend(&before));
+}
+
+#[test]
+fn the_ledger_answers_which_coupons_were_voided_and_why() {
+    let db = edge_cases();
+    assert_eq!(db.run(&["repair", "apply", "void-duplicate-coupons", "--yes"]).code, 0);
+    let r = db.run(&["repair", "log", "1", "--format", "csv"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let mut reader = csv::Reader::from_reader(r.stdout.as_bytes());
+    let rows: Vec<csv::StringRecord> = reader.records().map(Result::unwrap).collect();
+    assert_eq!(rows.len(), 7);
+    let a2 = rows.iter().find(|r| r[2].contains("0000000000a2")).expect("a2 was changed");
+    assert!(a2[6].contains("00000000-0000-0000-0000-0000000000a1 is kept"), "{a2:?}");
+    let r = db.run(&["repair", "log", "1", "--format", "json"]);
+    let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(doc.as_array().unwrap().len(), 7);
+    let r = db.run(&["repair", "status", "--format", "json"]);
+    let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(doc[0]["targets"], 3);
+    assert_eq!(doc[0]["changed"], 7);
+    assert_eq!(doc[0]["state"], "finished");
+}
+
+#[test]
+fn a_coupon_redeemed_after_planning_is_the_one_kept() {
+    let db = edge_cases();
+    let r = db.run(&["repair", "plan", "void-duplicate-coupons", "--all"]);
+    assert!(r.stdout.contains("coupon_id = 00000000-0000-0000-0000-0000000000d3"), "planned to void d3: {}", r.stdout);
+    // Between the plan and the batch, the member redeems the later twin.
+    db.client().batch_execute("UPDATE issued_coupons SET redeemed_at = now() WHERE coupon_id = '00000000-0000-0000-0000-0000000000d3'").unwrap();
+    assert_eq!(db.run(&["repair", "apply", "void-duplicate-coupons", "--yes"]).code, 0);
+    let state = |id: &str| -> (bool, bool) {
+        let row = db
+            .client()
+            .query_one("SELECT legacy_duplicate, voided_at IS NOT NULL FROM issued_coupons WHERE coupon_id = $1::text::uuid", &[&id])
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert_eq!(state("00000000-0000-0000-0000-0000000000d3"), (false, false), "the redeemed one is kept");
+    assert_eq!(state("00000000-0000-0000-0000-0000000000d2"), (true, true), "its unredeemed twin is voided");
+}
+
+#[test]
+fn undo_restores_exactly_what_a_run_changed_and_refuses_what_it_cannot() {
+    let db = edge_cases();
+    let before = checksum_all(&db);
+    let coupons = |db: &TestDb| db.scalar_i64("SELECT hashtext(string_agg(x::text, ',' ORDER BY coupon_id))::bigint FROM issued_coupons x");
+    let original = coupons(&db);
+    assert_eq!(db.run(&["repair", "apply", "void-duplicate-coupons", "--yes"]).code, 0);
+    assert_ne!(coupons(&db), original);
+    let r = db.run(&["repair", "undo", "1", "--yes", "--format", "json"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert_eq!(coupons(&db), original, "every coupon is back as it was");
+    let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(doc["restored"], 7);
+    let _ = before;
+    assert_eq!(db.run(&["repair", "undo", "1", "--yes"]).code, 1, "already undone");
+
+    // A voided coupon redeemed afterwards (the old cart ignores voided_at) cannot be undone.
+    assert_eq!(db.run(&["repair", "apply", "void-duplicate-coupons", "--yes"]).code, 0);
+    db.client().batch_execute("UPDATE issued_coupons SET redeemed_at = now() WHERE coupon_id = '00000000-0000-0000-0000-0000000000a3'").unwrap();
+    let after = coupons(&db);
+    let r = db.run(&["repair", "undo", "3", "--yes"]);
+    assert_eq!(r.code, 1, "{}", r.both());
+    assert!(r.stderr.contains("0000000000a3") && r.stderr.contains("changed since the run"), "{}", r.stderr);
+    assert_eq!(coupons(&db), after, "a refused undo changes nothing");
+
+    // Once the unique index exists, restoring a second live coupon per member is refused.
+    db.client().batch_execute("UPDATE issued_coupons SET redeemed_at = NULL WHERE coupon_id = '00000000-0000-0000-0000-0000000000a3'").unwrap();
+    assert_eq!(db.run(&["migrate", "apply", "--yes", "--target", "3"]).code, 0);
+    let r = db.run(&["repair", "undo", "3", "--yes"]);
+    assert_eq!(r.code, 1, "{}", r.both());
+    assert!(r.stderr.contains("unique index rejects"), "{}", r.stderr);
+}
+
+#[test]
+fn the_counter_rebuild_is_exact_where_the_naive_update_loses_a_write() {
+    // The interleaving is forced: an application transaction has counted a new coupon and
+    // holds the counter row; the rebuild starts; then the application commits.
+    for naive in [true, false] {
+        let db = edge_cases();
+        assert_eq!(db.run(&["apply", "--yes"]).code, 0);
+        let mut app = db.client();
+        let mut tx = app.transaction().unwrap();
+        tx.batch_execute(
+            "INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen) VALUES (gen_random_uuid(), 'C-BIG', 'new', '2026-10', 1000);
+             UPDATE campaign_budgets SET issued_yen = issued_yen + 1000 WHERE campaign_id = 'C-BIG';",
+        )
+        .unwrap();
+        let rebuild = if naive {
+            let mut c = db.client();
+            thread::spawn(move || {
+                c.batch_execute(
+                    "SET application_name = 'naive';
+                     UPDATE campaign_budgets SET issued_yen = (SELECT coalesce(sum(amount_yen), 0) FROM issued_coupons
+                                                                 WHERE campaign_id = 'C-BIG' AND voided_at IS NULL)
+                      WHERE campaign_id = 'C-BIG'",
+                )
+                .unwrap();
+                0
+            })
+        } else {
+            let mut cmd = db.pgmend();
+            cmd.args(["repair", "apply", "rebuild-campaign-budgets", "--yes"]).stdout(Stdio::null()).stderr(Stdio::null());
+            thread::spawn(move || cmd.status().unwrap().code().unwrap())
+        };
+        let who = if naive { "naive" } else { "pgmend" };
+        let started = Instant::now();
+        let mut watch = db.client();
+        while !watch
+            .query_one("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock')", &[&who])
+            .unwrap()
+            .get::<_, bool>(0)
+        {
+            assert!(started.elapsed() < Duration::from_secs(30), "{who} never waited for the counter row");
+            thread::sleep(Duration::from_millis(20));
+        }
+        tx.commit().unwrap();
+        assert_eq!(rebuild.join().unwrap(), 0);
+        let (counter, truth) = {
+            let row = db
+                .client()
+                .query_one(
+                    "SELECT (SELECT issued_yen FROM campaign_budgets WHERE campaign_id = 'C-BIG')::bigint,
+                            (SELECT sum(amount_yen) FROM issued_coupons WHERE campaign_id = 'C-BIG' AND voided_at IS NULL)::bigint",
+                    &[],
+                )
+                .unwrap();
+            (row.get::<_, i64>(0), row.get::<_, i64>(1))
+        };
+        if naive {
+            assert_eq!(counter, truth - 1000, "the naive form writes the sum it saw before it waited");
+        } else {
+            assert_eq!(counter, truth, "lock first, then sum: exact");
+        }
+    }
+}
+
+#[test]
+fn counters_stay_exact_while_the_new_application_issues_coupons() {
+    let db = edge_cases();
+    assert_eq!(db.run(&["apply", "--yes"]).code, 0);
+    // The corrected issuance of seed 000: one transaction, the member-month row first, the
+    // coupon by upsert against the partial unique index, the budget row last.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers: Vec<_> = (0..4)
+        .map(|w| {
+            let mut c = db.client();
+            let stop = stop.clone();
+            thread::spawn(move || {
+                let mut n = 0;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    n += 1;
+                    let member = format!("w{w}-{n}");
+                    let mut tx = c.transaction().unwrap();
+                    tx.execute("INSERT INTO member_monthly_usage VALUES ($1, '2026-10', 0) ON CONFLICT DO NOTHING", &[&member]).unwrap();
+                    tx.execute("SELECT 1 FROM member_monthly_usage WHERE member_id = $1 AND month = '2026-10' FOR UPDATE", &[&member]).unwrap();
+                    let inserted = tx
+                        .execute(
+                            "INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen)
+                             VALUES (gen_random_uuid(), 'C-BIG', $1, '2026-10', 1000)
+                             ON CONFLICT (campaign_id, member_id) WHERE NOT legacy_duplicate DO NOTHING",
+                            &[&member],
+                        )
+                        .unwrap();
+                    if inserted == 1 {
+                        tx.execute("UPDATE member_monthly_usage SET used_yen = used_yen + 1000 WHERE member_id = $1 AND month = '2026-10'", &[&member]).unwrap();
+                        tx.execute("UPDATE campaign_budgets SET issued_yen = issued_yen + 1000 WHERE campaign_id = 'C-BIG'", &[]).unwrap();
+                    }
+                    tx.commit().unwrap();
+                }
+                n
+            })
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(300));
+    for _ in 0..3 {
+        for name in ["rebuild-campaign-budgets", "rebuild-member-monthly-usage"] {
+            let r = db.run(&["repair", "apply", name, "--yes", "--batch-target", "5ms"]);
+            assert_eq!(r.code, 0, "{}", r.both());
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let issued: i32 = writers.into_iter().map(|w| w.join().unwrap()).sum();
+    assert!(issued > 20, "the writers ran ({issued})");
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) FROM campaign_budgets b WHERE issued_yen <> (SELECT coalesce(sum(amount_yen), 0) FROM issued_coupons i
+                WHERE i.campaign_id = b.campaign_id AND voided_at IS NULL)"
+        ),
+        0
+    );
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) FROM member_monthly_usage u WHERE used_yen <> (SELECT coalesce(sum(amount_yen), 0) FROM issued_coupons i
+                WHERE i.member_id = u.member_id AND i.month = u.month AND voided_at IS NULL)"
+        ),
+        0
+    );
+}
+
+#[test]
+fn over_budget_and_out_of_range_counters_are_skipped_reported_and_exit_1() {
+    let db = edge_cases();
+    assert_eq!(db.run(&CONFIRM).code, 0);
+    // The old cart issued one more coupon on the campaign that sat exactly on budget.
+    db.client()
+        .batch_execute(
+            "INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen) VALUES (gen_random_uuid(), 'C-ON', 'late', '2026-10', 1000);
+             INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen) VALUES (gen_random_uuid(), 'C-BIG', 'late', '2026-10', 1000);",
+        )
+        .unwrap();
+    let r = db.run(&["repair", "apply", "rebuild-campaign-budgets", "--yes"]);
+    assert_eq!(r.code, 1, "{}", r.both());
+    assert!(r.stderr.contains("C-ON") && r.stderr.contains("issued_within_budget"), "{}", r.stderr);
+    assert_eq!(db.scalar_i64("SELECT issued_yen::bigint FROM campaign_budgets WHERE campaign_id = 'C-ON'"), 3000);
+    assert_eq!(db.scalar_i64("SELECT issued_yen::bigint FROM campaign_budgets WHERE campaign_id = 'C-BIG'"), 2000, "the others are written");
+
+    db.client()
+        .batch_execute(
+            "INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen) VALUES
+               (gen_random_uuid(), 'C-NONE', 'whale', '2026-11', 2000000000), (gen_random_uuid(), 'C-BIG', 'whale', '2026-11', 2000000000);",
+        )
+        .unwrap();
+    let r = db.run(&["repair", "apply", "rebuild-member-monthly-usage", "--yes"]);
+    assert_eq!(r.code, 1, "{}", r.both());
+    assert!(r.stderr.contains("4000000000 does not fit member_monthly_usage.used_yen"), "{}", r.stderr);
+    assert_eq!(db.scalar_i64("SELECT count(*) FROM member_monthly_usage WHERE member_id = 'whale'"), 1, "created at 0");
+    assert_eq!(db.scalar_i64("SELECT used_yen::bigint FROM member_monthly_usage WHERE member_id = 'whale'"), 0);
+}
+
+#[test]
+fn a_repair_for_another_schema_needs_only_a_definition_file() {
+    let db = fresh_db();
+    db.client()
+        .batch_execute(
+            "CREATE TABLE point_grants (grant_id bigint PRIMARY KEY, member_id integer NOT NULL, reason text NOT NULL,
+                                        points integer NOT NULL, granted_at timestamptz NOT NULL, revoked_at timestamptz,
+                                        superseded boolean NOT NULL DEFAULT false, spent_at timestamptz);
+             CREATE TABLE member_points (member_id integer PRIMARY KEY, points integer NOT NULL DEFAULT 0);
+             INSERT INTO point_grants VALUES (1, 7, 'signup', 100, '2026-01-01', NULL, false, NULL),
+                                             (2, 7, 'signup', 100, '2026-01-02', NULL, false, NULL),
+                                             (3, 7, 'review', 50, '2026-01-03', NULL, false, NULL),
+                                             (4, 8, 'signup', 100, '2026-01-01', NULL, false, '2026-02-01'),
+                                             (5, 8, 'signup', 100, '2026-01-01', NULL, false, NULL);
+             INSERT INTO member_points VALUES (7, 999), (9, 10);",
+        )
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("revoke-duplicate-grants.toml"),
+        "kind = \"void_duplicates\"\ndescription = \"one signup bonus per member\"\ntable = \"point_grants\"\nrow_key = \"grant_id\"\n\
+         group_by = [\"member_id\", \"reason\"]\nrank_by = [{ column = \"spent_at\", order = \"not_null_first\" }, { column = \"granted_at\" }, { column = \"grant_id\" }]\n\
+         mark = \"superseded\"\nvoid = \"revoked_at\"\nkeep_when_not_null = \"spent_at\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("rebuild-member-points.toml"),
+        "kind = \"rebuild_counter\"\ndescription = \"points per member\"\ncounter_table = \"member_points\"\nkey = [\"member_id\"]\n\
+         counter = \"points\"\nsource_table = \"point_grants\"\naggregate = \"sum\"\nvalue = \"points\"\nsource_filter_null = \"revoked_at\"\n\
+         keys_from = \"source\"\nwhen_no_source = \"zero\"\n",
+    )
+    .unwrap();
+    let d = dir_arg(dir.path());
+    for name in ["revoke-duplicate-grants", "rebuild-member-points"] {
+        let r = db.run(&["repair", "apply", name, "--yes", "--repairs-dir", &d]);
+        assert_eq!(r.code, 0, "{}", r.both());
+    }
+    let revoked: Vec<i64> = db
+        .client()
+        .query("SELECT grant_id FROM point_grants WHERE revoked_at IS NOT NULL ORDER BY 1", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(revoked, [2, 5], "the later signup of 7 and the unspent one of 8");
+    let points: Vec<(i32, i32)> =
+        db.client().query("SELECT member_id, points FROM member_points ORDER BY 1", &[]).unwrap().iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(points, [(7, 150), (8, 100), (9, 0)]);
+}
+
+#[test]
+fn killed_at_random_the_release_resumes_to_the_same_state_and_ledger() {
+    let db = fresh_db();
+    let mut c = db.client();
+    let v1 = std::fs::read_to_string(repo().join("migrations/V1__legacy_baseline.sql")).unwrap();
+    c.batch_execute(&v1).unwrap();
+    pgmend::commands::demo::generate_dirty_data(&mut c, 3000).unwrap();
+    assert_eq!(db.run(&["migrate", "baseline", "--yes"]).code, 0);
+    remember_expected(&db);
+    let mut rng_state: u64 = 0x9e37_79b9_7f4a_7c15 ^ u64::from(std::process::id());
+    let mut next = || {
+        rng_state ^= rng_state << 13;
+        rng_state ^= rng_state >> 7;
+        rng_state ^= rng_state << 17;
+        rng_state
+    };
+    let mut kills = 0;
+    for attempt in 0..60 {
+        let mut child = db
+            .pgmend()
+            .args(["apply", "--yes", "--confirm", "deploy-new-application", "--batch-target", "2ms", "--runner-wait", "30s"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let delay = Duration::from_millis(30 + next() % 400);
+        let started = Instant::now();
+        let mut finished = None;
+        while started.elapsed() < delay {
+            if let Some(status) = child.try_wait().unwrap() {
+                finished = Some(status);
+                break;
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
+        match finished {
+            Some(status) => {
+                let mut err = String::new();
+                std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+                assert_eq!(status.code(), Some(0), "attempt {attempt}: {err}");
+                break;
+            }
+            None => {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                kills += 1;
+            }
+        }
+    }
+    assert!(kills >= 3, "the run was interrupted only {kills} times");
+    assert_eq!(differences(&db), Vec::<String>::new());
+    assert_eq!(db.history().len(), 5);
+    assert_eq!(db.invalid_indexes(), 0);
+    // One ledger record per changed coupon, across however many runs it took.
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) FROM pgmend.repair_ledger l JOIN pgmend.repair_runs r USING (run_id) WHERE r.repair = 'void-duplicate-coupons'"
+        ),
+        db.scalar_i64("SELECT count(*) FROM issued_coupons WHERE legacy_duplicate")
+    );
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) - count(DISTINCT row_key) FROM pgmend.repair_ledger l JOIN pgmend.repair_runs r USING (run_id) WHERE r.repair = 'void-duplicate-coupons'"
+        ),
+        0
+    );
+    eprintln!("killed {kills} times");
+}
+
+#[test]
+fn an_unfinished_run_under_another_definition_is_refused_and_can_be_abandoned() {
+    let db = edge_cases();
+    let dir = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(repo().join("repairs")).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, dir.path().join(p.file_name().unwrap())).unwrap();
+    }
+    let d = dir_arg(dir.path());
+    // An unfinished run, as a crash leaves it.
+    assert_eq!(db.run(&["repair", "apply", "void-duplicate-coupons", "--yes", "--repairs-dir", &d]).code, 0);
+    db.client().batch_execute("UPDATE pgmend.repair_runs SET state = 'running', checkpoint = 1, finished_at = NULL WHERE run_id = 1").unwrap();
+    let file = dir.path().join("void-duplicate-coupons.toml");
+    let text = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(&file, text.replace("description = \"", "description = \"edited: ")).unwrap();
+    let r = db.run(&["repair", "apply", "void-duplicate-coupons", "--yes", "--repairs-dir", &d]);
+    assert_eq!(r.code, 1, "{}", r.both());
+    assert!(r.stderr.contains("run 1 of void-duplicate-coupons") && r.stderr.contains("pgmend repair abandon 1 --yes"), "{}", r.stderr);
+    assert_eq!(db.run(&["repair", "abandon", "1", "--yes"]).code, 0);
+    let r = db.run(&["repair", "apply", "void-duplicate-coupons", "--yes", "--repairs-dir", &d]);
+    assert_eq!(r.code, 0, "{}", r.both());
+}
