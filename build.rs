@@ -14,7 +14,10 @@ fn embed(dir_name: &str, out: &str, name: &str) {
     for path in entries.iter().filter(|p| p.is_file()) {
         println!("cargo:rerun-if-changed={}", path.display());
         let file = path.file_name().unwrap().to_string_lossy();
-        code.push_str(&format!("    ({file:?}, include_bytes!({:?})),\n", path.display().to_string()));
+        code.push_str(&format!(
+            "    ({file:?}, include_bytes!({:?})),\n",
+            path.display().to_string()
+        ));
     }
     code.push_str("];\n");
     fs::write(Path::new(&env::var("OUT_DIR").unwrap()).join(out), code).unwrap();

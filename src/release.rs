@@ -30,10 +30,18 @@ struct StepDef {
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Step {
     /// Apply migration `version`; when its census stops it, run `retry_with` and try again.
-    Migrate { version: i32, retry_with: Option<String> },
-    Repair { name: String },
+    Migrate {
+        version: i32,
+        retry_with: Option<String>,
+    },
+    Repair {
+        name: String,
+    },
     /// A person does something outside the database, then confirms.
-    Gate { name: String, explain: String },
+    Gate {
+        name: String,
+        explain: String,
+    },
 }
 
 impl Step {
@@ -53,10 +61,19 @@ pub fn steps() -> Result<Vec<Step>> {
         .into_iter()
         .enumerate()
         .map(|(i, s)| match (s.migrate, s.repair, s.gate) {
-            (Some(version), None, None) => Ok(Step::Migrate { version, retry_with: s.retry_with }),
+            (Some(version), None, None) => Ok(Step::Migrate {
+                version,
+                retry_with: s.retry_with,
+            }),
             (None, Some(name), None) => Ok(Step::Repair { name }),
-            (None, None, Some(name)) => Ok(Step::Gate { name, explain: s.explain.unwrap_or_default() }),
-            _ => bail!("release.toml step {}: give exactly one of migrate, repair, gate", i + 1),
+            (None, None, Some(name)) => Ok(Step::Gate {
+                name,
+                explain: s.explain.unwrap_or_default(),
+            }),
+            _ => bail!(
+                "release.toml step {}: give exactly one of migrate, repair, gate",
+                i + 1
+            ),
         })
         .collect()
 }
@@ -88,7 +105,11 @@ pub fn progress(client: &mut impl GenericClient, applied_versions: Vec<i32>) -> 
             .map(|r| (r.get(0), r.get(1), r.get(2)))
             .collect();
     }
-    Ok(Progress { applied_versions, finished_steps, gates })
+    Ok(Progress {
+        applied_versions,
+        finished_steps,
+        gates,
+    })
 }
 
 impl Progress {

@@ -8,11 +8,29 @@ use common::*;
 fn the_demo_tells_the_whole_release_on_a_dirty_legacy_database() {
     let r = run(pgmend_command().args(["demo", "--members", "500"]), "");
     assert_eq!(r.code, 0, "{}", r.both());
-    assert!(r.stderr.contains("are duplicates of a (campaign, member) pair"), "{}", r.stderr);
-    assert!(r.stdout.contains("recorded it as applied (not run)"), "{}", r.stdout);
-    assert!(r.stdout.contains("The release stopped at gate deploy-new-application"), "{}", r.stdout);
+    assert!(
+        r.stderr
+            .contains("are duplicates of a (campaign, member) pair"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        r.stdout.contains("recorded it as applied (not run)"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout
+            .contains("The release stopped at gate deploy-new-application"),
+        "{}",
+        r.stdout
+    );
     assert!(r.stdout.contains("The release is complete"), "{}", r.stdout);
-    // The final status: all four migrations applied.
+    // The final status: all five migrations applied.
     let last_status = r.stdout.rsplit(" version | name").next().unwrap();
-    assert_eq!(last_status.matches("| applied |").count(), 4, "{last_status}");
+    assert_eq!(
+        last_status.matches("| applied |").count(),
+        5,
+        "{last_status}"
+    );
 }

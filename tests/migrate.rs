@@ -30,17 +30,20 @@ fn baseline_adopts_legacy_then_apply_reaches_newest_and_again_is_a_no_op() {
     );
     assert_eq!(db.history(), [(1, "legacy_baseline".to_string())]);
 
-    // The duplicates stop the release at the unique index (exit 1), after V2.
+    // The duplicates stop the migrations at the unique index (exit 1), after V2 and V3.
     let r = db.run(&["migrate", "apply", "--yes"]);
     assert_eq!(r.code, 1, "{}", r.both());
     assert!(
         r.stderr
-            .contains("V3__one_coupon_per_member was not attempted"),
+            .contains("V4__one_coupon_per_member was not attempted"),
         "{}",
         r.stderr
     );
     assert!(r.stderr.contains("void-duplicate-coupons"), "{}", r.stderr);
-    assert_eq!(db.history().iter().map(|h| h.0).collect::<Vec<_>>(), [1, 2]);
+    assert_eq!(
+        db.history().iter().map(|h| h.0).collect::<Vec<_>>(),
+        [1, 2, 3]
+    );
     for table in [
         "campaign_budgets",
         "member_monthly_usage",
@@ -57,7 +60,7 @@ fn baseline_adopts_legacy_then_apply_reaches_newest_and_again_is_a_no_op() {
     );
     assert!(!r.both().contains("NOTICE"), "{}", r.both());
 
-    // V4 waits for counters that equal the truth.
+    // V5 waits for counters that equal the truth.
     db.void_duplicates_by_sql();
     let r = db.run(&["migrate", "apply", "--yes"]);
     assert_eq!(r.code, 1, "{}", r.both());
@@ -69,7 +72,7 @@ fn baseline_adopts_legacy_then_apply_reaches_newest_and_again_is_a_no_op() {
     );
     assert_eq!(
         db.history().iter().map(|h| h.0).collect::<Vec<_>>(),
-        [1, 2, 3]
+        [1, 2, 3, 4]
     );
     assert_eq!(db.invalid_indexes(), 0);
 
@@ -78,18 +81,18 @@ fn baseline_adopts_legacy_then_apply_reaches_newest_and_again_is_a_no_op() {
     assert_eq!(r.code, 0, "{}", r.both());
     assert_eq!(
         db.history().iter().map(|h| h.0).collect::<Vec<_>>(),
-        [1, 2, 3, 4]
+        [1, 2, 3, 4, 5]
     );
 
     let r = db.run(&["migrate", "apply", "--yes", "--format", "json"]);
     assert_eq!(r.code, 0, "{}", r.both());
     let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
     assert_eq!(doc["applied"].as_array().unwrap().len(), 0);
-    assert_eq!(doc["current_version"], 4);
-    assert_eq!(db.history().len(), 4);
+    assert_eq!(doc["current_version"], 5);
+    assert_eq!(db.history().len(), 5);
     let r = db.run(&["migrate", "baseline", "--yes"]);
     assert_eq!(r.code, 0, "a second baseline is a no-op: {}", r.both());
-    assert_eq!(db.history().len(), 4);
+    assert_eq!(db.history().len(), 5);
 }
 
 #[test]
@@ -100,7 +103,7 @@ fn refinery_reads_the_history_pgmend_writes() {
     let runner = refinery::Runner::new(&migrations);
     let mut client = db.client();
     let applied = runner.get_applied_migrations(&mut client).unwrap();
-    assert_eq!(applied.len(), 4);
+    assert_eq!(applied.len(), 5);
     for (a, m) in applied.iter().zip(&migrations) {
         assert_eq!(a.checksum(), m.checksum());
     }
@@ -176,7 +179,7 @@ fn an_edited_applied_migration_is_refused_and_nothing_changes() {
         r.stderr
     );
     assert!(!db.exists("more_things"));
-    assert_eq!(db.history().len(), 4);
+    assert_eq!(db.history().len(), 5);
 
     let r = db.run(&[
         "migrate",
@@ -189,7 +192,7 @@ fn an_edited_applied_migration_is_refused_and_nothing_changes() {
     assert_eq!(r.code, 1, "{}", r.both());
     let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
     assert_eq!(doc["migrations"][1]["state"], "edited");
-    assert_eq!(doc["migrations"][4]["state"], "pending");
+    assert_eq!(doc["migrations"][5]["state"], "pending");
 }
 
 #[test]
@@ -380,7 +383,7 @@ fn two_applies_at_once_apply_each_migration_exactly_once() {
         assert_eq!(counts, 0);
         assert_eq!(
             db.history().iter().map(|h| h.0).collect::<Vec<_>>(),
-            [1, 2, 3, 4, 90]
+            [1, 2, 3, 4, 5, 90]
         );
         assert!(db.exists("made_by_v90"));
         db.client().batch_execute("DROP TABLE made_by_v90, notification_outbox, member_monthly_usage, campaign_budgets, issued_coupons, campaigns, refinery_schema_history").unwrap();
@@ -438,7 +441,7 @@ fn killed_in_the_middle_of_a_migration_the_rerun_completes() {
     }
     assert_eq!(
         db.history().iter().map(|h| h.0).collect::<Vec<_>>(),
-        [1, 2, 3, 4],
+        [1, 2, 3, 4, 5],
         "V2 committed, V3 did not"
     );
     assert!(
@@ -450,7 +453,7 @@ fn killed_in_the_middle_of_a_migration_the_rerun_completes() {
     assert_eq!(r.code, 0, "{}", r.both());
     assert_eq!(
         db.history().iter().map(|h| h.0).collect::<Vec<_>>(),
-        [1, 2, 3, 4, 90]
+        [1, 2, 3, 4, 5, 90]
     );
     assert!(db.exists("made_by_v90"));
 }

@@ -84,7 +84,7 @@ fn the_unique_index_is_built_concurrently_under_writers_and_an_old_reader() {
         hold,
         Duration::from_secs(5),
         "SELECT 1",
-        &["migrate", "apply", "--yes", "--target", "3"],
+        &["migrate", "apply", "--yes", "--target", "4"],
     );
     stop.store(true, Ordering::SeqCst);
     writer.join().unwrap();
@@ -106,27 +106,31 @@ fn the_unique_index_is_built_concurrently_under_writers_and_an_old_reader() {
     assert_eq!(db.invalid_indexes(), 0);
     assert_eq!(
         db.history().iter().map(|h| h.0).collect::<Vec<_>>(),
-        [1, 2, 3]
+        [1, 2, 3, 4]
     );
 }
 
 #[test]
 fn a_build_broken_by_a_late_duplicate_is_dropped_and_the_release_stops() {
     let db = at_v2();
+    assert_eq!(
+        db.run(&["migrate", "apply", "--yes", "--target", "3"]).code,
+        0
+    );
     // A writer's open transaction: the build waits for it before scanning the table.
     let mut writer = db.client();
     let mut tx = writer.transaction().unwrap();
     tx.execute("INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen) VALUES (gen_random_uuid(), 'SW-B', 'late1', '2026-09', 1000)", &[]).unwrap();
     let child = db
         .pgmend()
-        .args(["migrate", "apply", "--yes", "--target", "3"])
+        .args(["migrate", "apply", "--yes", "--target", "4"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     wait_for(
         &db,
-        "SELECT EXISTS (SELECT 1 FROM pg_stat_progress_create_index)",
+        "SELECT EXISTS (SELECT 1 FROM pg_stat_progress_create_index WHERE datname = current_database())",
         "the build to start",
     );
     // The old application double-taps: a duplicate of a live coupon lands mid-build.
@@ -145,10 +149,10 @@ fn a_build_broken_by_a_late_duplicate_is_dropped_and_the_release_stops() {
         "the INVALID index was dropped"
     );
     assert_eq!(db.invalid_indexes(), 0);
-    assert_eq!(db.history().len(), 2);
+    assert_eq!(db.history().len(), 3);
 
     db.void_duplicates_by_sql();
-    let r = db.run(&["migrate", "apply", "--yes", "--target", "3"]);
+    let r = db.run(&["migrate", "apply", "--yes", "--target", "4"]);
     assert_eq!(r.code, 0, "{}", r.both());
     assert!(index_is_valid(&db));
 }
@@ -167,7 +171,7 @@ fn an_invalid_or_different_index_of_the_same_name_is_rebuilt_and_a_valid_one_ado
     let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
     assert_eq!(doc["invalid_indexes"][0]["index"], "one_coupon_per_member");
 
-    let r = db.run(&["migrate", "apply", "--yes", "--target", "3"]);
+    let r = db.run(&["migrate", "apply", "--yes", "--target", "4"]);
     assert_eq!(r.code, 0, "{}", r.both());
     assert!(r.stderr.contains("INVALID"), "{}", r.stderr);
     assert!(index_is_valid(&db));
@@ -179,14 +183,14 @@ fn an_invalid_or_different_index_of_the_same_name_is_rebuilt_and_a_valid_one_ado
         .batch_execute("CREATE UNIQUE INDEX one_coupon_per_member ON issued_coupons (campaign_id, member_id) WHERE NOT legacy_duplicate")
         .unwrap();
     let oid = db.scalar_i64("SELECT 'one_coupon_per_member'::regclass::oid::bigint");
-    let r = db.run(&["migrate", "apply", "--yes", "--target", "3"]);
+    let r = db.run(&["migrate", "apply", "--yes", "--target", "4"]);
     assert_eq!(r.code, 0, "{}", r.both());
     assert_eq!(
         db.scalar_i64("SELECT 'one_coupon_per_member'::regclass::oid::bigint"),
         oid,
         "not rebuilt"
     );
-    assert_eq!(db.history().len(), 3);
+    assert_eq!(db.history().len(), 4);
 
     // Same name, different definition (not unique): dropped and rebuilt as defined.
     let db = at_v2();
@@ -195,7 +199,7 @@ fn an_invalid_or_different_index_of_the_same_name_is_rebuilt_and_a_valid_one_ado
             "CREATE INDEX one_coupon_per_member ON issued_coupons (campaign_id, member_id)",
         )
         .unwrap();
-    let r = db.run(&["migrate", "apply", "--yes", "--target", "3"]);
+    let r = db.run(&["migrate", "apply", "--yes", "--target", "4"]);
     assert_eq!(r.code, 0, "{}", r.both());
     assert!(index_is_valid(&db), "rebuilt unique, with its predicate");
 }
@@ -204,7 +208,7 @@ fn an_invalid_or_different_index_of_the_same_name_is_rebuilt_and_a_valid_one_ado
 fn the_not_valid_check_keeps_old_overruns_and_refuses_new_ones() {
     let db = at_v2();
     assert_eq!(
-        db.run(&["migrate", "apply", "--yes", "--target", "3"]).code,
+        db.run(&["migrate", "apply", "--yes", "--target", "4"]).code,
         0
     );
     // Counters must equal the truth first: the precondition stops the step until then.
@@ -237,7 +241,7 @@ fn the_not_valid_check_keeps_old_overruns_and_refuses_new_ones() {
     );
     let r = db.run(&["migrate", "apply", "--yes"]);
     assert_eq!(r.code, 0, "{}", r.both());
-    assert_eq!(db.history().len(), 4);
+    assert_eq!(db.history().len(), 5);
 
     let mut c = db.client();
     let err = c
@@ -290,7 +294,7 @@ fn a_second_pgmend_waiting_during_the_build_does_not_deadlock_it() {
                 "apply",
                 "--yes",
                 "--target",
-                "3",
+                "4",
                 "--runner-wait",
                 "1m",
             ])
@@ -302,7 +306,7 @@ fn a_second_pgmend_waiting_during_the_build_does_not_deadlock_it() {
     let first = spawn();
     wait_for(
         &db,
-        "SELECT EXISTS (SELECT 1 FROM pg_stat_progress_create_index)",
+        "SELECT EXISTS (SELECT 1 FROM pg_stat_progress_create_index WHERE datname = current_database())",
         "the build to start",
     );
     let second = spawn();
@@ -330,7 +334,7 @@ fn a_second_pgmend_waiting_during_the_build_does_not_deadlock_it() {
     assert!(index_is_valid(&db));
     assert_eq!(
         db.history().iter().map(|h| h.0).collect::<Vec<_>>(),
-        [1, 2, 3]
+        [1, 2, 3, 4]
     );
 }
 
@@ -338,7 +342,7 @@ fn a_second_pgmend_waiting_during_the_build_does_not_deadlock_it() {
 fn the_check_waits_in_bounded_attempts_while_the_application_keeps_answering() {
     let db = at_v2();
     assert_eq!(
-        db.run(&["migrate", "apply", "--yes", "--target", "3"]).code,
+        db.run(&["migrate", "apply", "--yes", "--target", "4"]).code,
         0
     );
     db.rebuild_budgets_by_sql();
@@ -361,7 +365,7 @@ fn the_check_waits_in_bounded_attempts_while_the_application_keeps_answering() {
     assert_eq!(run.code, 0, "{}", run.both());
     assert!(took >= Duration::from_secs(8), "{took:?}");
     assert!(longest < Duration::from_secs(2), "probe waited {longest:?}");
-    assert_eq!(db.history().len(), 4);
+    assert_eq!(db.history().len(), 5);
 }
 
 #[test]

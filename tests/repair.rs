@@ -18,7 +18,10 @@ const CONFIRM: [&str; 4] = ["apply", "--yes", "--confirm", "deploy-new-applicati
 /// below and above the truth.
 fn edge_cases() -> TestDb {
     let db = fresh_db();
-    assert_eq!(db.run(&["migrate", "apply", "--yes", "--target", "2"]).code, 0);
+    assert_eq!(
+        db.run(&["migrate", "apply", "--yes", "--target", "2"]).code,
+        0
+    );
     db.client()
         .batch_execute(
             "INSERT INTO campaigns VALUES ('C-OVER', 1000, 2000, 999), ('C-ON', 1000, 3000, 0),
@@ -152,59 +155,102 @@ fn the_release_ends_in_the_expected_state_on_the_edge_cases() {
         vec!["plan"],
         vec!["plan", "--format", "json"],
         vec!["repair", "plan", "void-duplicate-coupons", "--all"],
-        vec!["repair", "plan", "rebuild-member-monthly-usage", "--format", "json"],
+        vec![
+            "repair",
+            "plan",
+            "rebuild-member-monthly-usage",
+            "--format",
+            "json",
+        ],
     ] {
         let r = db.run(&args);
         assert_eq!(r.code, 0, "{args:?}: {}", r.both());
     }
     assert_eq!(checksum_all(&db), before, "a dry run changed something");
-    let r = db.run(&["repair", "plan", "void-duplicate-coupons", "--format", "json"]);
+    let r = db.run(&[
+        "repair",
+        "plan",
+        "void-duplicate-coupons",
+        "--format",
+        "json",
+    ]);
     let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
-    assert_eq!(doc["changes"], 7, "{}", r.stdout); // a2 a3 b1 b3 b4 d3, and C-ON/b's second
+    assert_eq!(doc["changes"], 6, "{}", r.stdout); // a2 a3 b1 b3 b4 d3
     assert_eq!(doc["voided_or_created"], 5, "{}", r.stdout);
 
     let r = db.run(&["apply", "--yes"]);
     assert_eq!(r.code, 0, "{}", r.both());
-    assert!(r.stdout.contains("pgmend apply --yes --confirm deploy-new-application"), "{}", r.stdout);
-    assert_eq!(db.scalar_i64("SELECT count(*) FROM refinery_schema_history"), 4, "stops before V5");
+    assert!(
+        r.stdout
+            .contains("pgmend apply --yes --confirm deploy-new-application"),
+        "{}",
+        r.stdout
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM refinery_schema_history"),
+        4,
+        "stops before V5"
+    );
     let r = db.run(&CONFIRM);
     assert_eq!(r.code, 0, "{}", r.both());
     assert_eq!(differences(&db), Vec::<String>::new());
     assert_eq!(db.history().len(), 5);
     assert_eq!(db.invalid_indexes(), 0);
-    assert_eq!(db.scalar_i64("SELECT count(*) FROM pgmend.gates WHERE gate = 'deploy-new-application'"), 1);
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM pgmend.gates WHERE gate = 'deploy-new-application'"),
+        1
+    );
 
     // Run twice, changes nothing the second time.
     let before = checksum_all(&db);
-    for name in ["void-duplicate-coupons", "rebuild-campaign-budgets", "rebuild-member-monthly-usage"] {
+    for name in [
+        "void-duplicate-coupons",
+        "rebuild-campaign-budgets",
+        "rebuild-member-monthly-usage",
+    ] {
         let r = db.run(&["repair", "apply", name, "--yes", "--format", "json"]);
         assert_eq!(r.code, 0, "{}", r.both());
         let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
         assert_eq!(doc["run"]["changed"], 0, "{name}: {}", r.stdout);
     }
     let after = checksum_all(&db);
-    let strip_pgmend = |s: &str| s.split(' ').filter(|p| !p.starts_with("pgmend.")).collect::<Vec<_>>().join(" ");
+    let strip_pgmend = |s: &str| {
+        s.split(' ')
+            .filter(|p| !p.starts_with("pgmend."))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
     assert_eq!(strip_pgmend(&after), strip_pgmend(&before));
 }
 
 #[test]
 fn the_ledger_answers_which_coupons_were_voided_and_why() {
     let db = edge_cases();
-    assert_eq!(db.run(&["repair", "apply", "void-duplicate-coupons", "--yes"]).code, 0);
+    assert_eq!(
+        db.run(&["repair", "apply", "void-duplicate-coupons", "--yes"])
+            .code,
+        0
+    );
     let r = db.run(&["repair", "log", "1", "--format", "csv"]);
     assert_eq!(r.code, 0, "{}", r.both());
     let mut reader = csv::Reader::from_reader(r.stdout.as_bytes());
     let rows: Vec<csv::StringRecord> = reader.records().map(Result::unwrap).collect();
-    assert_eq!(rows.len(), 7);
-    let a2 = rows.iter().find(|r| r[2].contains("0000000000a2")).expect("a2 was changed");
-    assert!(a2[6].contains("00000000-0000-0000-0000-0000000000a1 is kept"), "{a2:?}");
+    assert_eq!(rows.len(), 6);
+    let a2 = rows
+        .iter()
+        .find(|r| r[2].contains("0000000000a2"))
+        .expect("a2 was changed");
+    assert!(
+        a2[6].contains("00000000-0000-0000-0000-0000000000a1 is kept"),
+        "{a2:?}"
+    );
     let r = db.run(&["repair", "log", "1", "--format", "json"]);
     let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
-    assert_eq!(doc.as_array().unwrap().len(), 7);
+    assert_eq!(doc.as_array().unwrap().len(), 6);
     let r = db.run(&["repair", "status", "--format", "json"]);
     let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
     assert_eq!(doc[0]["targets"], 3);
-    assert_eq!(doc[0]["changed"], 7);
+    assert_eq!(doc[0]["changed"], 6);
     assert_eq!(doc[0]["state"], "finished");
 }
 
@@ -212,10 +258,19 @@ fn the_ledger_answers_which_coupons_were_voided_and_why() {
 fn a_coupon_redeemed_after_planning_is_the_one_kept() {
     let db = edge_cases();
     let r = db.run(&["repair", "plan", "void-duplicate-coupons", "--all"]);
-    assert!(r.stdout.contains("coupon_id = 00000000-0000-0000-0000-0000000000d3"), "planned to void d3: {}", r.stdout);
+    assert!(
+        r.stdout
+            .contains("coupon_id = 00000000-0000-0000-0000-0000000000d3"),
+        "planned to void d3: {}",
+        r.stdout
+    );
     // Between the plan and the batch, the member redeems the later twin.
     db.client().batch_execute("UPDATE issued_coupons SET redeemed_at = now() WHERE coupon_id = '00000000-0000-0000-0000-0000000000d3'").unwrap();
-    assert_eq!(db.run(&["repair", "apply", "void-duplicate-coupons", "--yes"]).code, 0);
+    assert_eq!(
+        db.run(&["repair", "apply", "void-duplicate-coupons", "--yes"])
+            .code,
+        0
+    );
     let state = |id: &str| -> (bool, bool) {
         let row = db
             .client()
@@ -223,38 +278,67 @@ fn a_coupon_redeemed_after_planning_is_the_one_kept() {
             .unwrap();
         (row.get(0), row.get(1))
     };
-    assert_eq!(state("00000000-0000-0000-0000-0000000000d3"), (false, false), "the redeemed one is kept");
-    assert_eq!(state("00000000-0000-0000-0000-0000000000d2"), (true, true), "its unredeemed twin is voided");
+    assert_eq!(
+        state("00000000-0000-0000-0000-0000000000d3"),
+        (false, false),
+        "the redeemed one is kept"
+    );
+    assert_eq!(
+        state("00000000-0000-0000-0000-0000000000d2"),
+        (true, true),
+        "its unredeemed twin is voided"
+    );
 }
 
 #[test]
 fn undo_restores_exactly_what_a_run_changed_and_refuses_what_it_cannot() {
     let db = edge_cases();
     let before = checksum_all(&db);
-    let coupons = |db: &TestDb| db.scalar_i64("SELECT hashtext(string_agg(x::text, ',' ORDER BY coupon_id))::bigint FROM issued_coupons x");
+    let coupons = |db: &TestDb| {
+        db.scalar_i64("SELECT hashtext(string_agg(x::text, ',' ORDER BY coupon_id))::bigint FROM issued_coupons x")
+    };
     let original = coupons(&db);
-    assert_eq!(db.run(&["repair", "apply", "void-duplicate-coupons", "--yes"]).code, 0);
+    assert_eq!(
+        db.run(&["repair", "apply", "void-duplicate-coupons", "--yes"])
+            .code,
+        0
+    );
     assert_ne!(coupons(&db), original);
     let r = db.run(&["repair", "undo", "1", "--yes", "--format", "json"]);
     assert_eq!(r.code, 0, "{}", r.both());
     assert_eq!(coupons(&db), original, "every coupon is back as it was");
     let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
-    assert_eq!(doc["restored"], 7);
+    assert_eq!(doc["restored"], 6);
     let _ = before;
-    assert_eq!(db.run(&["repair", "undo", "1", "--yes"]).code, 1, "already undone");
+    assert_eq!(
+        db.run(&["repair", "undo", "1", "--yes"]).code,
+        1,
+        "already undone"
+    );
 
     // A voided coupon redeemed afterwards (the old cart ignores voided_at) cannot be undone.
-    assert_eq!(db.run(&["repair", "apply", "void-duplicate-coupons", "--yes"]).code, 0);
+    assert_eq!(
+        db.run(&["repair", "apply", "void-duplicate-coupons", "--yes"])
+            .code,
+        0
+    );
     db.client().batch_execute("UPDATE issued_coupons SET redeemed_at = now() WHERE coupon_id = '00000000-0000-0000-0000-0000000000a3'").unwrap();
     let after = coupons(&db);
     let r = db.run(&["repair", "undo", "3", "--yes"]);
     assert_eq!(r.code, 1, "{}", r.both());
-    assert!(r.stderr.contains("0000000000a3") && r.stderr.contains("changed since the run"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("0000000000a3") && r.stderr.contains("changed since the run"),
+        "{}",
+        r.stderr
+    );
     assert_eq!(coupons(&db), after, "a refused undo changes nothing");
 
     // Once the unique index exists, restoring a second live coupon per member is refused.
     db.client().batch_execute("UPDATE issued_coupons SET redeemed_at = NULL WHERE coupon_id = '00000000-0000-0000-0000-0000000000a3'").unwrap();
-    assert_eq!(db.run(&["migrate", "apply", "--yes", "--target", "3"]).code, 0);
+    assert_eq!(
+        db.run(&["migrate", "apply", "--yes", "--target", "3"]).code,
+        0
+    );
     let r = db.run(&["repair", "undo", "3", "--yes"]);
     assert_eq!(r.code, 1, "{}", r.both());
     assert!(r.stderr.contains("unique index rejects"), "{}", r.stderr);
@@ -288,7 +372,9 @@ fn the_counter_rebuild_is_exact_where_the_naive_update_loses_a_write() {
             })
         } else {
             let mut cmd = db.pgmend();
-            cmd.args(["repair", "apply", "rebuild-campaign-budgets", "--yes"]).stdout(Stdio::null()).stderr(Stdio::null());
+            cmd.args(["repair", "apply", "rebuild-campaign-budgets", "--yes"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
             thread::spawn(move || cmd.status().unwrap().code().unwrap())
         };
         let who = if naive { "naive" } else { "pgmend" };
@@ -316,7 +402,11 @@ fn the_counter_rebuild_is_exact_where_the_naive_update_loses_a_write() {
             (row.get::<_, i64>(0), row.get::<_, i64>(1))
         };
         if naive {
-            assert_eq!(counter, truth - 1000, "the naive form writes the sum it saw before it waited");
+            assert_eq!(
+                counter,
+                truth - 1000,
+                "the naive form writes the sum it saw before it waited"
+            );
         } else {
             assert_eq!(counter, truth, "lock first, then sum: exact");
         }
@@ -399,9 +489,22 @@ fn over_budget_and_out_of_range_counters_are_skipped_reported_and_exit_1() {
         .unwrap();
     let r = db.run(&["repair", "apply", "rebuild-campaign-budgets", "--yes"]);
     assert_eq!(r.code, 1, "{}", r.both());
-    assert!(r.stderr.contains("C-ON") && r.stderr.contains("issued_within_budget"), "{}", r.stderr);
-    assert_eq!(db.scalar_i64("SELECT issued_yen::bigint FROM campaign_budgets WHERE campaign_id = 'C-ON'"), 3000);
-    assert_eq!(db.scalar_i64("SELECT issued_yen::bigint FROM campaign_budgets WHERE campaign_id = 'C-BIG'"), 2000, "the others are written");
+    assert!(
+        r.stderr.contains("C-ON") && r.stderr.contains("issued_within_budget"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT issued_yen::bigint FROM campaign_budgets WHERE campaign_id = 'C-ON'"),
+        3000
+    );
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT issued_yen::bigint FROM campaign_budgets WHERE campaign_id = 'C-BIG'"
+        ),
+        2000,
+        "the others are written"
+    );
 
     db.client()
         .batch_execute(
@@ -411,9 +514,23 @@ fn over_budget_and_out_of_range_counters_are_skipped_reported_and_exit_1() {
         .unwrap();
     let r = db.run(&["repair", "apply", "rebuild-member-monthly-usage", "--yes"]);
     assert_eq!(r.code, 1, "{}", r.both());
-    assert!(r.stderr.contains("4000000000 does not fit member_monthly_usage.used_yen"), "{}", r.stderr);
-    assert_eq!(db.scalar_i64("SELECT count(*) FROM member_monthly_usage WHERE member_id = 'whale'"), 1, "created at 0");
-    assert_eq!(db.scalar_i64("SELECT used_yen::bigint FROM member_monthly_usage WHERE member_id = 'whale'"), 0);
+    assert!(
+        r.stderr
+            .contains("4000000000 does not fit member_monthly_usage.used_yen"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM member_monthly_usage WHERE member_id = 'whale'"),
+        1,
+        "created at 0"
+    );
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT used_yen::bigint FROM member_monthly_usage WHERE member_id = 'whale'"
+        ),
+        0
+    );
 }
 
 #[test]
@@ -455,14 +572,29 @@ fn a_repair_for_another_schema_needs_only_a_definition_file() {
     }
     let revoked: Vec<i64> = db
         .client()
-        .query("SELECT grant_id FROM point_grants WHERE revoked_at IS NOT NULL ORDER BY 1", &[])
+        .query(
+            "SELECT grant_id FROM point_grants WHERE revoked_at IS NOT NULL ORDER BY 1",
+            &[],
+        )
         .unwrap()
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(revoked, [2, 5], "the later signup of 7 and the unspent one of 8");
-    let points: Vec<(i32, i32)> =
-        db.client().query("SELECT member_id, points FROM member_points ORDER BY 1", &[]).unwrap().iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(
+        revoked,
+        [2, 5],
+        "the later signup of 7 and the unspent one of 8"
+    );
+    let points: Vec<(i32, i32)> = db
+        .client()
+        .query(
+            "SELECT member_id, points FROM member_points ORDER BY 1",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
     assert_eq!(points, [(7, 150), (8, 100), (9, 0)]);
 }
 
@@ -486,7 +618,16 @@ fn killed_at_random_the_release_resumes_to_the_same_state_and_ledger() {
     for attempt in 0..60 {
         let mut child = db
             .pgmend()
-            .args(["apply", "--yes", "--confirm", "deploy-new-application", "--batch-target", "2ms", "--runner-wait", "30s"])
+            .args([
+                "apply",
+                "--yes",
+                "--confirm",
+                "deploy-new-application",
+                "--batch-target",
+                "2ms",
+                "--runner-wait",
+                "30s",
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -545,15 +686,49 @@ fn an_unfinished_run_under_another_definition_is_refused_and_can_be_abandoned() 
     }
     let d = dir_arg(dir.path());
     // An unfinished run, as a crash leaves it.
-    assert_eq!(db.run(&["repair", "apply", "void-duplicate-coupons", "--yes", "--repairs-dir", &d]).code, 0);
+    assert_eq!(
+        db.run(&[
+            "repair",
+            "apply",
+            "void-duplicate-coupons",
+            "--yes",
+            "--repairs-dir",
+            &d
+        ])
+        .code,
+        0
+    );
     db.client().batch_execute("UPDATE pgmend.repair_runs SET state = 'running', checkpoint = 1, finished_at = NULL WHERE run_id = 1").unwrap();
     let file = dir.path().join("void-duplicate-coupons.toml");
     let text = std::fs::read_to_string(&file).unwrap();
-    std::fs::write(&file, text.replace("description = \"", "description = \"edited: ")).unwrap();
-    let r = db.run(&["repair", "apply", "void-duplicate-coupons", "--yes", "--repairs-dir", &d]);
+    std::fs::write(
+        &file,
+        text.replace("description = \"", "description = \"edited: "),
+    )
+    .unwrap();
+    let r = db.run(&[
+        "repair",
+        "apply",
+        "void-duplicate-coupons",
+        "--yes",
+        "--repairs-dir",
+        &d,
+    ]);
     assert_eq!(r.code, 1, "{}", r.both());
-    assert!(r.stderr.contains("run 1 of void-duplicate-coupons") && r.stderr.contains("pgmend repair abandon 1 --yes"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("run 1 of void-duplicate-coupons")
+            && r.stderr.contains("pgmend repair abandon 1 --yes"),
+        "{}",
+        r.stderr
+    );
     assert_eq!(db.run(&["repair", "abandon", "1", "--yes"]).code, 0);
-    let r = db.run(&["repair", "apply", "void-duplicate-coupons", "--yes", "--repairs-dir", &d]);
+    let r = db.run(&[
+        "repair",
+        "apply",
+        "void-duplicate-coupons",
+        "--yes",
+        "--repairs-dir",
+        &d,
+    ]);
     assert_eq!(r.code, 0, "{}", r.both());
 }

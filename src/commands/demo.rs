@@ -87,8 +87,16 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
         &["apply", "--yes"],
     )?;
     say("Here a release engineer deploys the new application (it maintains the counters exactly and upserts against the unique index). There is no application in this demo, so we confirm at once: the counters are rebuilt again, then the NOT VALID budget check is added.");
-    step(&url, "Pass the gate.", &["apply", "--yes", "--confirm", "deploy-new-application"])?;
-    step(&url, "Every repair run, with its ledger behind it (`pgmend repair log RUN_ID`).", &["repair", "status"])?;
+    step(
+        &url,
+        "Pass the gate.",
+        &["apply", "--yes", "--confirm", "deploy-new-application"],
+    )?;
+    step(
+        &url,
+        "Every repair run, with its ledger behind it (`pgmend repair log RUN_ID`).",
+        &["repair", "status"],
+    )?;
     step(&url, "And the migrations.", &["migrate", "status"])?;
 
     if args.keep {

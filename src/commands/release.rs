@@ -37,7 +37,12 @@ pub fn plan(args: &ReleasePlanArgs, format: Format) -> Result<Outcome> {
     let steps = release::steps()?;
     let mut session = open(&args.conn)?;
     let migrations = migrate_plan::build(&mut session.client, files.clone(), None)?;
-    let mut tx = session.client.build_transaction().read_only(true).start().doing("opening a read-only transaction")?;
+    let mut tx = session
+        .client
+        .build_transaction()
+        .read_only(true)
+        .start()
+        .doing("opening a read-only transaction")?;
     let applied: Vec<i32> = history::read(&mut tx)?.iter().map(|a| a.version).collect();
     let progress = release::progress(&mut tx, applied)?;
     let colour = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
@@ -45,13 +50,30 @@ pub fn plan(args: &ReleasePlanArgs, format: Format) -> Result<Outcome> {
     let mut shadows: Vec<AddedColumn> = Vec::new();
     let mut docs = Vec::new();
     if format != Format::Json {
-        writeln!(out, "The release on {} (dry run in read-only transactions; nothing is changed):", session.params)?;
+        writeln!(
+            out,
+            "The release on {} (dry run in read-only transactions; nothing is changed):",
+            session.params
+        )?;
     }
     for (i, step) in steps.iter().enumerate() {
         let done = progress.done(i, step);
-        let mut doc = StepPlan { step: i + 1, what: step, done, migration: None, repair: None, sample: Vec::new() };
+        let mut doc = StepPlan {
+            step: i + 1,
+            what: step,
+            done,
+            migration: None,
+            repair: None,
+            sample: Vec::new(),
+        };
         if format != Format::Json {
-            writeln!(out, "\n## step {}: {}{}", i + 1, step.label(), if done { " — done" } else { "" })?;
+            writeln!(
+                out,
+                "\n## step {}: {}{}",
+                i + 1,
+                step.label(),
+                if done { " — done" } else { "" }
+            )?;
         }
         if !done {
             match step {
@@ -61,25 +83,36 @@ pub fn plan(args: &ReleasePlanArgs, format: Format) -> Result<Outcome> {
                         if format != Format::Json {
                             migrate_plan::render_migration(m, &mut out)?;
                         }
-                        let file = files.iter().find(|f| f.version == *version).expect("planned from files");
+                        let file = files
+                            .iter()
+                            .find(|f| f.version == *version)
+                            .expect("planned from files");
                         shadows.extend(file.statements.iter().filter_map(added_column));
                     }
                     doc.migration = m;
                 }
                 Step::Repair { name } => {
-                    let repair = repairs.iter().find(|r| &r.name == name).ok_or_else(|| anyhow::anyhow!("release.toml names repair {name:?}, which has no definition"))?;
-                    let mut sample = Vec::new();
-                    let p = preview::preview(&mut tx, repair, &shadows, Some(args.sample), &mut |c| {
-                        if format == Format::Json {
-                            sample.push(c.clone());
-                        } else {
-                            preview::render_diff(c, colour, &mut out)?;
-                        }
-                        Ok(())
+                    let repair = repairs.iter().find(|r| &r.name == name).ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "release.toml names repair {name:?}, which has no definition"
+                        )
                     })?;
+                    let mut sample = Vec::new();
+                    let p =
+                        preview::preview(&mut tx, repair, &shadows, Some(args.sample), &mut |c| {
+                            if format == Format::Json {
+                                sample.push(c.clone());
+                            } else {
+                                preview::render_diff(c, colour, &mut out)?;
+                            }
+                            Ok(())
+                        })?;
                     if format != Format::Json {
                         render_summary(&p, &mut out)?;
-                        writeln!(out, "(computed on the data as it is now; earlier pending steps change it)")?;
+                        writeln!(
+                            out,
+                            "(computed on the data as it is now; earlier pending steps change it)"
+                        )?;
                     }
                     doc.repair = Some(p);
                     doc.sample = sample;
@@ -100,10 +133,16 @@ pub fn plan(args: &ReleasePlanArgs, format: Format) -> Result<Outcome> {
             steps: Vec<StepPlan<'a>>,
             blockers: &'a [String],
         }
-        print_json(&Doc { steps: docs, blockers: &migrations.blockers })?;
+        print_json(&Doc {
+            steps: docs,
+            blockers: &migrations.blockers,
+        })?;
     }
     if !migrations.blockers.is_empty() {
-        bail!("apply would stop before changing anything:\n  - {}", migrations.blockers.join("\n  - "));
+        bail!(
+            "apply would stop before changing anything:\n  - {}",
+            migrations.blockers.join("\n  - ")
+        );
     }
     Ok(Outcome::Done)
 }
@@ -121,10 +160,22 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
     let files = load(&args.migrations)?;
     let repairs = source(&args.repairs).load()?;
     let steps = release::steps()?;
-    let gates: Vec<&str> = steps.iter().filter_map(|s| if let Step::Gate { name, .. } = s { Some(name.as_str()) } else { None }).collect();
+    let gates: Vec<&str> = steps
+        .iter()
+        .filter_map(|s| {
+            if let Step::Gate { name, .. } = s {
+                Some(name.as_str())
+            } else {
+                None
+            }
+        })
+        .collect();
     for c in &args.confirm {
         if !gates.contains(&c.as_str()) {
-            bail!("--confirm {c}: this release has no such gate; its gates are: {}", gates.join(", "));
+            bail!(
+                "--confirm {c}: this release has no such gate; its gates are: {}",
+                gates.join(", ")
+            );
         }
     }
     let mut session = open(&args.conn)?;
@@ -132,7 +183,10 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
     let _lock = runner_lock::acquire(&mut session.client, args.safety.runner_wait)?;
     let params = session.params.clone();
     if !args.safety.yes {
-        confirm(false, &format!("Apply the pending release to {params} (review it first with `pgmend plan`)?"))?;
+        confirm(
+            false,
+            &format!("Apply the pending release to {params} (review it first with `pgmend plan`)?"),
+        )?;
     }
     let client = &mut session.client;
     let mut report: Vec<Applied> = Vec::new();
@@ -141,18 +195,36 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
         let applied: Vec<i32> = history::read(client)?.iter().map(|a| a.version).collect();
         let progress = release::progress(client, applied)?;
         if progress.done(i, step) {
-            report.push(Applied { step: i + 1, label: step.label(), outcome: "already done".into() });
+            report.push(Applied {
+                step: i + 1,
+                label: step.label(),
+                outcome: "already done".into(),
+            });
             continue;
         }
         eprintln!("\n== step {}: {}", i + 1, step.label());
         match step {
-            Step::Migrate { version, retry_with } => {
+            Step::Migrate {
+                version,
+                retry_with,
+            } => {
                 let mut passes = 0;
                 loop {
                     let plan = migrate_plan::build(client, files.clone(), Some(*version))?;
-                    match migrate_apply::execute(client, &params, &plan, &policy, args.safety.build_wait, &mut |l| eprintln!("{l}")) {
+                    match migrate_apply::execute(
+                        client,
+                        &params,
+                        &plan,
+                        &policy,
+                        args.safety.build_wait,
+                        &mut |l| eprintln!("{l}"),
+                    ) {
                         Ok(_) => break,
-                        Err(e) if retry_with.is_some() && passes < 3 && e.chain().any(|c| c.is::<Stopped>()) => {
+                        Err(e)
+                            if retry_with.is_some()
+                                && passes < 3
+                                && e.chain().any(|c| c.is::<Stopped>()) =>
+                        {
                             passes += 1;
                             let name = retry_with.as_deref().unwrap();
                             eprintln!("{e:#}\nrunning {name} again for what arrived meanwhile (pass {passes} of 3)");
@@ -165,7 +237,9 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
                 }
             }
             Step::Repair { name } => {
-                let repair = repairs.iter().find(|r| &r.name == name).ok_or_else(|| anyhow::anyhow!("release.toml names repair {name:?}, which has no definition"))?;
+                let repair = repairs.iter().find(|r| &r.name == name).ok_or_else(|| {
+                    anyhow::anyhow!("release.toml names repair {name:?}, which has no definition")
+                })?;
                 let run = run_repair(client, repair, &options)?;
                 stop_if_unfinished(&run, repair)?;
                 client
@@ -179,7 +253,11 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
             Step::Gate { name, explain } => {
                 if !args.confirm.iter().any(|c| c == name) {
                     stopped_at = Some(name.clone());
-                    report.push(Applied { step: i + 1, label: step.label(), outcome: "waiting for confirmation".into() });
+                    report.push(Applied {
+                        step: i + 1,
+                        label: step.label(),
+                        outcome: "waiting for confirmation".into(),
+                    });
                     if format != Format::Json {
                         let mut out = std::io::stdout().lock();
                         writeln!(out, "The release stopped at gate {name} (step {}).\n{explain}\nWhen that is done, continue with:\n  pgmend apply --yes --confirm {name}", i + 1)?;
@@ -197,7 +275,11 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
                 eprintln!("gate {name} confirmed by {who}");
             }
         }
-        report.push(Applied { step: i + 1, label: step.label(), outcome: "done".into() });
+        report.push(Applied {
+            step: i + 1,
+            label: step.label(),
+            outcome: "done".into(),
+        });
     }
     match format {
         Format::Json => {
@@ -207,18 +289,28 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
                 stopped_at_gate: Option<String>,
                 complete: bool,
             }
-            print_json(&Doc { steps: &report, complete: stopped_at.is_none(), stopped_at_gate: stopped_at })?;
+            print_json(&Doc {
+                steps: &report,
+                complete: stopped_at.is_none(),
+                stopped_at_gate: stopped_at,
+            })?;
         }
         _ => {
             if stopped_at.is_none() {
-                writeln!(std::io::stdout().lock(), "The release is complete on {params}. Check it with: pgmend verify")?;
+                writeln!(
+                    std::io::stdout().lock(),
+                    "The release is complete on {params}. Check it with: pgmend verify"
+                )?;
             }
         }
     }
     Ok(Outcome::Done)
 }
 
-fn stop_if_unfinished(run: &crate::repair::runner::RunReport, repair: &crate::repair::definition::Repair) -> Result<()> {
+fn stop_if_unfinished(
+    run: &crate::repair::runner::RunReport,
+    repair: &crate::repair::definition::Repair,
+) -> Result<()> {
     if run.interrupted || run.run.skipped.as_array().is_some_and(|s| !s.is_empty()) {
         super::repair::finish(run, repair)?;
     }
@@ -230,12 +322,18 @@ fn os_user() -> String {
         .or_else(|_| std::env::var("LOGNAME"))
         .ok()
         .or_else(|| {
-            std::process::Command::new("id").arg("-un").output().ok().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            std::process::Command::new("id")
+                .arg("-un")
+                .output()
+                .ok()
+                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         })
         .filter(|u| !u.is_empty())
         .unwrap_or_else(|| "unknown".into())
 }
 
 fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "unknown-host".into())
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "unknown-host".into())
 }

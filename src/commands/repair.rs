@@ -7,7 +7,10 @@ use serde::Serialize;
 use tabled::{settings::Style, Table, Tabled};
 
 use super::{confirm, open, print_json};
-use crate::cli::{BatchArgs, Format, RepairApplyArgs, RepairListArgs, RepairLogArgs, RepairPlanArgs, RepairRunArgs, RepairStatusArgs, RepairsArgs, SafetyArgs};
+use crate::cli::{
+    BatchArgs, Format, RepairApplyArgs, RepairListArgs, RepairLogArgs, RepairPlanArgs,
+    RepairRunArgs, RepairStatusArgs, RepairsArgs, SafetyArgs,
+};
 use crate::db::retry::LockPolicy;
 use crate::db::runner_lock;
 use crate::error::{Outcome, PgContext, Stopped};
@@ -24,7 +27,11 @@ pub fn source(args: &RepairsArgs) -> RepairSource {
 }
 
 pub fn run_options(safety: &SafetyArgs, batch: &BatchArgs) -> Result<RunOptions> {
-    Ok(RunOptions { policy: super::migrate::policy(safety)?, batch_target: batch.batch_target, max_replica_lag: batch.max_replica_lag })
+    Ok(RunOptions {
+        policy: super::migrate::policy(safety)?,
+        batch_target: batch.batch_target,
+        max_replica_lag: batch.max_replica_lag,
+    })
 }
 
 pub fn list(args: &RepairListArgs, format: Format) -> Result<Outcome> {
@@ -35,10 +42,21 @@ pub fn list(args: &RepairListArgs, format: Format) -> Result<Outcome> {
         kind: String,
         description: String,
     }
-    let rows: Vec<Row> = repairs.iter().map(|r| Row { name: r.name.clone(), kind: r.kind().into(), description: r.description().into() }).collect();
+    let rows: Vec<Row> = repairs
+        .iter()
+        .map(|r| Row {
+            name: r.name.clone(),
+            kind: r.kind().into(),
+            description: r.description().into(),
+        })
+        .collect();
     match format {
         Format::Json => print_json(&rows)?,
-        _ => writeln!(std::io::stdout().lock(), "{}", Table::new(&rows).with(Style::psql()))?,
+        _ => writeln!(
+            std::io::stdout().lock(),
+            "{}",
+            Table::new(&rows).with(Style::psql())
+        )?,
     }
     Ok(Outcome::Done)
 }
@@ -49,8 +67,16 @@ pub fn render_summary(p: &Preview, out: &mut impl Write) -> std::io::Result<()> 
         return writeln!(out, "{}: {why}", p.repair);
     }
     match p.kind.as_str() {
-        "void_duplicates" => writeln!(out, "{}: {} rows would change, {} of them voided (the rest are redeemed: marked only)", p.repair, p.changes, p.voided_or_created)?,
-        _ => writeln!(out, "{}: {} counters would change, {} of them created", p.repair, p.changes, p.voided_or_created)?,
+        "void_duplicates" => writeln!(
+            out,
+            "{}: {} rows would change, {} of them voided (the rest are redeemed: marked only)",
+            p.repair, p.changes, p.voided_or_created
+        )?,
+        _ => writeln!(
+            out,
+            "{}: {} counters would change, {} of them created",
+            p.repair, p.changes, p.voided_or_created
+        )?,
     }
     if p.kind == "void_duplicates" && !p.amounts.is_empty() {
         for (by, yen) in &p.amounts {
@@ -63,7 +89,12 @@ pub fn render_summary(p: &Preview, out: &mut impl Write) -> std::io::Result<()> 
 pub fn plan(args: &RepairPlanArgs, format: Format) -> Result<Outcome> {
     let repair = source(&args.repairs).find(&args.name)?;
     let mut session = open(&args.conn)?;
-    let mut tx = session.client.build_transaction().read_only(true).start().doing("opening a read-only transaction")?;
+    let mut tx = session
+        .client
+        .build_transaction()
+        .read_only(true)
+        .start()
+        .doing("opening a read-only transaction")?;
     let colour = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let sample = if args.all { None } else { Some(args.sample) };
     let mut out = std::io::stdout().lock();
@@ -80,15 +111,28 @@ pub fn plan(args: &RepairPlanArgs, format: Format) -> Result<Outcome> {
                 preview: &'a Preview,
                 sample: Vec<Change>,
             }
-            print_json(&Doc { preview: &p, sample: changes })?;
+            print_json(&Doc {
+                preview: &p,
+                sample: changes,
+            })?;
             p
         }
         _ => {
-            writeln!(out, "Dry run of {} (read-only transaction; nothing is changed):", repair.name)?;
-            let p = preview::preview(&mut tx, &repair, &[], sample, &mut |c| Ok(preview::render_diff(c, colour, &mut out)?))?;
+            writeln!(
+                out,
+                "Dry run of {} (read-only transaction; nothing is changed):",
+                repair.name
+            )?;
+            let p = preview::preview(&mut tx, &repair, &[], sample, &mut |c| {
+                Ok(preview::render_diff(c, colour, &mut out)?)
+            })?;
             render_summary(&p, &mut out)?;
             if sample.is_some_and(|n| p.changes as usize > n) {
-                writeln!(out, "(showing {} of {} changes; --all shows every one)", args.sample, p.changes)?;
+                writeln!(
+                    out,
+                    "(showing {} of {} changes; --all shows every one)",
+                    args.sample, p.changes
+                )?;
             }
             p
         }
@@ -105,11 +149,21 @@ pub fn apply(args: &RepairApplyArgs, format: Format) -> Result<Outcome> {
     session.ensure_writable()?;
     let _lock = runner_lock::acquire(&mut session.client, args.safety.runner_wait)?;
     if !args.safety.yes {
-        let mut tx = session.client.build_transaction().read_only(true).start().doing("opening a read-only transaction")?;
-        let p = preview::preview(&mut tx, &repair, &[], Some(5), &mut |c| Ok(preview::render_diff(c, false, &mut std::io::stderr())?))?;
+        let mut tx = session
+            .client
+            .build_transaction()
+            .read_only(true)
+            .start()
+            .doing("opening a read-only transaction")?;
+        let p = preview::preview(&mut tx, &repair, &[], Some(5), &mut |c| {
+            Ok(preview::render_diff(c, false, &mut std::io::stderr())?)
+        })?;
         tx.rollback().doing("closing the read-only transaction")?;
         render_summary(&p, &mut std::io::stderr())?;
-        confirm(false, &format!("Run {} on {}?", repair.name, session.params))?;
+        confirm(
+            false,
+            &format!("Run {} on {}?", repair.name, session.params),
+        )?;
     }
     let report = run_repair(&mut session.client, &repair, &options)?;
     print_report(&report, format)?;
@@ -117,7 +171,11 @@ pub fn apply(args: &RepairApplyArgs, format: Format) -> Result<Outcome> {
 }
 
 /// Runs a repair with Ctrl-C handling.
-pub fn run_repair(client: &mut postgres::Client, repair: &Repair, options: &RunOptions) -> Result<RunReport> {
+pub fn run_repair(
+    client: &mut postgres::Client,
+    repair: &Repair,
+    options: &RunOptions,
+) -> Result<RunReport> {
     install_interrupt_handler();
     runner::apply(client, repair, options, &mut |line| eprintln!("{line}"))
 }
@@ -189,7 +247,12 @@ pub fn print_report(report: &RunReport, format: Format) -> Result<()> {
 
 pub fn status(args: &RepairStatusArgs, format: Format) -> Result<Outcome> {
     let mut session = open(&args.conn)?;
-    let mut tx = session.client.build_transaction().read_only(true).start().doing("opening a read-only transaction")?;
+    let mut tx = session
+        .client
+        .build_transaction()
+        .read_only(true)
+        .start()
+        .doing("opening a read-only transaction")?;
     let runs = store::runs(&mut tx)?;
     tx.rollback().doing("closing the read-only transaction")?;
     match format {
@@ -213,7 +276,10 @@ pub fn status(args: &RepairStatusArgs, format: Format) -> Result<Outcome> {
                     run: r.run_id,
                     repair: r.repair.clone(),
                     state: r.state.clone(),
-                    progress: format!("{}/{} (checkpoint {})", r.processed, r.targets, r.checkpoint),
+                    progress: format!(
+                        "{}/{} (checkpoint {})",
+                        r.processed, r.targets, r.checkpoint
+                    ),
                     changed: r.changed,
                     skipped: r.skipped.as_array().map_or(0, Vec::len),
                     as_of: r.as_of.clone(),
@@ -237,32 +303,70 @@ pub fn status(args: &RepairStatusArgs, format: Format) -> Result<Outcome> {
 
 pub fn log(args: &RepairLogArgs, format: Format) -> Result<Outcome> {
     let mut session = open(&args.conn)?;
-    let mut tx = session.client.build_transaction().read_only(true).start().doing("opening a read-only transaction")?;
+    let mut tx = session
+        .client
+        .build_transaction()
+        .read_only(true)
+        .start()
+        .doing("opening a read-only transaction")?;
     if store::run(&mut tx, args.run_id)?.is_none() {
-        bail!("there is no repair run {}; `pgmend repair status` lists the runs", args.run_id);
+        bail!(
+            "there is no repair run {}; `pgmend repair status` lists the runs",
+            args.run_id
+        );
     }
     let mut out = std::io::stdout().lock();
     let sql = "SELECT ledger_id, target_table, row_key::text, action, coalesce(before::text, ''), coalesce(after::text, ''), reason,
                       to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')
                  FROM pgmend.repair_ledger WHERE run_id = $1 ORDER BY ledger_id";
-    let mut rows = tx.query_raw(sql, [&args.run_id]).doing("reading the ledger")?;
+    let mut rows = tx
+        .query_raw(sql, [&args.run_id])
+        .doing("reading the ledger")?;
     use fallible_iterator::FallibleIterator;
-    let mut csv_writer = (format == Format::Csv).then(|| csv::Writer::from_writer(std::io::stdout()));
+    let mut csv_writer =
+        (format == Format::Csv).then(|| csv::Writer::from_writer(std::io::stdout()));
     if let Some(w) = csv_writer.as_mut() {
-        w.write_record(["ledger_id", "table", "row_key", "action", "before", "after", "reason", "at"]).map_err(std::io::Error::from)?;
+        w.write_record([
+            "ledger_id",
+            "table",
+            "row_key",
+            "action",
+            "before",
+            "after",
+            "reason",
+            "at",
+        ])
+        .map_err(std::io::Error::from)?;
     }
     let mut first = true;
     if format == Format::Json {
         write!(out, "[")?;
     }
     while let Some(r) = rows.next().doing("reading the ledger")? {
-        let fields: (i64, String, String, String, String, String, String, String) =
-            (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5), r.get(6), r.get(7));
+        let fields: (i64, String, String, String, String, String, String, String) = (
+            r.get(0),
+            r.get(1),
+            r.get(2),
+            r.get(3),
+            r.get(4),
+            r.get(5),
+            r.get(6),
+            r.get(7),
+        );
         match format {
             Format::Csv => {
                 let w = csv_writer.as_mut().expect("csv writer");
-                w.write_record([&fields.0.to_string(), &fields.1, &fields.2, &fields.3, &fields.4, &fields.5, &fields.6, &fields.7])
-                    .map_err(std::io::Error::from)?;
+                w.write_record([
+                    &fields.0.to_string(),
+                    &fields.1,
+                    &fields.2,
+                    &fields.3,
+                    &fields.4,
+                    &fields.5,
+                    &fields.6,
+                    &fields.7,
+                ])
+                .map_err(std::io::Error::from)?;
             }
             Format::Json => {
                 let value = serde_json::json!({
@@ -275,7 +379,11 @@ pub fn log(args: &RepairLogArgs, format: Format) -> Result<Outcome> {
                 });
                 write!(out, "{}\n  {}", if first { "" } else { "," }, value)?;
             }
-            Format::Human => writeln!(out, "{} {} {} {}: {} -> {} ({})", fields.7, fields.1, fields.2, fields.3, fields.4, fields.5, fields.6)?,
+            Format::Human => writeln!(
+                out,
+                "{} {} {} {}: {} -> {} ({})",
+                fields.7, fields.1, fields.2, fields.3, fields.4, fields.5, fields.6
+            )?,
         }
         first = false;
     }
@@ -289,7 +397,9 @@ pub fn log(args: &RepairLogArgs, format: Format) -> Result<Outcome> {
 }
 
 fn find_run(client: &mut postgres::Client, run_id: i64) -> Result<store::Run> {
-    store::run(client, run_id)?.with_context(|| format!("there is no repair run {run_id}; `pgmend repair status` lists the runs"))
+    store::run(client, run_id)?.with_context(|| {
+        format!("there is no repair run {run_id}; `pgmend repair status` lists the runs")
+    })
 }
 
 pub fn undo(args: &RepairRunArgs, format: Format) -> Result<Outcome> {
@@ -299,14 +409,25 @@ pub fn undo(args: &RepairRunArgs, format: Format) -> Result<Outcome> {
     let _lock = runner_lock::acquire(&mut session.client, args.safety.runner_wait)?;
     let run = find_run(&mut session.client, args.run_id)?;
     let repair = source(&args.repairs).find(run.repair.trim_start_matches("undo:"))?;
-    confirm(args.safety.yes, &format!("Restore the {} rows run {} of {} changed?", run.changed, run.run_id, run.repair))?;
-    let report = undo::undo(&mut session.client, &repair, &run, &policy, &mut |l| eprintln!("{l}"))?;
+    confirm(
+        args.safety.yes,
+        &format!(
+            "Restore the {} rows run {} of {} changed?",
+            run.changed, run.run_id, run.repair
+        ),
+    )?;
+    let report = undo::undo(&mut session.client, &repair, &run, &policy, &mut |l| {
+        eprintln!("{l}")
+    })?;
     match format {
         Format::Json => print_json(&report)?,
         _ => writeln!(
             std::io::stdout().lock(),
             "run {} undid run {}: {} rows restored, {} created rows deleted",
-            report.undo_run, report.undone_run, report.restored, report.deleted
+            report.undo_run,
+            report.undone_run,
+            report.restored,
+            report.deleted
         )?,
     }
     Ok(Outcome::Done)
@@ -318,13 +439,29 @@ pub fn abandon(args: &RepairRunArgs, _format: Format) -> Result<Outcome> {
     let _lock = runner_lock::acquire(&mut session.client, args.safety.runner_wait)?;
     let run = find_run(&mut session.client, args.run_id)?;
     if run.state != "running" {
-        bail!("run {} is {}, not unfinished; only an unfinished run can be abandoned", run.run_id, run.state);
+        bail!(
+            "run {} is {}, not unfinished; only an unfinished run can be abandoned",
+            run.run_id,
+            run.state
+        );
     }
-    confirm(args.safety.yes, &format!("Abandon run {} of {} at {}/{}? Its changes stay (undo can restore them).", run.run_id, run.repair, run.checkpoint, run.targets))?;
+    confirm(
+        args.safety.yes,
+        &format!(
+            "Abandon run {} of {} at {}/{}? Its changes stay (undo can restore them).",
+            run.run_id, run.repair, run.checkpoint, run.targets
+        ),
+    )?;
     session
         .client
         .execute("UPDATE pgmend.repair_runs SET state = 'abandoned', finished_at = now() WHERE run_id = $1 AND state = 'running'", &[&run.run_id])
         .doing("abandoning the run")?;
-    writeln!(std::io::stdout().lock(), "run {} abandoned; its {} changed rows stay (pgmend repair undo {} --yes restores them)", run.run_id, run.changed, run.run_id)?;
+    writeln!(
+        std::io::stdout().lock(),
+        "run {} abandoned; its {} changed rows stay (pgmend repair undo {} --yes restores them)",
+        run.run_id,
+        run.changed,
+        run.run_id
+    )?;
     Ok(Outcome::Done)
 }

@@ -33,12 +33,26 @@ pub struct BatchResult {
 impl CounterEngine {
     /// For previews, where the counter table may not exist yet: no catalog reads.
     pub fn preview_only(spec: CounterSpec) -> CounterEngine {
-        CounterEngine { spec, key_types: Vec::new(), counter_type: String::new(), columns: Vec::new(), checks: Vec::new() }
+        CounterEngine {
+            spec,
+            key_types: Vec::new(),
+            counter_type: String::new(),
+            columns: Vec::new(),
+            checks: Vec::new(),
+        }
     }
 
-    pub fn prepare(client: &mut impl postgres::GenericClient, spec: &CounterSpec) -> Result<CounterEngine> {
+    pub fn prepare(
+        client: &mut impl postgres::GenericClient,
+        spec: &CounterSpec,
+    ) -> Result<CounterEngine> {
         let key_types = column_types(client, &spec.counter_table, &spec.key)?;
-        let counter_type = column_types(client, &spec.counter_table, std::slice::from_ref(&spec.counter))?.remove(0);
+        let counter_type = column_types(
+            client,
+            &spec.counter_table,
+            std::slice::from_ref(&spec.counter),
+        )?
+        .remove(0);
         column_types(client, &spec.source_table, &spec.key)?;
         if let Some(v) = &spec.value {
             column_types(client, &spec.source_table, std::slice::from_ref(v))?;
@@ -63,27 +77,56 @@ impl CounterEngine {
             .iter()
             .map(|r| {
                 let def: String = r.get(1);
-                let expr = def.strip_prefix("CHECK ").unwrap_or(&def).trim_end_matches(" NOT VALID").to_string();
+                let expr = def
+                    .strip_prefix("CHECK ")
+                    .unwrap_or(&def)
+                    .trim_end_matches(" NOT VALID")
+                    .to_string();
                 (r.get(0), expr)
             })
             .collect();
-        Ok(CounterEngine { spec: spec.clone(), key_types, counter_type, columns, checks })
+        Ok(CounterEngine {
+            spec: spec.clone(),
+            key_types,
+            counter_type,
+            columns,
+            checks,
+        })
     }
 
     fn keys_text(&self, alias: &str) -> String {
-        let parts: Vec<String> = self.spec.key.iter().map(|k| format!("{alias}.{}::text", q(k))).collect();
+        let parts: Vec<String> = self
+            .spec
+            .key
+            .iter()
+            .map(|k| format!("{alias}.{}::text", q(k)))
+            .collect();
         format!("ARRAY[{}]", parts.join(", "))
     }
 
     fn keys_match(&self, a: &str, b: &str) -> String {
-        self.spec.key.iter().map(|k| format!("{a}.{k} = {b}.{k}", k = q(k))).collect::<Vec<_>>().join(" AND ")
+        self.spec
+            .key
+            .iter()
+            .map(|k| format!("{a}.{k} = {b}.{k}", k = q(k)))
+            .collect::<Vec<_>>()
+            .join(" AND ")
     }
 
     /// Every key: those of `keys_from` (or of the source) and those already counted.
     pub fn freeze_sql(&self) -> String {
         let s = &self.spec;
-        let from = if s.keys_from == "source" { q(&s.source_table) } else { q(&s.keys_from) };
-        let not_null = s.key.iter().map(|k| format!("x.{} IS NOT NULL", q(k))).collect::<Vec<_>>().join(" AND ");
+        let from = if s.keys_from == "source" {
+            q(&s.source_table)
+        } else {
+            q(&s.keys_from)
+        };
+        let not_null = s
+            .key
+            .iter()
+            .map(|k| format!("x.{} IS NOT NULL", q(k)))
+            .collect::<Vec<_>>()
+            .join(" AND ");
         format!(
             "INSERT INTO pgmend.repair_targets (run_id, seq, key)
              SELECT $1, row_number() OVER (ORDER BY k), k FROM (
@@ -106,7 +149,9 @@ impl CounterEngine {
             .map(|(i, (c, ty))| format!("key[{}]::{ty} AS {}", i + 1, q(c)))
             .collect::<Vec<_>>()
             .join(", ");
-        format!("SELECT {cols} FROM pgmend.repair_targets WHERE run_id = $1 AND seq > $2 AND seq <= $3")
+        format!(
+            "SELECT {cols} FROM pgmend.repair_targets WHERE run_id = $1 AND seq > $2 AND seq <= $3"
+        )
     }
 
     /// The true value per key of `keys` (SQL yielding the key columns): key text array,
@@ -114,12 +159,21 @@ impl CounterEngine {
     /// source key makes it a lookup per key, and without one it is still a single pass.
     fn truth_sql(&self, keys: &str) -> String {
         let s = &self.spec;
-        let filter = s.source_filter_null.as_ref().map(|f| format!("s.{} IS NULL", q(f))).unwrap_or_else(|| "true".into());
+        let filter = s
+            .source_filter_null
+            .as_ref()
+            .map(|f| format!("s.{} IS NULL", q(f)))
+            .unwrap_or_else(|| "true".into());
         let agg = match (s.aggregate, &s.value) {
             (Aggregate::Sum, Some(v)) => format!("sum(s.{}) FILTER (WHERE {filter})", q(v)),
             _ => format!("count(*) FILTER (WHERE {filter})"),
         };
-        let g_cols = s.key.iter().map(|k| format!("g.{}", q(k))).collect::<Vec<_>>().join(", ");
+        let g_cols = s
+            .key
+            .iter()
+            .map(|k| format!("g.{}", q(k)))
+            .collect::<Vec<_>>()
+            .join(", ");
         let first = q(&s.key[0]);
         format!(
             "SELECT {gk}, coalesce({agg}, 0)::bigint, count(s.{first}) > 0
@@ -132,7 +186,13 @@ impl CounterEngine {
     }
 
     /// One batch: create missing counter rows, lock them, sum, check, write, ledger.
-    pub fn batch(&self, tx: &mut postgres::Transaction<'_>, run_id: i64, lo: i64, hi: i64) -> Result<BatchResult, postgres::Error> {
+    pub fn batch(
+        &self,
+        tx: &mut postgres::Transaction<'_>,
+        run_id: i64,
+        lo: i64,
+        hi: i64,
+    ) -> Result<BatchResult, postgres::Error> {
         let s = &self.spec;
         let counter = q(&s.counter_table);
         let mut result = BatchResult::default();
@@ -140,13 +200,39 @@ impl CounterEngine {
             let (copy_to, copy_from, join) = if s.copy_on_create.is_empty() {
                 (String::new(), String::new(), String::new())
             } else {
-                let to: Vec<String> = s.copy_on_create.keys().map(|c| format!(", {}", q(c))).collect();
-                let from: Vec<String> = s.copy_on_create.values().map(|c| format!(", x.{}", q(c))).collect();
-                (to.concat(), from.concat(), format!(" JOIN {} x ON {}", q(&s.keys_from), self.keys_match("x", "g")))
+                let to: Vec<String> = s
+                    .copy_on_create
+                    .keys()
+                    .map(|c| format!(", {}", q(c)))
+                    .collect();
+                let from: Vec<String> = s
+                    .copy_on_create
+                    .values()
+                    .map(|c| format!(", x.{}", q(c)))
+                    .collect();
+                (
+                    to.concat(),
+                    from.concat(),
+                    format!(
+                        " JOIN {} x ON {}",
+                        q(&s.keys_from),
+                        self.keys_match("x", "g")
+                    ),
+                )
             };
             let keys_cols = s.key.iter().map(|k| q(k)).collect::<Vec<_>>().join(", ");
-            let g_cols = s.key.iter().map(|k| format!("g.{}", q(k))).collect::<Vec<_>>().join(", ");
-            let key_obj = s.key.iter().map(|k| format!("{}, i.{}", lit(k), q(k))).collect::<Vec<_>>().join(", ");
+            let g_cols = s
+                .key
+                .iter()
+                .map(|k| format!("g.{}", q(k)))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let key_obj = s
+                .key
+                .iter()
+                .map(|k| format!("{}, i.{}", lit(k), q(k)))
+                .collect::<Vec<_>>()
+                .join(", ");
             let inserted = tx.execute(
                 &format!(
                     "WITH i AS (
@@ -175,7 +261,8 @@ impl CounterEngine {
             ),
             &[&run_id, &lo, &hi],
         )?;
-        let current: std::collections::HashMap<Vec<String>, i64> = locked.iter().map(|r| (r.get(0), r.get(1))).collect();
+        let current: std::collections::HashMap<Vec<String>, i64> =
+            locked.iter().map(|r| (r.get(0), r.get(1))).collect();
         // ... then sum, in a new statement.
         let truths = tx.query(&self.truth_sql(&self.batch_keys()), &[&run_id, &lo, &hi])?;
         let (min, max) = match self.counter_type.as_str() {
@@ -188,7 +275,9 @@ impl CounterEngine {
             let key: Vec<String> = row.get(0);
             let truth: i64 = row.get(1);
             let has_source: bool = row.get(2);
-            let Some(&before) = current.get(&key) else { continue };
+            let Some(&before) = current.get(&key) else {
+                continue;
+            };
             if !has_source && s.when_no_source == WhenNoSource::Keep {
                 continue;
             }
@@ -225,7 +314,11 @@ impl CounterEngine {
     }
 
     /// Unnest parameters: one text[] per key column, then before and after bigint[].
-    fn unnest(&self, updates: &[(Vec<String>, i64, i64)], first_param: usize) -> (String, Vec<Vec<String>>, Vec<i64>, Vec<i64>) {
+    fn unnest(
+        &self,
+        updates: &[(Vec<String>, i64, i64)],
+        first_param: usize,
+    ) -> (String, Vec<Vec<String>>, Vec<i64>, Vec<i64>) {
         let n = self.spec.key.len();
         let mut cols: Vec<Vec<String>> = vec![Vec::new(); n];
         for (key, _, _) in updates {
@@ -235,7 +328,9 @@ impl CounterEngine {
         }
         let befores = updates.iter().map(|u| u.1).collect();
         let afters = updates.iter().map(|u| u.2).collect();
-        let params: Vec<String> = (0..n).map(|i| format!("${}::text[]", first_param + i)).collect();
+        let params: Vec<String> = (0..n)
+            .map(|i| format!("${}::text[]", first_param + i))
+            .collect();
         let names: Vec<String> = (0..n).map(|i| format!("k{i}")).collect();
         let sql = format!(
             "unnest({}, ${}::bigint[], ${}::bigint[]) WITH ORDINALITY AS u({}, before, after, i)",
@@ -260,12 +355,22 @@ impl CounterEngine {
 
     /// Which proposed values a CHECK on the counter table would refuse (checked before
     /// writing, so nothing is written for them): (index into updates, check names).
-    fn rejected_by_checks(&self, tx: &mut postgres::Transaction<'_>, updates: &[(Vec<String>, i64, i64)]) -> Result<Vec<(i64, String)>, postgres::Error> {
+    fn rejected_by_checks(
+        &self,
+        tx: &mut postgres::Transaction<'_>,
+        updates: &[(Vec<String>, i64, i64)],
+    ) -> Result<Vec<(i64, String)>, postgres::Error> {
         let (unnest, cols, befores, afters) = self.unnest(updates, 1);
         let row_cols: Vec<String> = self
             .columns
             .iter()
-            .map(|c| if *c == self.spec.counter { format!("u.after::{} AS {}", self.counter_type, q(c)) } else { format!("c.{}", q(c)) })
+            .map(|c| {
+                if *c == self.spec.counter {
+                    format!("u.after::{} AS {}", self.counter_type, q(c))
+                } else {
+                    format!("c.{}", q(c))
+                }
+            })
             .collect();
         let tests: Vec<String> = self
             .checks
@@ -279,13 +384,23 @@ impl CounterEngine {
             self.u_match(),
             tests.join(", ")
         );
-        let mut params: Vec<&(dyn ToSql + Sync)> = cols.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
+        let mut params: Vec<&(dyn ToSql + Sync)> =
+            cols.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
         params.push(&befores);
         params.push(&afters);
-        Ok(tx.query(&sql, &params)?.iter().map(|r| (r.get(0), r.get(1))).collect())
+        Ok(tx
+            .query(&sql, &params)?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect())
     }
 
-    fn write(&self, tx: &mut postgres::Transaction<'_>, run_id: i64, updates: &[(Vec<String>, i64, i64)]) -> Result<u64, postgres::Error> {
+    fn write(
+        &self,
+        tx: &mut postgres::Transaction<'_>,
+        run_id: i64,
+        updates: &[(Vec<String>, i64, i64)],
+    ) -> Result<u64, postgres::Error> {
         let s = &self.spec;
         let (unnest, cols, befores, afters) = self.unnest(updates, 2);
         let key_obj = s
@@ -320,7 +435,11 @@ impl CounterEngine {
         params.push(&befores);
         params.push(&afters);
         // Rows created earlier in this batch already count as changed.
-        Ok(tx.query(&sql, &params)?.iter().filter(|r| r.get::<_, bool>(0)).count() as u64)
+        Ok(tx
+            .query(&sql, &params)?
+            .iter()
+            .filter(|r| r.get::<_, bool>(0))
+            .count() as u64)
     }
 
     /// For the dry run: every key whose counter would change. Columns: key (text), the
@@ -328,16 +447,38 @@ impl CounterEngine {
     /// database where the counter table is still to be created.
     pub fn preview_sql(&self, counter_exists: bool) -> String {
         let s = &self.spec;
-        let from = if s.keys_from == "source" { q(&s.source_table) } else { q(&s.keys_from) };
-        let key_cols = s.key.iter().map(|k| format!("x.{}", q(k))).collect::<Vec<_>>().join(", ");
+        let from = if s.keys_from == "source" {
+            q(&s.source_table)
+        } else {
+            q(&s.keys_from)
+        };
+        let key_cols = s
+            .key
+            .iter()
+            .map(|k| format!("x.{}", q(k)))
+            .collect::<Vec<_>>()
+            .join(", ");
         let mut keys = format!("SELECT DISTINCT {key_cols} FROM {from} x");
         if counter_exists {
-            let c_cols = s.key.iter().map(|k| format!("c.{}", q(k))).collect::<Vec<_>>().join(", ");
-            keys = format!("{keys} UNION SELECT {c_cols} FROM {} c", q(&s.counter_table));
+            let c_cols = s
+                .key
+                .iter()
+                .map(|k| format!("c.{}", q(k)))
+                .collect::<Vec<_>>()
+                .join(", ");
+            keys = format!(
+                "{keys} UNION SELECT {c_cols} FROM {} c",
+                q(&s.counter_table)
+            );
         }
         let truth = self.truth_sql(&keys);
         let current = if counter_exists {
-            format!("SELECT {ck} AS k, c.{cn}::bigint AS now FROM {counter} c", ck = self.keys_text("c"), cn = q(&s.counter), counter = q(&s.counter_table))
+            format!(
+                "SELECT {ck} AS k, c.{cn}::bigint AS now FROM {counter} c",
+                ck = self.keys_text("c"),
+                cn = q(&s.counter),
+                counter = q(&s.counter_table)
+            )
         } else {
             "SELECT NULL::text[] AS k, NULL::bigint AS now WHERE false".to_string()
         };
@@ -363,7 +504,11 @@ impl CounterEngine {
             ck = self.keys_text("c"),
             counter = q(&self.spec.counter_table),
             cn = q(&self.spec.counter),
-            keep = if self.spec.when_no_source == WhenNoSource::Keep { "AND t.has_source" } else { "" },
+            keep = if self.spec.when_no_source == WhenNoSource::Keep {
+                "AND t.has_source"
+            } else {
+                ""
+            },
         )
     }
 }

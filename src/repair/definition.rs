@@ -128,7 +128,10 @@ impl Repair {
 pub fn check_identifier(origin: &str, field: &str, name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= 63
-        && name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
         && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
     if !ok {
         bail!(
@@ -149,8 +152,10 @@ fn fnv1a(bytes: &[u8]) -> String {
 
 /// Parses and checks one definition file.
 pub fn parse(name: &str, origin: &str, bytes: &[u8]) -> Result<Repair> {
-    let text = std::str::from_utf8(bytes).map_err(|e| anyhow::anyhow!("{origin}: not valid UTF-8 (at byte {})", e.valid_up_to()))?;
-    let spec: Spec = toml::from_str(text).map_err(|e| anyhow::anyhow!("{origin}: {}", e.to_string().trim()))?;
+    let text = std::str::from_utf8(bytes)
+        .map_err(|e| anyhow::anyhow!("{origin}: not valid UTF-8 (at byte {})", e.valid_up_to()))?;
+    let spec: Spec =
+        toml::from_str(text).map_err(|e| anyhow::anyhow!("{origin}: {}", e.to_string().trim()))?;
     let check = |field: &str, n: &str| check_identifier(origin, field, n);
     match &spec {
         Spec::VoidDuplicates(v) => {
@@ -167,7 +172,11 @@ pub fn parse(name: &str, origin: &str, bytes: &[u8]) -> Result<Repair> {
             for r in &v.rank_by {
                 check("rank_by", &r.column)?;
             }
-            for (field, value) in [("keep_when_not_null", &v.keep_when_not_null), ("report_sum", &v.report_sum), ("report_by", &v.report_by)] {
+            for (field, value) in [
+                ("keep_when_not_null", &v.keep_when_not_null),
+                ("report_sum", &v.report_sum),
+                ("report_by", &v.report_by),
+            ] {
                 if let Some(k) = value {
                     check(field, k)?;
                 }
@@ -184,7 +193,9 @@ pub fn parse(name: &str, origin: &str, bytes: &[u8]) -> Result<Repair> {
                 check("key", k)?;
             }
             match (c.aggregate, &c.value) {
-                (Aggregate::Sum, None) => bail!("{origin}: aggregate = \"sum\" needs value = \"<column>\""),
+                (Aggregate::Sum, None) => {
+                    bail!("{origin}: aggregate = \"sum\" needs value = \"<column>\"")
+                }
                 (_, Some(v)) => check("value", v)?,
                 _ => {}
             }
@@ -202,7 +213,12 @@ pub fn parse(name: &str, origin: &str, bytes: &[u8]) -> Result<Repair> {
             }
         }
     }
-    Ok(Repair { name: name.to_string(), origin: origin.to_string(), checksum: fnv1a(bytes), spec })
+    Ok(Repair {
+        name: name.to_string(),
+        origin: origin.to_string(),
+        checksum: fnv1a(bytes),
+        spec,
+    })
 }
 
 /// Where the repair definitions come from.
@@ -222,11 +238,20 @@ impl RepairSource {
                 .collect(),
             RepairSource::Directory(dir) => {
                 let mut out = Vec::new();
-                for entry in std::fs::read_dir(dir).with_context(|| format!("cannot read the repairs directory {}; check --repairs-dir", dir.display()))? {
+                for entry in std::fs::read_dir(dir).with_context(|| {
+                    format!(
+                        "cannot read the repairs directory {}; check --repairs-dir",
+                        dir.display()
+                    )
+                })? {
                     let path = entry?.path();
                     if let Some(f) = path.file_name().and_then(|f| f.to_str()) {
                         if path.is_file() {
-                            out.push((f.to_string(), path.display().to_string(), std::fs::read(&path)?));
+                            out.push((
+                                f.to_string(),
+                                path.display().to_string(),
+                                std::fs::read(&path)?,
+                            ));
                         }
                     }
                 }
@@ -235,8 +260,14 @@ impl RepairSource {
         };
         let mut repairs = Vec::new();
         for (file, origin, bytes) in files {
-            let Some(name) = file.strip_suffix(".toml") else { continue };
-            if !name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-') || name.is_empty() {
+            let Some(name) = file.strip_suffix(".toml") else {
+                continue;
+            };
+            if !name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                || name.is_empty()
+            {
                 bail!("{origin}: a repair file is named <name>.toml with lowercase letters, digits and dashes, e.g. void-duplicate-coupons.toml");
             }
             repairs.push(parse(name, &origin, &bytes)?);
@@ -249,7 +280,10 @@ impl RepairSource {
         let all = self.load()?;
         let names: Vec<String> = all.iter().map(|r| r.name.clone()).collect();
         all.into_iter().find(|r| r.name == name).with_context(|| {
-            format!("there is no repair named {name:?}; the repairs are: {}", names.join(", "))
+            format!(
+                "there is no repair named {name:?}; the repairs are: {}",
+                names.join(", ")
+            )
         })
     }
 }
@@ -265,7 +299,12 @@ mod tests {
         let names: Vec<&str> = all.iter().map(|r| r.name.as_str()).collect();
         assert_eq!(
             names,
-            ["rebuild-campaign-budgets", "rebuild-member-monthly-usage", "restore-legacy-campaign-counters", "void-duplicate-coupons"]
+            [
+                "rebuild-campaign-budgets",
+                "rebuild-member-monthly-usage",
+                "restore-legacy-campaign-counters",
+                "void-duplicate-coupons"
+            ]
         );
     }
 
@@ -274,15 +313,35 @@ mod tests {
         let base = "kind = \"rebuild_counter\"\ndescription = \"d\"\ncounter_table = \"t\"\nkey = [\"k\"]\ncounter = \"c\"\nsource_table = \"s\"\naggregate = \"count\"\nkeys_from = \"source\"\nwhen_no_source = \"zero\"\n";
         assert!(parse("x", "x.toml", base.as_bytes()).is_ok());
         for (bad, expect) in [
-            (base.replace("counter = \"c\"", "counter = \"c\\\"; DROP TABLE t; --\""), "not a plain identifier"),
-            (base.replace("key = [\"k\"]", "key = [\"k--\"]"), "not a plain identifier"),
-            (base.replace("key = [\"k\"]", "key = [\"k/*\"]"), "not a plain identifier"),
+            (
+                base.replace("counter = \"c\"", "counter = \"c\\\"; DROP TABLE t; --\""),
+                "not a plain identifier",
+            ),
+            (
+                base.replace("key = [\"k\"]", "key = [\"k--\"]"),
+                "not a plain identifier",
+            ),
+            (
+                base.replace("key = [\"k\"]", "key = [\"k/*\"]"),
+                "not a plain identifier",
+            ),
             (format!("{base}bogus = 1\n"), "unknown field"),
-            (base.replace("when_no_source = \"zero\"\n", ""), "missing field"),
-            (base.replace("kind = \"rebuild_counter\"", "kind = \"delete_everything\""), "unknown variant"),
+            (
+                base.replace("when_no_source = \"zero\"\n", ""),
+                "missing field",
+            ),
+            (
+                base.replace("kind = \"rebuild_counter\"", "kind = \"delete_everything\""),
+                "unknown variant",
+            ),
         ] {
-            let e = parse("x", "repairs/x.toml", bad.as_bytes()).unwrap_err().to_string();
-            assert!(e.contains(expect) && e.contains("repairs/x.toml"), "{bad}\n=> {e}");
+            let e = parse("x", "repairs/x.toml", bad.as_bytes())
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(expect) && e.contains("repairs/x.toml"),
+                "{bad}\n=> {e}"
+            );
         }
     }
 

@@ -56,29 +56,48 @@ pub fn preview(
         description: repair.description().into(),
         ..Preview::default()
     };
-    let mut savepoint = tx.transaction().doing("opening a savepoint for the preview")?;
+    let mut savepoint = tx
+        .transaction()
+        .doing("opening a savepoint for the preview")?;
     let result = match &repair.spec {
-        Spec::VoidDuplicates(spec) => preview_void(&mut savepoint, spec, repair, shadows, sample, sink, &mut p),
-        Spec::RebuildCounter(spec) => preview_counter(&mut savepoint, spec, shadows, sample, sink, &mut p),
+        Spec::VoidDuplicates(spec) => {
+            preview_void(&mut savepoint, spec, repair, shadows, sample, sink, &mut p)
+        }
+        Spec::RebuildCounter(spec) => {
+            preview_counter(&mut savepoint, spec, shadows, sample, sink, &mut p)
+        }
     };
     match result {
         Ok(()) => {}
         Err(e) => {
-            let missing = e.chain().filter_map(|c| c.downcast_ref::<postgres::Error>()).find_map(|pg| {
-                matches!(sqlstate(pg), Some("42P01") | Some("42703")).then(|| describe(pg).to_string())
-            });
+            let missing = e
+                .chain()
+                .filter_map(|c| c.downcast_ref::<postgres::Error>())
+                .find_map(|pg| {
+                    matches!(sqlstate(pg), Some("42P01") | Some("42703"))
+                        .then(|| describe(pg).to_string())
+                });
             match missing {
-                Some(text) => p.not_yet = Some(format!("not computable before the earlier pending steps run ({text})")),
+                Some(text) => {
+                    p.not_yet = Some(format!(
+                        "not computable before the earlier pending steps run ({text})"
+                    ))
+                }
                 None => return Err(e),
             }
         }
     }
-    savepoint.rollback().doing("closing the preview savepoint")?;
+    savepoint
+        .rollback()
+        .doing("closing the preview savepoint")?;
     Ok(p)
 }
 
 fn table_exists(tx: &mut postgres::Transaction<'_>, table: &str) -> Result<bool> {
-    Ok(tx.query_one("SELECT to_regclass(quote_ident($1)) IS NOT NULL", &[&table]).doing("checking a table")?.get(0))
+    Ok(tx
+        .query_one("SELECT to_regclass(quote_ident($1)) IS NOT NULL", &[&table])
+        .doing("checking a table")?
+        .get(0))
 }
 
 fn preview_void(
@@ -98,29 +117,53 @@ fn preview_void(
     let active = missing_shadows(tx, shadows)?;
     let sql = with_shadows(&engine.preview_sql(), &active);
     let params: Vec<&(dyn postgres::types::ToSql + Sync)> = Vec::new();
-    let mut rows = tx.query_raw(&sql, params).map_err(anyhow::Error::new).with_context_doing(&repair.name)?;
+    let mut rows = tx
+        .query_raw(&sql, params)
+        .map_err(anyhow::Error::new)
+        .with_context_doing(&repair.name)?;
     while let Some(row) = rows.next().map_err(anyhow::Error::new)? {
         let (key, grp): (String, String) = (row.get(0), row.get(1));
-        let (before_mark, before_void, voids): (bool, Option<String>, bool) = (row.get(2), row.get(3), row.get(4));
+        let (before_mark, before_void, voids): (bool, Option<String>, bool) =
+            (row.get(2), row.get(3), row.get(4));
         let (kept, rank): (String, i64) = (row.get(5), row.get(6));
         let (by, amount): (Option<String>, i64) = (row.get(7), row.get(8));
         p.changes += 1;
         let will_void = voids && before_void.is_none();
         if will_void {
             p.voided_or_created += 1;
-            *p.amounts.entry(by.unwrap_or_else(|| "-".into())).or_default() += amount;
+            *p.amounts
+                .entry(by.unwrap_or_else(|| "-".into()))
+                .or_default() += amount;
         }
         if sample.is_none_or(|n| (p.changes as usize) <= n) {
             let show = |v: &Option<String>| v.clone().unwrap_or_else(|| "NULL".into());
             let change = Change {
                 table: spec.table.clone(),
                 key: format!("{} = {key}", spec.row_key),
-                before: BTreeMap::from([(spec.mark.clone(), before_mark.to_string()), (spec.void.clone(), show(&before_void))]),
+                before: BTreeMap::from([
+                    (spec.mark.clone(), before_mark.to_string()),
+                    (spec.void.clone(), show(&before_void)),
+                ]),
                 after: BTreeMap::from([
                     (spec.mark.clone(), "true".to_string()),
-                    (spec.void.clone(), if will_void { "now() at its batch".into() } else { show(&before_void) }),
+                    (
+                        spec.void.clone(),
+                        if will_void {
+                            "now() at its batch".into()
+                        } else {
+                            show(&before_void)
+                        },
+                    ),
                 ]),
-                reason: format!("rank {rank} in group {grp}; {} = {kept} is kept{}", spec.row_key, if voids { "" } else { "; redeemed, so only marked" }),
+                reason: format!(
+                    "rank {rank} in group {grp}; {} = {kept} is kept{}",
+                    spec.row_key,
+                    if voids {
+                        ""
+                    } else {
+                        "; redeemed, so only marked"
+                    }
+                ),
             };
             sink(&change)?;
         }
@@ -160,7 +203,11 @@ fn preview_counter(
                     None => BTreeMap::new(),
                 },
                 after: BTreeMap::from([(spec.counter.clone(), truth.to_string())]),
-                reason: if now.is_none() { "no counter row yet: created".into() } else { "the counter differs from the source".into() },
+                reason: if now.is_none() {
+                    "no counter row yet: created".into()
+                } else {
+                    "the counter differs from the source".into()
+                },
             })?;
         }
     }
@@ -168,7 +215,10 @@ fn preview_counter(
 }
 
 /// The shadows whose column the table lacks today.
-fn missing_shadows(tx: &mut postgres::Transaction<'_>, shadows: &[AddedColumn]) -> Result<Vec<AddedColumn>> {
+fn missing_shadows(
+    tx: &mut postgres::Transaction<'_>,
+    shadows: &[AddedColumn],
+) -> Result<Vec<AddedColumn>> {
     let mut out = Vec::new();
     for s in shadows {
         let present: bool = tx
@@ -178,7 +228,10 @@ fn missing_shadows(tx: &mut postgres::Transaction<'_>, shadows: &[AddedColumn]) 
             )
             .doing("checking a column")?
             .get(0);
-        let table_exists: bool = tx.query_one("SELECT to_regclass($1) IS NOT NULL", &[&s.table]).doing("checking a table")?.get(0);
+        let table_exists: bool = tx
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&s.table])
+            .doing("checking a table")?
+            .get(0);
         if table_exists && !present {
             out.push(s.clone());
         }
@@ -198,13 +251,23 @@ impl<T> DoingExt<T> for Result<T> {
 
 /// A change as a unified diff, coloured on a terminal.
 pub fn render_diff(change: &Change, colour: bool, out: &mut impl Write) -> std::io::Result<()> {
-    let text = |m: &BTreeMap<String, String>| m.iter().map(|(k, v)| format!("{k} = {v}\n")).collect::<String>();
+    let text = |m: &BTreeMap<String, String>| {
+        m.iter()
+            .map(|(k, v)| format!("{k} = {v}\n"))
+            .collect::<String>()
+    };
     let (before, after) = (text(&change.before), text(&change.after));
     let diff = similar::TextDiff::from_lines(&before, &after);
     let header_a = format!("{} {} (now)", change.table, change.key);
     let header_b = format!("{} {} (after)", change.table, change.key);
     writeln!(out, "# {}", change.reason)?;
-    for line in diff.unified_diff().context_radius(3).header(&header_a, &header_b).to_string().lines() {
+    for line in diff
+        .unified_diff()
+        .context_radius(3)
+        .header(&header_a, &header_b)
+        .to_string()
+        .lines()
+    {
         let painted = match line.chars().next() {
             Some('+') if colour && !line.starts_with("+++") => format!("\x1b[32m{line}\x1b[0m"),
             Some('-') if colour && !line.starts_with("---") => format!("\x1b[31m{line}\x1b[0m"),

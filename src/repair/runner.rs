@@ -48,12 +48,21 @@ impl Engine {
         }
     }
 
-    fn batch(&self, tx: &mut postgres::Transaction<'_>, run_id: i64, lo: i64, hi: i64) -> Result<BatchResult, postgres::Error> {
+    fn batch(
+        &self,
+        tx: &mut postgres::Transaction<'_>,
+        run_id: i64,
+        lo: i64,
+        hi: i64,
+    ) -> Result<BatchResult, postgres::Error> {
         match self {
             Engine::Void(e) => {
                 tx.execute(&e.lock_sql(), &[&run_id, &lo, &hi])?;
                 let changed = tx.execute(&e.apply_sql(), &[&run_id, &lo, &hi])?;
-                Ok(BatchResult { changed: changed as i64, skipped: Vec::new() })
+                Ok(BatchResult {
+                    changed: changed as i64,
+                    skipped: Vec::new(),
+                })
             }
             Engine::Counter(e) => e.batch(tx, run_id, lo, hi),
         }
@@ -80,21 +89,35 @@ pub fn ensure_schema(client: &mut postgres::Client, policy: &LockPolicy) -> Resu
     if store::exists(client)? {
         return Ok(());
     }
-    with_lock_retry(client, policy, "creating pgmend's tables (schema pgmend)", &[], |c| {
-        let mut tx = c.transaction()?;
-        tx.batch_execute(&policy.set_local_sql())?;
-        tx.batch_execute(store::SCHEMA_SQL)?;
-        tx.commit()
-    })
+    with_lock_retry(
+        client,
+        policy,
+        "creating pgmend's tables (schema pgmend)",
+        &[],
+        |c| {
+            let mut tx = c.transaction()?;
+            tx.batch_execute(&policy.set_local_sql())?;
+            tx.batch_execute(store::SCHEMA_SQL)?;
+            tx.commit()
+        },
+    )
 }
 
 /// Runs (or resumes) `repair` to the end of its frozen targets.
-pub fn apply(client: &mut postgres::Client, repair: &Repair, options: &RunOptions, progress: &mut dyn FnMut(&str)) -> Result<RunReport> {
+pub fn apply(
+    client: &mut postgres::Client,
+    repair: &Repair,
+    options: &RunOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<RunReport> {
     ensure_schema(client, &options.policy)?;
     let engine = Engine::prepare(client, repair)?;
     let unfinished = client
         .query_opt(
-            &format!("SELECT {} FROM pgmend.repair_runs WHERE repair = $1 AND state = 'running'", store::RUN_COLUMNS),
+            &format!(
+                "SELECT {} FROM pgmend.repair_runs WHERE repair = $1 AND state = 'running'",
+                store::RUN_COLUMNS
+            ),
             &[&repair.name],
         )
         .doing("looking for an unfinished run")?
@@ -132,19 +155,25 @@ pub fn apply(client: &mut postgres::Client, repair: &Repair, options: &RunOption
         }
         let (lo, hi) = (run.checkpoint, (run.checkpoint + size).min(run.targets));
         let t = Instant::now();
-        let result = with_lock_retry(client, &options.policy, &format!("{} batch {lo}..{hi}", repair.name), &[], |c| {
-            let mut tx = c.transaction()?;
-            tx.batch_execute(&options.policy.set_local_sql())?;
-            let r = engine.batch(&mut tx, run.run_id, lo, hi)?;
-            tx.execute(
+        let result = with_lock_retry(
+            client,
+            &options.policy,
+            &format!("{} batch {lo}..{hi}", repair.name),
+            &[],
+            |c| {
+                let mut tx = c.transaction()?;
+                tx.batch_execute(&options.policy.set_local_sql())?;
+                let r = engine.batch(&mut tx, run.run_id, lo, hi)?;
+                tx.execute(
                 "UPDATE pgmend.repair_runs SET checkpoint = $2, processed = processed + ($2 - $3), changed = changed + $4,
                         skipped = skipped || $5::text::jsonb
                   WHERE run_id = $1 AND checkpoint = $3",
                 &[&run.run_id, &hi, &lo, &r.changed, &serde_json::Value::from(r.skipped.clone()).to_string()],
             )?;
-            tx.commit()?;
-            Ok(r)
-        })?;
+                tx.commit()?;
+                Ok(r)
+            },
+        )?;
         let took = t.elapsed();
         times.push(took.as_millis() as u64);
         run.checkpoint = hi;
@@ -154,7 +183,8 @@ pub fn apply(client: &mut postgres::Client, repair: &Repair, options: &RunOption
             list.extend(result.skipped);
         }
         // Aim the next batch at the target duration, changing by at most 2x at a time.
-        let ratio = (options.batch_target.as_secs_f64() / took.as_secs_f64().max(0.001)).clamp(0.5, 2.0);
+        let ratio =
+            (options.batch_target.as_secs_f64() / took.as_secs_f64().max(0.001)).clamp(0.5, 2.0);
         size = ((size as f64 * ratio) as i64).clamp(10, 50_000);
         if last_line.elapsed() >= Duration::from_secs(2) || run.checkpoint == run.targets {
             let rate = run.processed as f64 / started.elapsed().as_secs_f64().max(0.001);
@@ -174,7 +204,11 @@ pub fn apply(client: &mut postgres::Client, repair: &Repair, options: &RunOption
             last_line = Instant::now();
         }
     }
-    let left_over = if interrupted { 0 } else { reconcile(client, &engine, run.run_id)? };
+    let left_over = if interrupted {
+        0
+    } else {
+        reconcile(client, &engine, run.run_id)?
+    };
     if !interrupted {
         client
             .execute("UPDATE pgmend.repair_runs SET state = 'finished', finished_at = now() WHERE run_id = $1", &[&run.run_id])
@@ -182,7 +216,12 @@ pub fn apply(client: &mut postgres::Client, repair: &Repair, options: &RunOption
     }
     let run = store::run(client, run.run_id)?.expect("the run exists");
     times.sort_unstable();
-    let pct = |p: f64| times.get(((times.len() as f64 - 1.0) * p).round() as usize).copied().unwrap_or(0);
+    let pct = |p: f64| {
+        times
+            .get(((times.len() as f64 - 1.0) * p).round() as usize)
+            .copied()
+            .unwrap_or(0)
+    };
     Ok(RunReport {
         resumed,
         interrupted,
@@ -196,24 +235,44 @@ pub fn apply(client: &mut postgres::Client, repair: &Repair, options: &RunOption
 }
 
 /// Creates the run and freezes its targets in one transaction, then ANALYZEs them.
-fn freeze(client: &mut postgres::Client, engine: &Engine, repair: &Repair, policy: &LockPolicy, progress: &mut dyn FnMut(&str)) -> Result<Run> {
+fn freeze(
+    client: &mut postgres::Client,
+    engine: &Engine,
+    repair: &Repair,
+    policy: &LockPolicy,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Run> {
     let started = Instant::now();
-    let freeze_policy = LockPolicy { statement_timeout: policy.statement_timeout.max(Duration::from_secs(600)), ..*policy };
-    let run_id = with_lock_retry(client, &freeze_policy, &format!("freezing the targets of {}", repair.name), &[], |c| {
-        let mut tx = c.transaction()?;
-        tx.batch_execute(&freeze_policy.set_local_sql())?;
-        let run_id: i64 = tx
+    let freeze_policy = LockPolicy {
+        statement_timeout: policy.statement_timeout.max(Duration::from_secs(600)),
+        ..*policy
+    };
+    let run_id = with_lock_retry(
+        client,
+        &freeze_policy,
+        &format!("freezing the targets of {}", repair.name),
+        &[],
+        |c| {
+            let mut tx = c.transaction()?;
+            tx.batch_execute(&freeze_policy.set_local_sql())?;
+            let run_id: i64 = tx
             .query_one(
                 "INSERT INTO pgmend.repair_runs (repair, kind, definition_checksum, state) VALUES ($1, $2, $3, 'running') RETURNING run_id",
                 &[&repair.name, &repair.kind(), &repair.checksum],
             )?
             .get(0);
-        let targets = tx.execute(&engine.freeze_sql(), &[&run_id])? as i64;
-        tx.execute("UPDATE pgmend.repair_runs SET targets = $2 WHERE run_id = $1", &[&run_id, &targets])?;
-        tx.commit()?;
-        Ok(run_id)
-    })?;
-    client.batch_execute("ANALYZE pgmend.repair_targets").doing("analyzing the frozen targets")?;
+            let targets = tx.execute(&engine.freeze_sql(), &[&run_id])? as i64;
+            tx.execute(
+                "UPDATE pgmend.repair_runs SET targets = $2 WHERE run_id = $1",
+                &[&run_id, &targets],
+            )?;
+            tx.commit()?;
+            Ok(run_id)
+        },
+    )?;
+    client
+        .batch_execute("ANALYZE pgmend.repair_targets")
+        .doing("analyzing the frozen targets")?;
     let run = store::run(client, run_id)?.expect("the run was just created");
     progress(&format!(
         "run {} of {}: froze {} targets as of {} in {}",
@@ -231,11 +290,18 @@ fn reconcile(client: &mut postgres::Client, engine: &Engine, run_id: i64) -> Res
         Engine::Void(e) => e.reconcile_sql(),
         Engine::Counter(e) => e.drift_sql(),
     };
-    Ok(client.query_one(&sql, &[&run_id]).doing("reconciling the run")?.get(0))
+    Ok(client
+        .query_one(&sql, &[&run_id])
+        .doing("reconciling the run")?
+        .get(0))
 }
 
 /// Waits while any streaming replica replays more than `max_lag` behind.
-fn wait_for_replicas(client: &mut postgres::Client, max_lag: Duration, progress: &mut dyn FnMut(&str)) -> Result<()> {
+fn wait_for_replicas(
+    client: &mut postgres::Client,
+    max_lag: Duration,
+    progress: &mut dyn FnMut(&str),
+) -> Result<()> {
     let mut announced = false;
     loop {
         let row = client
@@ -253,7 +319,10 @@ fn wait_for_replicas(client: &mut postgres::Client, max_lag: Duration, progress:
             return Ok(());
         }
         if !announced {
-            progress(&format!("pausing: a replica is {lag_ms} ms behind (--max-replica-lag {})", format_duration(max_lag)));
+            progress(&format!(
+                "pausing: a replica is {lag_ms} ms behind (--max-replica-lag {})",
+                format_duration(max_lag)
+            ));
             announced = true;
         }
         std::thread::sleep(Duration::from_millis(500));

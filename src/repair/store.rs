@@ -116,7 +116,10 @@ pub fn runs(client: &mut impl GenericClient) -> Result<Vec<Run>> {
         return Ok(Vec::new());
     }
     Ok(client
-        .query(&format!("SELECT {RUN_COLUMNS} FROM pgmend.repair_runs ORDER BY run_id"), &[])
+        .query(
+            &format!("SELECT {RUN_COLUMNS} FROM pgmend.repair_runs ORDER BY run_id"),
+            &[],
+        )
         .doing("reading the repair runs")?
         .iter()
         .map(run_from_row)
@@ -128,7 +131,10 @@ pub fn run(client: &mut impl GenericClient, run_id: i64) -> Result<Option<Run>> 
         return Ok(None);
     }
     Ok(client
-        .query_opt(&format!("SELECT {RUN_COLUMNS} FROM pgmend.repair_runs WHERE run_id = $1"), &[&run_id])
+        .query_opt(
+            &format!("SELECT {RUN_COLUMNS} FROM pgmend.repair_runs WHERE run_id = $1"),
+            &[&run_id],
+        )
         .doing("reading the repair run")?
         .as_ref()
         .map(run_from_row))
@@ -141,7 +147,11 @@ pub fn q(ident: &str) -> String {
 }
 
 /// The SQL types of `columns` of `table`, to cast frozen keys (stored as text) back.
-pub fn column_types(client: &mut impl GenericClient, table: &str, columns: &[String]) -> Result<Vec<String>> {
+pub fn column_types(
+    client: &mut impl GenericClient,
+    table: &str,
+    columns: &[String],
+) -> Result<Vec<String>> {
     let mut types = Vec::new();
     for c in columns {
         let row = client

@@ -34,9 +34,14 @@ struct Shape {
 fn shape(client: &mut postgres::Client, repair: &Repair) -> Result<Shape> {
     match &repair.spec {
         Spec::VoidDuplicates(v) => {
-            let typed = |c: &mut postgres::Client, cols: &[String]| -> Result<Vec<(String, String)>> {
-                Ok(cols.iter().cloned().zip(column_types(c, &v.table, cols)?).collect())
-            };
+            let typed =
+                |c: &mut postgres::Client, cols: &[String]| -> Result<Vec<(String, String)>> {
+                    Ok(cols
+                        .iter()
+                        .cloned()
+                        .zip(column_types(c, &v.table, cols)?)
+                        .collect())
+                };
             let restore = typed(client, &[v.mark.clone(), v.void.clone()])?;
             let mut compare = restore.clone();
             if let Some(k) = &v.keep_when_not_null {
@@ -62,17 +67,35 @@ fn shape(client: &mut postgres::Client, repair: &Repair) -> Result<Shape> {
             })
         }
         Spec::RebuildCounter(c) => {
-            let keys = c.key.iter().cloned().zip(column_types(client, &c.counter_table, &c.key)?).collect();
-            let restore: Vec<(String, String)> =
-                vec![(c.counter.clone(), column_types(client, &c.counter_table, std::slice::from_ref(&c.counter))?.remove(0))];
-            Ok(Shape { table: c.counter_table.clone(), keys, compare: restore.clone(), restore, unique_group: None, mark: None })
+            let keys = c
+                .key
+                .iter()
+                .cloned()
+                .zip(column_types(client, &c.counter_table, &c.key)?)
+                .collect();
+            let restore: Vec<(String, String)> = vec![(
+                c.counter.clone(),
+                column_types(client, &c.counter_table, std::slice::from_ref(&c.counter))?.remove(0),
+            )];
+            Ok(Shape {
+                table: c.counter_table.clone(),
+                keys,
+                compare: restore.clone(),
+                restore,
+                unique_group: None,
+                mark: None,
+            })
         }
     }
 }
 
 impl Shape {
     fn join(&self) -> String {
-        self.keys.iter().map(|(k, ty)| format!("t.{} = (l.row_key->>{})::{ty}", q(k), lit(k))).collect::<Vec<_>>().join(" AND ")
+        self.keys
+            .iter()
+            .map(|(k, ty)| format!("t.{} = (l.row_key->>{})::{ty}", q(k), lit(k)))
+            .collect::<Vec<_>>()
+            .join(" AND ")
     }
 
     fn changed_since(&self) -> String {
@@ -81,12 +104,20 @@ impl Shape {
             .iter()
             .map(|(c, ty)| format!("(l.after->>{})::{ty} IS DISTINCT FROM t.{}", lit(c), q(c)))
             .collect();
-        format!("(t.{k} IS NULL OR {})", diffs.join(" OR "), k = q(&self.keys[0].0))
+        format!(
+            "(t.{k} IS NULL OR {})",
+            diffs.join(" OR "),
+            k = q(&self.keys[0].0)
+        )
     }
 }
 
 /// Rows of `run` that undo cannot restore, in words (at most 20), and how many in all.
-fn conflicts(client: &mut impl postgres::GenericClient, shape: &Shape, run_id: i64) -> Result<(i64, Vec<String>)> {
+fn conflicts(
+    client: &mut impl postgres::GenericClient,
+    shape: &Shape,
+    run_id: i64,
+) -> Result<(i64, Vec<String>)> {
     let mut sql = format!(
         "SELECT l.row_key::text, 'changed since the run: now ' || coalesce(to_jsonb(t)::text, 'deleted')
            FROM pgmend.repair_ledger l LEFT JOIN {table} t ON {join}
@@ -96,7 +127,13 @@ fn conflicts(client: &mut impl postgres::GenericClient, shape: &Shape, run_id: i
         changed = shape.changed_since(),
     );
     if let (Some(groups), Some(mark)) = (&shape.unique_group, &shape.mark) {
-        let same = |a: &str, b: &str| groups.iter().map(|g| format!("{a}.{g} = {b}.{g}", g = q(g))).collect::<Vec<_>>().join(" AND ");
+        let same = |a: &str, b: &str| {
+            groups
+                .iter()
+                .map(|g| format!("{a}.{g} = {b}.{g}", g = q(g)))
+                .collect::<Vec<_>>()
+                .join(" AND ")
+        };
         sql.push_str(&format!(
             " UNION ALL
              SELECT l.row_key::text, 'restoring it would give its group a second live row, which the unique index rejects'
@@ -114,20 +151,42 @@ fn conflicts(client: &mut impl postgres::GenericClient, shape: &Shape, run_id: i
             same_t2 = same("t2", "t"),
         ));
     }
-    let rows = client.query(&format!("SELECT count(*) OVER (), * FROM ({sql}) c LIMIT 20"), &[&run_id]).doing("checking what undo would restore")?;
+    let rows = client
+        .query(
+            &format!("SELECT count(*) OVER (), * FROM ({sql}) c LIMIT 20"),
+            &[&run_id],
+        )
+        .doing("checking what undo would restore")?;
     let total = rows.first().map(|r| r.get::<_, i64>(0)).unwrap_or(0);
-    Ok((total, rows.iter().map(|r| format!("{}: {}", r.get::<_, String>(1), r.get::<_, String>(2))).collect()))
+    Ok((
+        total,
+        rows.iter()
+            .map(|r| format!("{}: {}", r.get::<_, String>(1), r.get::<_, String>(2)))
+            .collect(),
+    ))
 }
 
-pub fn undo(client: &mut postgres::Client, repair: &Repair, run: &Run, policy: &LockPolicy, progress: &mut dyn FnMut(&str)) -> Result<UndoReport> {
+pub fn undo(
+    client: &mut postgres::Client,
+    repair: &Repair,
+    run: &Run,
+    policy: &LockPolicy,
+    progress: &mut dyn FnMut(&str),
+) -> Result<UndoReport> {
     if run.state == "running" {
         bail!("run {} of {} is unfinished; resume it (pgmend repair apply {} --yes) or abandon it (pgmend repair abandon {} --yes) before undoing it", run.run_id, run.repair, run.repair, run.run_id);
     }
     if let Some(by) = run.undone_by_run {
-        return Err(Stopped::error(format!("run {} was already undone by run {by}; nothing to do", run.run_id)));
+        return Err(Stopped::error(format!(
+            "run {} was already undone by run {by}; nothing to do",
+            run.run_id
+        )));
     }
     if run.undoes_run.is_some() {
-        bail!("run {} is itself an undo; to put its changes back, run the repair again", run.run_id);
+        bail!(
+            "run {} is itself an undo; to put its changes back, run the repair again",
+            run.run_id
+        );
     }
     ensure_schema(client, policy)?;
     let shape = shape(client, repair)?;
@@ -150,14 +209,29 @@ pub fn undo(client: &mut postgres::Client, repair: &Repair, run: &Run, policy: &
         )
         .doing("recording the undo run")?
         .get(0);
-    let sets = shape.restore.iter().map(|(c, ty)| format!("{c} = (l.before->>{})::{ty}", lit(c), c = q(c))).collect::<Vec<_>>().join(", ");
-    let compare_obj = shape.compare.iter().map(|(c, _)| format!("{}, t.{}", lit(c), q(c))).collect::<Vec<_>>().join(", ");
+    let sets = shape
+        .restore
+        .iter()
+        .map(|(c, ty)| format!("{c} = (l.before->>{})::{ty}", lit(c), c = q(c)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let compare_obj = shape
+        .compare
+        .iter()
+        .map(|(c, _)| format!("{}, t.{}", lit(c), q(c)))
+        .collect::<Vec<_>>()
+        .join(", ");
     let (mut restored, mut deleted, mut checkpoint) = (0i64, 0i64, 0i64);
     loop {
-        let batch = with_lock_retry(client, policy, &format!("undoing run {}", run.run_id), &[], |c| {
-            let mut tx = c.transaction()?;
-            tx.batch_execute(&policy.set_local_sql())?;
-            let ids: Vec<i64> = tx
+        let batch = with_lock_retry(
+            client,
+            policy,
+            &format!("undoing run {}", run.run_id),
+            &[],
+            |c| {
+                let mut tx = c.transaction()?;
+                tx.batch_execute(&policy.set_local_sql())?;
+                let ids: Vec<i64> = tx
                 .query(
                     "SELECT ledger_id FROM pgmend.repair_ledger WHERE run_id = $1 AND ledger_id > $2 ORDER BY ledger_id LIMIT 1000",
                     &[&run.run_id, &checkpoint],
@@ -165,8 +239,10 @@ pub fn undo(client: &mut postgres::Client, repair: &Repair, run: &Run, policy: &
                 .iter()
                 .map(|r| r.get(0))
                 .collect();
-            let Some(&last) = ids.last() else { return Ok(None) };
-            let r = tx.execute(
+                let Some(&last) = ids.last() else {
+                    return Ok(None);
+                };
+                let r = tx.execute(
                 &format!(
                     "WITH l AS (SELECT * FROM pgmend.repair_ledger WHERE ledger_id = ANY ($2) AND action = 'update'),
                      upd AS (UPDATE {table} t SET {sets} FROM l WHERE {join} RETURNING l.row_key, l.after, {cmp} AS now)
@@ -179,7 +255,7 @@ pub fn undo(client: &mut postgres::Client, repair: &Repair, run: &Run, policy: &
                 ),
                 &[&undo_run, &ids, &run.run_id],
             )?;
-            let d = tx.execute(
+                let d = tx.execute(
                 &format!(
                     "WITH l AS (SELECT * FROM pgmend.repair_ledger WHERE ledger_id = ANY ($2) AND action = 'insert'),
                      del AS (DELETE FROM {table} t USING l WHERE {join} RETURNING l.row_key, l.after)
@@ -191,16 +267,20 @@ pub fn undo(client: &mut postgres::Client, repair: &Repair, run: &Run, policy: &
                 ),
                 &[&undo_run, &ids, &run.run_id],
             )?;
-            tx.execute("UPDATE pgmend.repair_runs SET checkpoint = $2, processed = processed + $3, changed = changed + $4 WHERE run_id = $1",
+                tx.execute("UPDATE pgmend.repair_runs SET checkpoint = $2, processed = processed + $3, changed = changed + $4 WHERE run_id = $1",
                 &[&undo_run, &last, &(ids.len() as i64), &((r + d) as i64)])?;
-            tx.commit()?;
-            Ok(Some((last, r as i64, d as i64)))
-        })?;
+                tx.commit()?;
+                Ok(Some((last, r as i64, d as i64)))
+            },
+        )?;
         let Some((last, r, d)) = batch else { break };
         checkpoint = last;
         restored += r;
         deleted += d;
-        progress(&format!("undo of run {}: {restored} rows restored, {deleted} created rows deleted", run.run_id));
+        progress(&format!(
+            "undo of run {}: {restored} rows restored, {deleted} created rows deleted",
+            run.run_id
+        ));
     }
     client
         .batch_execute(&format!(
@@ -209,5 +289,10 @@ pub fn undo(client: &mut postgres::Client, repair: &Repair, run: &Run, policy: &
             run.run_id
         ))
         .doing("recording the undo")?;
-    Ok(UndoReport { undone_run: run.run_id, undo_run, restored, deleted })
+    Ok(UndoReport {
+        undone_run: run.run_id,
+        undo_run,
+        restored,
+        deleted,
+    })
 }

@@ -14,20 +14,34 @@ pub struct VoidEngine {
 impl VoidEngine {
     /// For previews on a database that may lack the table's new columns: no catalog checks.
     pub fn preview_only(spec: VoidSpec) -> VoidEngine {
-        VoidEngine { spec, group_types: Vec::new() }
+        VoidEngine {
+            spec,
+            group_types: Vec::new(),
+        }
     }
 
-    pub fn prepare(client: &mut impl postgres::GenericClient, spec: &VoidSpec) -> Result<VoidEngine> {
+    pub fn prepare(
+        client: &mut impl postgres::GenericClient,
+        spec: &VoidSpec,
+    ) -> Result<VoidEngine> {
         let group_types = column_types(client, &spec.table, &spec.group_by)?;
         let mut needed = vec![spec.row_key.clone(), spec.mark.clone(), spec.void.clone()];
         needed.extend(spec.rank_by.iter().map(|r| r.column.clone()));
         needed.extend(spec.keep_when_not_null.clone());
         column_types(client, &spec.table, &needed)?;
-        Ok(VoidEngine { spec: spec.clone(), group_types })
+        Ok(VoidEngine {
+            spec: spec.clone(),
+            group_types,
+        })
     }
 
     fn group_cols(&self, alias: &str) -> String {
-        self.spec.group_by.iter().map(|c| format!("{alias}.{}", q(c))).collect::<Vec<_>>().join(", ")
+        self.spec
+            .group_by
+            .iter()
+            .map(|c| format!("{alias}.{}", q(c)))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     fn rank_order(&self) -> String {
@@ -47,8 +61,18 @@ impl VoidEngine {
     pub fn freeze_sql(&self) -> String {
         let s = &self.spec;
         let cols = self.group_cols("t");
-        let as_text = s.group_by.iter().map(|c| format!("t.{}::text", q(c))).collect::<Vec<_>>().join(", ");
-        let not_null = s.group_by.iter().map(|c| format!("t.{} IS NOT NULL", q(c))).collect::<Vec<_>>().join(" AND ");
+        let as_text = s
+            .group_by
+            .iter()
+            .map(|c| format!("t.{}::text", q(c)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let not_null = s
+            .group_by
+            .iter()
+            .map(|c| format!("t.{} IS NOT NULL", q(c)))
+            .collect::<Vec<_>>()
+            .join(" AND ");
         format!(
             "INSERT INTO pgmend.repair_targets (run_id, seq, key)
              SELECT $1, row_number() OVER (ORDER BY {cols}), ARRAY[{as_text}]
@@ -70,11 +94,18 @@ impl VoidEngine {
             .map(|(i, (c, ty))| format!("key[{}]::{ty} AS {}", i + 1, q(c)))
             .collect::<Vec<_>>()
             .join(", ");
-        format!("SELECT {cols} FROM pgmend.repair_targets WHERE run_id = $1 AND seq > $2 AND seq <= $3")
+        format!(
+            "SELECT {cols} FROM pgmend.repair_targets WHERE run_id = $1 AND seq > $2 AND seq <= $3"
+        )
     }
 
     fn join_on(&self) -> String {
-        self.spec.group_by.iter().map(|c| format!("t.{c} = g.{c}", c = q(c))).collect::<Vec<_>>().join(" AND ")
+        self.spec
+            .group_by
+            .iter()
+            .map(|c| format!("t.{c} = g.{c}", c = q(c)))
+            .collect::<Vec<_>>()
+            .join(" AND ")
     }
 
     /// Statement 1 of a batch: lock every unmarked row of the batch's groups.
@@ -92,7 +123,11 @@ impl VoidEngine {
     /// The ranked unmarked rows of `groups`: rn 1 is kept.
     fn ranked(&self, groups: &str) -> String {
         let s = &self.spec;
-        let keep = s.keep_when_not_null.as_ref().map(|k| format!("t.{}", q(k))).unwrap_or_else(|| "NULL".into());
+        let keep = s
+            .keep_when_not_null
+            .as_ref()
+            .map(|k| format!("t.{}", q(k)))
+            .unwrap_or_else(|| "NULL".into());
         format!(
             "SELECT t.{key} AS k, t.{mark} AS before_mark, t.{void} AS before_void, {keep} AS keep_value,
                     row_number() OVER w AS rn, first_value(t.{key}) OVER w AS kept
@@ -147,15 +182,33 @@ impl VoidEngine {
     pub fn preview_sql(&self) -> String {
         let s = &self.spec;
         let cols = self.group_cols("t");
-        let not_null = s.group_by.iter().map(|c| format!("t.{} IS NOT NULL", q(c))).collect::<Vec<_>>().join(" AND ");
+        let not_null = s
+            .group_by
+            .iter()
+            .map(|c| format!("t.{} IS NOT NULL", q(c)))
+            .collect::<Vec<_>>()
+            .join(" AND ");
         let groups = format!(
             "SELECT {cols} FROM {table} t WHERE NOT t.{mark} AND {not_null} GROUP BY {cols} HAVING count(*) > 1",
             table = q(&s.table),
             mark = q(&s.mark)
         );
-        let group_text = s.group_by.iter().map(|c| format!("t.{}::text", q(c))).collect::<Vec<_>>().join(" || '/' || ");
-        let by = s.report_by.as_ref().map(|c| format!("t.{}::text", q(c))).unwrap_or_else(|| "NULL::text".into());
-        let sum = s.report_sum.as_ref().map(|c| format!("t.{}::bigint", q(c))).unwrap_or_else(|| "0::bigint".into());
+        let group_text = s
+            .group_by
+            .iter()
+            .map(|c| format!("t.{}::text", q(c)))
+            .collect::<Vec<_>>()
+            .join(" || '/' || ");
+        let by = s
+            .report_by
+            .as_ref()
+            .map(|c| format!("t.{}::text", q(c)))
+            .unwrap_or_else(|| "NULL::text".into());
+        let sum = s
+            .report_sum
+            .as_ref()
+            .map(|c| format!("t.{}::bigint", q(c)))
+            .unwrap_or_else(|| "0::bigint".into());
         format!(
             "SELECT r.k::text, r.grp, r.before_mark, r.before_void::text, r.keep_value IS NULL AS voids, r.kept::text, r.rn, r.by, r.amount
                FROM (SELECT x.*, {group_text} AS grp, {by} AS by, {sum} AS amount
@@ -171,7 +224,9 @@ impl VoidEngine {
     /// After a run: how many of its frozen groups still hold more than one unmarked row.
     pub fn reconcile_sql(&self) -> String {
         let s = &self.spec;
-        let groups = self.batch_groups().replace("seq > $2 AND seq <= $3", "true");
+        let groups = self
+            .batch_groups()
+            .replace("seq > $2 AND seq <= $3", "true");
         format!(
             "SELECT count(*) FROM (SELECT 1 FROM {table} t JOIN ({groups}) g ON {on} WHERE NOT t.{mark}
                                      GROUP BY {cols} HAVING count(*) > 1) v",
