@@ -250,7 +250,7 @@ pub fn undo(
                      SELECT $1, {tl}, row_key, 'restore', after, now, 'undo of run ' || $3::bigint FROM upd",
                     table = q(&shape.table),
                     join = shape.join(),
-                    cmp = format!("jsonb_build_object({compare_obj})"),
+                    cmp = ["jsonb_build_object(", &compare_obj, ")"].concat(),
                     tl = lit(&shape.table),
                 ),
                 &[&undo_run, &ids, &run.run_id],
