@@ -336,7 +336,7 @@ fn undo_restores_exactly_what_a_run_changed_and_refuses_what_it_cannot() {
     // Once the unique index exists, restoring a second live coupon per member is refused.
     db.client().batch_execute("UPDATE issued_coupons SET redeemed_at = NULL WHERE coupon_id = '00000000-0000-0000-0000-0000000000a3'").unwrap();
     assert_eq!(
-        db.run(&["migrate", "apply", "--yes", "--target", "3"]).code,
+        db.run(&["migrate", "apply", "--yes", "--target", "4"]).code,
         0
     );
     let r = db.run(&["repair", "undo", "3", "--yes"]);
