@@ -152,6 +152,9 @@ struct Applied {
     step: usize,
     label: String,
     outcome: String,
+    /// For repair steps: the run, with its batch timings.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    run: Option<crate::repair::runner::RunReport>,
 }
 
 pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
@@ -199,10 +202,13 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
                 step: i + 1,
                 label: step.label(),
                 outcome: "already done".into(),
+                run: None,
             });
             continue;
         }
         eprintln!("\n== step {}: {}", i + 1, step.label());
+        let mut run_report = None;
+        let step_started = std::time::Instant::now();
         match step {
             Step::Migrate {
                 version,
@@ -249,6 +255,7 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
                     )
                     .doing("recording the finished step")?;
                 eprintln!("run {}: {} rows changed", run.run.run_id, run.run.changed);
+                run_report = Some(run);
             }
             Step::Gate { name, explain } => {
                 if !args.confirm.iter().any(|c| c == name) {
@@ -257,6 +264,7 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
                         step: i + 1,
                         label: step.label(),
                         outcome: "waiting for confirmation".into(),
+                        run: None,
                     });
                     if format != Format::Json {
                         let mut out = std::io::stdout().lock();
@@ -275,10 +283,18 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
                 eprintln!("gate {name} confirmed by {who}");
             }
         }
+        eprintln!(
+            "step {} done in {}",
+            i + 1,
+            crate::config::format_duration(std::time::Duration::from_millis(
+                step_started.elapsed().as_millis() as u64
+            ))
+        );
         report.push(Applied {
             step: i + 1,
             label: step.label(),
             outcome: "done".into(),
+            run: run_report,
         });
     }
     match format {

@@ -185,6 +185,15 @@ impl CounterEngine {
         )
     }
 
+    /// The values the counter column can hold.
+    fn range(&self) -> (i64, i64) {
+        match self.counter_type.as_str() {
+            "smallint" => (i64::from(i16::MIN), i64::from(i16::MAX)),
+            "integer" => (i64::from(i32::MIN), i64::from(i32::MAX)),
+            _ => (i64::MIN, i64::MAX),
+        }
+    }
+
     /// One batch: create missing counter rows, lock them, sum, check, write, ledger.
     pub fn batch(
         &self,
@@ -233,17 +242,59 @@ impl CounterEngine {
                 .map(|k| format!("{}, i.{}", lit(k), q(k)))
                 .collect::<Vec<_>>()
                 .join(", ");
+            // A missing row is created with the source's sum at once: whoever issues a coupon
+            // for that key creates the row first, so a concurrent issuer either waits for this
+            // insert (and adds on top of it) or made the row already (and the key takes the
+            // lock-then-sum path below). A value that would not fit, or that a CHECK would
+            // refuse, is created as 0 and left to that path, which reports it.
+            let (min, max) = self.range();
+            let check_row: Vec<String> = s
+                .key
+                .iter()
+                .map(|k| format!("g.{k} AS {k}", k = q(k)))
+                .chain(
+                    s.copy_on_create
+                        .iter()
+                        .map(|(to, from)| format!("x.{} AS {}", q(from), q(to))),
+                )
+                .chain(std::iter::once(format!("t.truth AS {}", q(&s.counter))))
+                .collect();
+            let passes = if self.checks.is_empty() {
+                "true".to_string()
+            } else {
+                let tests = self
+                    .checks
+                    .iter()
+                    .map(|(_, e)| format!("({e}) IS FALSE"))
+                    .collect::<Vec<_>>()
+                    .join(" OR ");
+                format!(
+                    "NOT EXISTS (SELECT 1 FROM (SELECT {}) r WHERE {tests})",
+                    check_row.join(", ")
+                )
+            };
+            let counter_exists = format!(
+                "EXISTS (SELECT 1 FROM {counter} c WHERE {})",
+                self.keys_match("c", "g")
+            );
             let inserted = tx.execute(
                 &format!(
                     "WITH i AS (
                        INSERT INTO {counter} ({keys_cols}{copy_to}, {cn})
-                       SELECT {g_cols}{copy_from}, 0 FROM ({keys}) g{join}
+                       SELECT {g_cols}{copy_from},
+                              CASE WHEN t.truth BETWEEN {min} AND {max} AND {passes} THEN t.truth ELSE 0 END
+                         FROM ({keys}) g{join}
+                         JOIN ({truth}) t(k, truth, has_source) ON t.k = {gk}
+                        WHERE NOT {counter_exists}
                        ON CONFLICT DO NOTHING RETURNING *)
                      INSERT INTO pgmend.repair_ledger (run_id, target_table, row_key, action, before, after, reason)
-                     SELECT $1, {tl}, jsonb_build_object({key_obj}), 'insert', NULL, to_jsonb(i), 'the key had no counter row'
+                     SELECT $1, {tl}, jsonb_build_object({key_obj}), 'insert', NULL, to_jsonb(i),
+                            'the key had no counter row; created with the sum of its source rows'
                        FROM i",
                     cn = q(&s.counter),
                     keys = self.batch_keys(),
+                    truth = self.truth_sql(&format!("SELECT * FROM ({}) g WHERE NOT {counter_exists}", self.batch_keys())),
+                    gk = self.keys_text("g"),
                     tl = lit(&s.counter_table),
                 ),
                 &[&run_id, &lo, &hi],
@@ -265,11 +316,7 @@ impl CounterEngine {
             locked.iter().map(|r| (r.get(0), r.get(1))).collect();
         // ... then sum, in a new statement.
         let truths = tx.query(&self.truth_sql(&self.batch_keys()), &[&run_id, &lo, &hi])?;
-        let (min, max) = match self.counter_type.as_str() {
-            "smallint" => (i64::from(i16::MIN), i64::from(i16::MAX)),
-            "integer" => (i64::from(i32::MIN), i64::from(i32::MAX)),
-            _ => (i64::MIN, i64::MAX),
-        };
+        let (min, max) = self.range();
         let mut updates: Vec<(Vec<String>, i64, i64)> = Vec::new();
         for row in &truths {
             let key: Vec<String> = row.get(0);
