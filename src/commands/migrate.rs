@@ -121,7 +121,7 @@ pub fn status(args: &StatusArgs, format: Format) -> Result<Outcome> {
             )?;
             writeln!(out, "{}", Table::new(rows).with(Style::psql()))?;
             if problems > 0 {
-                writeln!(out, "{problems} problem(s): `pgmend migrate apply` will refuse until they are fixed.")?;
+                writeln!(out, "{problems} problem(s):")?;
                 if let Err(e) = status::ensure_consistent(&entries) {
                     writeln!(out, "{e:#}")?;
                 }

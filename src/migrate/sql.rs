@@ -199,9 +199,16 @@ fn push_statement(out: &mut Vec<Statement>, chars: &[char], first_line: usize) {
     // The statement starts at its first line that holds more than blanks and comments.
     let leading = text.len() - text.trim_start().len();
     let mut line = first_line + text[..leading].matches('\n').count();
+    let mut in_block = false;
     for l in text.trim_start().lines() {
         let t = l.trim();
-        if t.is_empty() || t.starts_with("--") {
+        if in_block {
+            in_block = !t.contains("*/");
+            line += 1;
+        } else if t.starts_with("/*") {
+            in_block = !t.contains("*/");
+            line += 1;
+        } else if t.is_empty() || t.starts_with("--") {
             line += 1;
         } else {
             break;
@@ -582,6 +589,14 @@ mod tests {
         assert!(s[2].online && s[4].online && !s[0].online);
         assert_eq!(s[5].locks[0].relation, "Odd.T");
         assert_eq!(s[5].locks[1].relation, "other");
+    }
+
+    #[test]
+    fn a_statement_after_a_block_comment_starts_on_its_own_line() {
+        let s = split("-- head\n/* pgmend:precondition\nname: x\n*/\nALTER TABLE t ADD c int;");
+        assert_eq!(s.len(), 1);
+        assert_eq!(s[0].line, 5);
+        assert!(s[0].sql.starts_with("ALTER TABLE"), "{}", s[0].sql);
     }
 
     #[test]

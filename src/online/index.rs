@@ -185,7 +185,9 @@ fn build_index(
                     ));
                     drop_index(main, params, name, build_wait, progress)?;
                 }
-                if !matches!(code.as_str(), "23505" | "40P01" | "55P03" | "57014") {
+                // 57014 here is someone else's cancel (pgmend's own, after --build-wait, is
+                // handled above): a person stopped the build, so pgmend does not retry it.
+                if !matches!(code.as_str(), "23505" | "40P01" | "55P03") {
                     return Err(anyhow::anyhow!("{text}").context(format!(
                         "building {name} ({label}); the INVALID index it left was dropped"
                     )));
