@@ -351,6 +351,8 @@ fn the_counter_rebuild_is_exact_where_the_naive_update_loses_a_write() {
     for naive in [true, false] {
         let db = edge_cases();
         assert_eq!(db.run(&["apply", "--yes"]).code, 0);
+        // The counter has drifted, so the rebuild has something to write.
+        db.client().batch_execute("UPDATE campaign_budgets SET issued_yen = issued_yen + 500 WHERE campaign_id = 'C-BIG'").unwrap();
         let mut app = db.client();
         let mut tx = app.transaction().unwrap();
         tx.batch_execute(
@@ -731,4 +733,39 @@ fn an_unfinished_run_under_another_definition_is_refused_and_can_be_abandoned() 
         &d,
     ]);
     assert_eq!(r.code, 0, "{}", r.both());
+}
+
+#[test]
+fn rollback_restores_the_legacy_counters_from_the_coupons() {
+    let db = edge_cases();
+    assert_eq!(db.run(&CONFIRM).code, 0);
+    // The old code runs again after the rollback and counts a coupon in campaigns only.
+    let r = db.run(&[
+        "repair",
+        "apply",
+        "restore-legacy-campaign-counters",
+        "--yes",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    db.client()
+        .batch_execute(
+            "INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen) VALUES (gen_random_uuid(), 'C-BIG', 'old', '2026-10', 1000);
+             UPDATE campaigns SET issued_yen = issued_yen + 1000 WHERE campaign_id = 'C-BIG';",
+        )
+        .unwrap();
+    let r = db.run(&[
+        "repair",
+        "apply",
+        "restore-legacy-campaign-counters",
+        "--yes",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) FROM campaigns c WHERE issued_yen <> (SELECT coalesce(sum(amount_yen), 0) FROM issued_coupons i
+                WHERE i.campaign_id = c.campaign_id AND voided_at IS NULL)"
+        ),
+        0,
+        "every legacy counter equals its coupons, the old code's late coupon included"
+    );
 }

@@ -195,6 +195,13 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
     let mut report: Vec<Applied> = Vec::new();
     let mut stopped_at: Option<String> = None;
     for (i, step) in steps.iter().enumerate() {
+        if crate::repair::runner::INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Stopped::error(format!(
+                "interrupted before step {} ({}); every step before it is complete. Continue with: pgmend apply --yes",
+                i + 1,
+                step.label()
+            )));
+        }
         let applied: Vec<i32> = history::read(client)?.iter().map(|a| a.version).collect();
         let progress = release::progress(client, applied)?;
         if progress.done(i, step) {
@@ -315,7 +322,7 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
             if stopped_at.is_none() {
                 writeln!(
                     std::io::stdout().lock(),
-                    "The release is complete on {params}. Check it with: pgmend verify"
+                    "The release is complete on {params}. Check it with: pgmend migrate status; pgmend repair status"
                 )?;
             }
         }

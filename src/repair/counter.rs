@@ -166,7 +166,7 @@ impl CounterEngine {
             .unwrap_or_else(|| "true".into());
         let agg = match (s.aggregate, &s.value) {
             (Aggregate::Sum, Some(v)) => format!("sum(s.{}) FILTER (WHERE {filter})", q(v)),
-            _ => format!("count(*) FILTER (WHERE {filter})"),
+            _ => format!("count(s.{}) FILTER (WHERE {filter})", q(&s.key[0])),
         };
         let g_cols = s
             .key
@@ -301,21 +301,77 @@ impl CounterEngine {
             )?;
             result.changed += inserted as i64;
         }
+        // Which counters differ from their source? Counter and sum are read in one
+        // statement, so they come from one snapshot: a key that agrees here was right at
+        // that moment, and the application (which keeps both in step) cannot make it wrong
+        // later. Only the keys that differ are locked and summed again.
+        let keep = if s.when_no_source == WhenNoSource::Keep {
+            " AND t.has_source"
+        } else {
+            ""
+        };
+        let differing: Vec<Vec<String>> = tx
+            .query(
+                &format!(
+                    "SELECT t.k FROM ({truth}) t(k, truth, has_source)
+                       JOIN (SELECT {ck} AS k, c.{cn}::bigint AS now FROM {counter} c JOIN ({keys}) g ON {m}) c ON c.k = t.k
+                      WHERE c.now <> t.truth{keep}",
+                    truth = self.truth_sql(&self.batch_keys()),
+                    ck = self.keys_text("c"),
+                    cn = q(&s.counter),
+                    keys = self.batch_keys(),
+                    m = self.keys_match("c", "g"),
+                ),
+                &[&run_id, &lo, &hi],
+            )?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        if differing.is_empty() {
+            return Ok(result);
+        }
+        let n = s.key.len();
+        let mut columns: Vec<Vec<String>> = vec![Vec::new(); n];
+        for key in &differing {
+            for (i, part) in key.iter().enumerate() {
+                columns[i].push(part.clone());
+            }
+        }
+        let params: Vec<&(dyn ToSql + Sync)> =
+            columns.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
+        let differing_keys = format!(
+            "SELECT {} FROM unnest({}) AS u({})",
+            s.key
+                .iter()
+                .zip(&self.key_types)
+                .enumerate()
+                .map(|(i, (k, ty))| format!("u.k{i}::{ty} AS {}", q(k)))
+                .collect::<Vec<_>>()
+                .join(", "),
+            (1..=n)
+                .map(|i| format!("${i}::text[]"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            (0..n)
+                .map(|i| format!("k{i}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
         // Lock first ...
         let locked = tx.query(
             &format!(
                 "SELECT {ck}, c.{cn}::bigint FROM {counter} c JOIN ({keys}) g ON {m} ORDER BY 1 FOR UPDATE OF c",
                 ck = self.keys_text("c"),
                 cn = q(&s.counter),
-                keys = self.batch_keys(),
+                keys = differing_keys,
                 m = self.keys_match("c", "g"),
             ),
-            &[&run_id, &lo, &hi],
+            &params,
         )?;
         let current: std::collections::HashMap<Vec<String>, i64> =
             locked.iter().map(|r| (r.get(0), r.get(1))).collect();
         // ... then sum, in a new statement.
-        let truths = tx.query(&self.truth_sql(&self.batch_keys()), &[&run_id, &lo, &hi])?;
+        let truths = tx.query(&self.truth_sql(&differing_keys), &params)?;
         let (min, max) = self.range();
         let mut updates: Vec<(Vec<String>, i64, i64)> = Vec::new();
         for row in &truths {

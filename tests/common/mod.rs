@@ -211,6 +211,7 @@ pub fn pgmend_command() -> Command {
         "PGAPPNAME",
         "PGCONNECT_TIMEOUT",
         "PGMEND_MIGRATIONS_DIR",
+        "PGMEND_REPAIRS_DIR",
         "PGOPTIONS",
     ] {
         c.env_remove(var);
