@@ -202,10 +202,7 @@ fn push_statement(out: &mut Vec<Statement>, chars: &[char], first_line: usize) {
     let mut in_block = false;
     for l in text.trim_start().lines() {
         let t = l.trim();
-        if in_block {
-            in_block = !t.contains("*/");
-            line += 1;
-        } else if t.starts_with("/*") {
+        if in_block || t.starts_with("/*") {
             in_block = !t.contains("*/");
             line += 1;
         } else if t.is_empty() || t.starts_with("--") {
