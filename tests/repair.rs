@@ -769,3 +769,125 @@ fn rollback_restores_the_legacy_counters_from_the_coupons() {
         "every legacy counter equals its coupons, the old code's late coupon included"
     );
 }
+
+#[test]
+fn late_duplicates_before_the_unique_index_get_another_void_pass() {
+    let db = edge_cases();
+    // As if the void step had finished and the old application then double-tapped again.
+    assert_eq!(
+        db.run(&["repair", "apply", "void-duplicate-coupons", "--yes"])
+            .code,
+        0
+    );
+    assert_eq!(
+        db.run(&["migrate", "apply", "--yes", "--target", "3"]).code,
+        0
+    );
+    db.client()
+        .batch_execute(
+            "INSERT INTO pgmend.release_steps (step, what, run_id) VALUES (4, 'repair void-duplicate-coupons', 1);
+             INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen, issued_at)
+             VALUES ('00000000-0000-0000-0000-0000000000f1', 'C-BIG', 'a', '2026-10', 1000, '2026-10-03 09:00+09');",
+        )
+        .unwrap();
+    let r = db.run(&["apply", "--yes"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(
+        r.stderr.contains("running void-duplicate-coupons again"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM issued_coupons WHERE coupon_id = '00000000-0000-0000-0000-0000000000f1' AND legacy_duplicate AND voided_at IS NOT NULL"),
+        1
+    );
+    assert!(db.exists("one_coupon_per_member"));
+    assert_eq!(db.invalid_indexes(), 0);
+}
+
+#[test]
+fn ctrl_c_finishes_the_batch_stops_cleanly_and_the_rerun_resumes() {
+    let db = fresh_db();
+    let mut c = db.client();
+    let v1 = std::fs::read_to_string(repo().join("migrations/V1__legacy_baseline.sql")).unwrap();
+    c.batch_execute(&v1).unwrap();
+    pgmend::commands::demo::generate_dirty_data(&mut c, 4000).unwrap();
+    assert_eq!(db.run(&["migrate", "baseline", "--yes"]).code, 0);
+    assert_eq!(
+        db.run(&["migrate", "apply", "--yes", "--target", "3"]).code,
+        0
+    );
+    let child = db
+        .pgmend()
+        .args([
+            "repair",
+            "apply",
+            "void-duplicate-coupons",
+            "--yes",
+            "--batch-target",
+            "1ms",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let mut watch = db.client();
+    loop {
+        let progressed: bool = watch
+            .query_one("SELECT coalesce((SELECT checkpoint > 0 FROM pgmend.repair_runs WHERE run_id = 1), false)", &[])
+            .map(|r| r.get(0))
+            .unwrap_or(false);
+        if progressed {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no batch committed"
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+    std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("Resume it with: pgmend repair apply void-duplicate-coupons --yes"),
+        "{stderr}"
+    );
+    let (state, checkpoint, targets): (String, i64, i64) = {
+        let r = watch
+            .query_one(
+                "SELECT state, checkpoint, targets FROM pgmend.repair_runs WHERE run_id = 1",
+                &[],
+            )
+            .unwrap();
+        (r.get(0), r.get(1), r.get(2))
+    };
+    assert_eq!(state, "running");
+    assert!(
+        checkpoint < targets,
+        "stopped before the end ({checkpoint}/{targets})"
+    );
+    // Every committed batch is whole: the ledger holds exactly the rows changed so far.
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM pgmend.repair_ledger WHERE run_id = 1"),
+        db.scalar_i64("SELECT count(*) FROM issued_coupons WHERE legacy_duplicate")
+    );
+    let r = db.run(&[
+        "repair",
+        "apply",
+        "void-duplicate-coupons",
+        "--yes",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(doc["resumed"], true);
+    assert_eq!(doc["run"]["processed"], doc["run"]["targets"]);
+    assert_eq!(db.scalar_i64("SELECT count(*) FROM (SELECT 1 FROM issued_coupons WHERE NOT legacy_duplicate GROUP BY campaign_id, member_id HAVING count(*) > 1) g"), 0);
+}
