@@ -212,6 +212,62 @@ impl LocalPg {
         Ok(())
     }
 
+    /// A streaming standby of this cluster (pg_basebackup -R), started on its own port.
+    pub fn start_standby(&self) -> Result<LocalPg> {
+        let root = tempfile::Builder::new()
+            .prefix("pgmend-standby-")
+            .tempdir()?
+            .keep();
+        let socket_dir = root.join("socket");
+        std::fs::create_dir(&socket_dir)?;
+        if let Some(user) = &self.run_as {
+            let status = Command::new("chown")
+                .args(["-R", &format!("{user}:"), &root.display().to_string()])
+                .status()?;
+            if !status.success() {
+                bail!("chown of {} to {user} failed", root.display());
+            }
+        }
+        let mut standby = LocalPg {
+            bin_dir: self.bin_dir.clone(),
+            root,
+            port: 0,
+            socket_dir,
+            superuser: self.superuser.clone(),
+            password: self.password.clone(),
+            run_as: self.run_as.clone(),
+            keep: self.keep,
+        };
+        standby.run(
+            "pg_basebackup",
+            &[
+                "-h",
+                &self.socket_dir.display().to_string(),
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                &self.superuser,
+                "-D",
+                &standby.root.join("data").display().to_string(),
+                "-R",
+                "-X",
+                "stream",
+            ],
+        )?;
+        if !self.keep {
+            standby.spawn_watchdog()?;
+        }
+        let mut last_error = None;
+        for _ in 0..5 {
+            standby.port = free_port()?;
+            match standby.start_server() {
+                Ok(()) => return Ok(standby),
+                Err(e) => last_error = Some(e),
+            }
+        }
+        Err(last_error.unwrap())
+    }
+
     /// A keyword/value connection string over TCP, with the password.
     pub fn conninfo(&self, dbname: &str) -> String {
         format!(

@@ -306,7 +306,8 @@ fn wait_for_replicas(
     loop {
         let row = client
             .query_one(
-                "SELECT coalesce(max(extract(epoch FROM replay_lag) * 1000), 0)::bigint
+                "SELECT coalesce(max(CASE WHEN replay_lsn >= pg_current_wal_lsn() THEN 0
+                                      ELSE extract(epoch FROM replay_lag) * 1000 END), 0)::bigint
                    FROM pg_stat_replication",
                 &[],
             )
