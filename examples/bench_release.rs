@@ -3,6 +3,11 @@
 //! same machine's moment).
 //!
 //!     cargo run --release --example bench_release -- 30000 300000
+//!     cargo run --release --example bench_release -- --load 300000
+//!
+//! With `--load`, both run while threads play the legacy application (issuing coupons,
+//! redeeming duplicates, and a two-second read of issued_coupons every few seconds), pgmend
+//! up to the deploy gate, and the application's p99 and worst latency are reported.
 //!
 //! For each member count: wall time of each, their ratio, rows/s, pgmend's batch transaction
 //! times (p50/p99/max per repair), pgmend's peak RSS (VmHWM, polled), and WAL bytes written.
@@ -66,9 +71,85 @@ fn state(c: &mut postgres::Client) -> Result<String> {
     .get(0))
 }
 
+/// The legacy application under load: returns every operation's latency when `stop` is set.
+fn legacy_load(
+    conninfo: String,
+    members: i32,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<std::thread::JoinHandle<Vec<Duration>>> {
+    use std::sync::atomic::Ordering;
+    let mut threads = Vec::new();
+    for t in 0..4u64 {
+        let (conninfo, stop) = (conninfo.clone(), stop.clone());
+        threads.push(std::thread::spawn(move || {
+            let mut c = postgres::Client::connect(&conninfo, postgres::NoTls).expect("load connection");
+            let mut lat = Vec::new();
+            let mut x: u64 = 0x2545_f491_4f6c_dd1d ^ (t + 1);
+            let targets: i64 = c.query_one("SELECT count(*) FROM redeem_targets", &[]).map(|r| r.get(0)).unwrap_or(1).max(1);
+            while !stop.load(Ordering::SeqCst) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let started = Instant::now();
+                let result = if x % 2 == 0 {
+                    let member = format!("m{:07}", (x / 2) % members as u64 + 1);
+                    let campaign = ["SW-A", "SW-B", "SW-C"][(x / 7 % 3) as usize];
+                    c.batch_execute(&format!(
+                        "BEGIN;
+                         INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen)
+                         VALUES (gen_random_uuid(), '{campaign}', '{member}', '2026-09', 1000) ON CONFLICT DO NOTHING;
+                         UPDATE campaigns SET issued_yen = issued_yen + 1000 WHERE campaign_id = '{campaign}';
+                         COMMIT;"
+                    ))
+                } else {
+                    let n = (x / 2) as i64 % targets + 1;
+                    c.execute(
+                        "UPDATE issued_coupons SET redeemed_at = now() WHERE coupon_id = (SELECT coupon_id FROM redeem_targets WHERE n = $1) AND redeemed_at IS NULL",
+                        &[&n],
+                    )
+                    .map(|_| ())
+                };
+                if result.is_ok() {
+                    lat.push(started.elapsed());
+                } else {
+                    let _ = c.batch_execute("ROLLBACK");
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            lat
+        }));
+    }
+    threads.push(std::thread::spawn(move || {
+        let mut c = postgres::Client::connect(&conninfo, postgres::NoTls).expect("load connection");
+        while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+            let _ = c.batch_execute(
+                "SELECT count(*), pg_sleep(2) FROM (SELECT 1 FROM issued_coupons LIMIT 1) x",
+            );
+            std::thread::sleep(Duration::from_secs(3));
+        }
+        Vec::new()
+    }));
+    threads
+}
+
+fn percentiles(mut lat: Vec<Duration>) -> (usize, f64, f64) {
+    lat.sort_unstable();
+    let p99 = lat
+        .get(((lat.len() as f64 - 1.0) * 0.99).round() as usize)
+        .copied()
+        .unwrap_or_default();
+    (
+        lat.len(),
+        p99.as_secs_f64() * 1000.0,
+        lat.last().copied().unwrap_or_default().as_secs_f64() * 1000.0,
+    )
+}
+
 fn main() -> Result<()> {
+    let load = std::env::args().any(|a| a == "--load");
     let sizes: Vec<i32> = std::env::args()
         .skip(1)
+        .filter(|a| a != "--load")
         .map(|a| a.parse().context("member counts"))
         .collect::<Result<_>>()?;
     let sizes = if sizes.is_empty() {
@@ -110,6 +191,12 @@ fn main() -> Result<()> {
             ))?;
             c.batch_execute(&v1)?;
             pgmend::commands::demo::generate_dirty_data(&mut c, members)?;
+            // Coupons the load redeems: the duplicates first, whose rows the repair changes.
+            c.batch_execute(
+                "CREATE TABLE redeem_targets AS SELECT row_number() OVER () AS n, coupon_id FROM issued_coupons i
+                  WHERE redeemed_at IS NULL AND (SELECT count(*) FROM issued_coupons j WHERE j.campaign_id = i.campaign_id AND j.member_id = i.member_id) > 1;
+                 CREATE UNIQUE INDEX ON redeem_targets (n);",
+            )?;
         }
         for sql in [
             "CREATE DATABASE oneshot TEMPLATE src",
@@ -126,10 +213,24 @@ fn main() -> Result<()> {
             .query_one("SELECT count(*) FROM issued_coupons", &[])?
             .get(0);
         let wal0 = wal_lsn(&mut one)?;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let load_threads = if load {
+            legacy_load(pg.conninfo("oneshot"), members, stop.clone())
+        } else {
+            Vec::new()
+        };
+        std::thread::sleep(Duration::from_millis(if load { 1000 } else { 0 }));
         let t = Instant::now();
         one.batch_execute(ONE_SHOT)
             .map_err(|e| anyhow::anyhow!("one-shot SQL: {}", pgmend::error::describe(&e)))?;
         let one_time = t.elapsed();
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let one_load = percentiles(
+            load_threads
+                .into_iter()
+                .flat_map(|h| h.join().unwrap())
+                .collect(),
+        );
         let one_wal = wal_lsn(&mut one)? - wal0;
         let one_state = state(&mut one)?;
 
@@ -143,16 +244,29 @@ fn main() -> Result<()> {
         let mut via = postgres::Client::connect(&pg.conninfo("viapgmend"), postgres::NoTls)?;
         admin.batch_execute("CHECKPOINT")?;
         let wal0 = wal_lsn(&mut via)?;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let load_threads = if load {
+            legacy_load(pg.conninfo("viapgmend"), members, stop.clone())
+        } else {
+            Vec::new()
+        };
+        std::thread::sleep(Duration::from_millis(if load { 1000 } else { 0 }));
         let t = Instant::now();
-        let mut child = Command::new(&exe)
-            .args([
+        // Under load the legacy application runs, so pgmend goes up to the deploy gate only.
+        let args: &[&str] = if load {
+            &["apply", "--yes", "--format", "json"]
+        } else {
+            &[
                 "apply",
                 "--yes",
                 "--confirm",
                 "deploy-new-application",
                 "--format",
                 "json",
-            ])
+            ]
+        };
+        let mut child = Command::new(&exe)
+            .args(args)
             .env("DATABASE_URL", &url)
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(format!(
@@ -180,6 +294,20 @@ fn main() -> Result<()> {
             std::thread::sleep(Duration::from_millis(20));
         }
         let via_time = t.elapsed();
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let via_load = percentiles(
+            load_threads
+                .into_iter()
+                .flat_map(|h| h.join().unwrap())
+                .collect(),
+        );
+        if load {
+            println!(
+                "| {members} under load | one-shot {:.1}s: {} app ops, p99 {:.0} ms, max {:.0} ms | pgmend to the gate {:.1}s: {} app ops, p99 {:.0} ms, max {:.0} ms |",
+                one_time.as_secs_f64(), one_load.0, one_load.1, one_load.2, via_time.as_secs_f64(), via_load.0, via_load.1, via_load.2
+            );
+            continue;
+        }
         let out = reader.join().unwrap()?;
         let via_wal = wal_lsn(&mut via)? - wal0;
         let via_state = state(&mut via)?;
