@@ -91,7 +91,7 @@ fn legacy_load(
                 x ^= x >> 7;
                 x ^= x << 17;
                 let started = Instant::now();
-                let result = if x % 2 == 0 {
+                let result = if x.is_multiple_of(2) {
                     let member = format!("m{:07}", (x / 2) % members as u64 + 1);
                     let campaign = ["SW-A", "SW-B", "SW-C"][(x / 7 % 3) as usize];
                     c.batch_execute(&format!(
