@@ -193,8 +193,11 @@ fn main() -> Result<()> {
             pgmend::commands::demo::generate_dirty_data(&mut c, members)?;
             // Coupons the load redeems: the duplicates first, whose rows the repair changes.
             c.batch_execute(
-                "CREATE TABLE redeem_targets AS SELECT row_number() OVER () AS n, coupon_id FROM issued_coupons i
-                  WHERE redeemed_at IS NULL AND (SELECT count(*) FROM issued_coupons j WHERE j.campaign_id = i.campaign_id AND j.member_id = i.member_id) > 1;
+                "CREATE TABLE redeem_targets AS
+                   SELECT row_number() OVER () AS n, coupon_id
+                     FROM (SELECT coupon_id, redeemed_at, count(*) OVER (PARTITION BY campaign_id, member_id) AS copies
+                             FROM issued_coupons) x
+                    WHERE copies > 1 AND redeemed_at IS NULL;
                  CREATE UNIQUE INDEX ON redeem_targets (n);",
             )?;
         }
