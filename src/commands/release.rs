@@ -82,6 +82,13 @@ pub fn plan(args: &ReleasePlanArgs, format: Format) -> Result<Outcome> {
                     if let Some(m) = m {
                         if format != Format::Json {
                             migrate_plan::render_migration(m, &mut out)?;
+                            if let Step::Migrate {
+                                retry_with: Some(repair),
+                                ..
+                            } = step
+                            {
+                                writeln!(out, "   (census counted now; the {repair} step before it clears what it finds, and apply runs it again for duplicates that arrive late)")?;
+                            }
                         }
                         let file = files
                             .iter()

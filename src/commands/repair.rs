@@ -433,7 +433,7 @@ pub fn undo(args: &RepairRunArgs, format: Format) -> Result<Outcome> {
     Ok(Outcome::Done)
 }
 
-pub fn abandon(args: &RepairRunArgs, _format: Format) -> Result<Outcome> {
+pub fn abandon(args: &RepairRunArgs, format: Format) -> Result<Outcome> {
     let mut session = open(&args.conn)?;
     session.ensure_writable()?;
     let _lock = runner_lock::acquire(&mut session.client, args.safety.runner_wait)?;
@@ -456,12 +456,13 @@ pub fn abandon(args: &RepairRunArgs, _format: Format) -> Result<Outcome> {
         .client
         .execute("UPDATE pgmend.repair_runs SET state = 'abandoned', finished_at = now() WHERE run_id = $1 AND state = 'running'", &[&run.run_id])
         .doing("abandoning the run")?;
-    writeln!(
-        std::io::stdout().lock(),
-        "run {} abandoned; its {} changed rows stay (pgmend repair undo {} --yes restores them)",
-        run.run_id,
-        run.changed,
-        run.run_id
-    )?;
+    match format {
+        Format::Json => print_json(&store::run(&mut session.client, run.run_id)?)?,
+        _ => writeln!(
+            std::io::stdout().lock(),
+            "run {} abandoned; its {} changed rows stay (pgmend repair undo {} --yes restores them)",
+            run.run_id, run.changed, run.run_id
+        )?,
+    }
     Ok(Outcome::Done)
 }
