@@ -33,6 +33,9 @@ pub enum Command {
     /// Repairs: list, plan (dry-run diff), apply, status, log, undo, abandon.
     #[command(subcommand)]
     Repair(RepairCommand),
+    /// Check the invariants (counters equal the coupons, one live coupon per member, the
+    /// unique index and the check in place, no INVALID index) and list anomalies.
+    Verify(VerifyArgs),
     /// A throwaway local PostgreSQL with dirty legacy data, adopted and migrated.
     Demo(DemoArgs),
 }
@@ -219,6 +222,12 @@ pub struct BaselineArgs {
     pub migrations: MigrationsArgs,
     #[command(flatten)]
     pub safety: SafetyArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    #[command(flatten)]
+    pub conn: ConnectionArgs,
 }
 
 #[derive(Debug, Args)]

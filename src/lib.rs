@@ -11,3 +11,4 @@ pub mod migrate;
 pub mod online;
 pub mod release;
 pub mod repair;
+pub mod verify;

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use pgmend::cli::{Cli, Command, Format, MigrateCommand, RepairCommand};
-use pgmend::commands::{demo, migrate, release, repair};
+use pgmend::commands::{demo, migrate, release, repair, verify};
 use pgmend::error::{exit_code_for, Outcome};
 
 fn main() -> ExitCode {
@@ -36,6 +36,7 @@ fn main() -> ExitCode {
         Command::Repair(RepairCommand::Abandon(a)) => repair::abandon(a, format),
         Command::Migrate(MigrateCommand::Baseline(a)) => migrate::baseline(a, format),
         Command::Migrate(MigrateCommand::Validate(a)) => migrate::validate(a, format),
+        Command::Verify(a) => verify::run(a, format),
         Command::Demo(a) => demo::run(a),
     };
     match result {

@@ -26,6 +26,7 @@ fn the_demo_tells_the_whole_release_on_a_dirty_legacy_database() {
         r.stdout
     );
     assert!(r.stdout.contains("The release is complete"), "{}", r.stdout);
+    assert!(r.stdout.contains("Every invariant holds."), "{}", r.stdout);
     // The final status: all five migrations applied.
     let last_status = r.stdout.rsplit(" version | name").next().unwrap();
     assert_eq!(

@@ -92,6 +92,7 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
         "Pass the gate.",
         &["apply", "--yes", "--confirm", "deploy-new-application"],
     )?;
+    step(&url, "Check the invariants: counters equal the coupons, one live coupon per member, the index and the check in place.", &["verify"])?;
     step(
         &url,
         "Every repair run, with its ledger behind it (`pgmend repair log RUN_ID`).",

@@ -329,7 +329,7 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
             if stopped_at.is_none() {
                 writeln!(
                     std::io::stdout().lock(),
-                    "The release is complete on {params}. Check it with: pgmend migrate status; pgmend repair status"
+                    "The release is complete on {params}. Check it with: pgmend verify"
                 )?;
             }
         }

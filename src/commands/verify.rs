@@ -1,0 +1,71 @@
+//! `pgmend verify`: one REPEATABLE READ, READ ONLY snapshot (a hot standby will do).
+
+use std::io::Write;
+
+use anyhow::Result;
+use tabled::{settings::Style, Table, Tabled};
+
+use super::{open, print_json};
+use crate::cli::{Format, VerifyArgs};
+use crate::error::{Outcome, PgContext};
+
+pub fn run(args: &VerifyArgs, format: Format) -> Result<Outcome> {
+    let mut session = open(&args.conn)?;
+    let mut tx = session
+        .client
+        .build_transaction()
+        .isolation_level(postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .doing("opening a read-only snapshot")?;
+    let result = crate::verify::run(&mut tx)?;
+    tx.rollback().doing("closing the snapshot")?;
+    match format {
+        Format::Json => print_json(&result)?,
+        _ => {
+            #[derive(Tabled)]
+            struct Row {
+                check: &'static str,
+                status: &'static str,
+                detail: String,
+            }
+            let row = |c: &crate::verify::Check, bad: &'static str| Row {
+                check: c.name,
+                status: if c.ok { "ok" } else { bad },
+                detail: if c.violations > 0 && !c.sample.is_empty() {
+                    format!(
+                        "{} {}; first: {}",
+                        c.violations,
+                        c.detail,
+                        c.sample.join(" ")
+                    )
+                } else {
+                    c.detail.clone()
+                },
+            };
+            let mut rows: Vec<Row> = result.checks.iter().map(|c| row(c, "FAILED")).collect();
+            rows.extend(result.anomalies.iter().map(|c| row(c, "look")));
+            let mut out = std::io::stdout().lock();
+            writeln!(
+                out,
+                "{} (PostgreSQL {})",
+                session.params, session.server_version
+            )?;
+            writeln!(out, "{}", Table::new(rows).with(Style::psql()))?;
+            writeln!(
+                out,
+                "{}",
+                if result.ok {
+                    "Every invariant holds."
+                } else {
+                    "Some invariants do not hold (exit 1)."
+                }
+            )?;
+        }
+    }
+    Ok(if result.ok {
+        Outcome::Done
+    } else {
+        Outcome::Findings
+    })
+}

@@ -1,0 +1,97 @@
+//! `pgmend verify` as the daily reconciliation: 0 when the invariants hold, 1 naming what
+//! broke, 0 again after the repair that fixes it.
+
+mod common;
+
+use common::*;
+
+fn released() -> TestDb {
+    let db = fresh_db();
+    let mut c = db.client();
+    let v1 = std::fs::read_to_string(repo().join("migrations/V1__legacy_baseline.sql")).unwrap();
+    c.batch_execute(&v1).unwrap();
+    pgmend::commands::demo::generate_dirty_data(&mut c, 600).unwrap();
+    assert_eq!(db.run(&["migrate", "baseline", "--yes"]).code, 0);
+    let r = db.run(&["verify"]);
+    assert_eq!(r.code, 1, "a legacy database does not verify: {}", r.both());
+    assert!(r.stdout.contains("legacy state"), "{}", r.stdout);
+    assert_eq!(
+        db.run(&["apply", "--yes", "--confirm", "deploy-new-application"])
+            .code,
+        0
+    );
+    db
+}
+
+#[test]
+fn verify_holds_after_the_release_and_names_a_counter_changed_by_hand() {
+    let db = released();
+    let r = db.run(&["verify"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(r.stdout.contains("Every invariant holds."), "{}", r.stdout);
+
+    db.client().batch_execute("UPDATE member_monthly_usage SET used_yen = used_yen + 1000 WHERE member_id = 'm0000007'").unwrap();
+    let r = db.run(&["verify", "--format", "json"]);
+    assert_eq!(r.code, 1, "{}", r.both());
+    let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    let check = doc["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "member_monthly_usage_matches_coupons")
+        .unwrap();
+    assert_eq!(check["ok"], false);
+    assert_eq!(check["violations"], 1);
+    assert!(
+        check["sample"][0].as_str().unwrap().contains("m0000007"),
+        "{check}"
+    );
+
+    assert_eq!(
+        db.run(&["repair", "apply", "rebuild-member-monthly-usage", "--yes"])
+            .code,
+        0
+    );
+    assert_eq!(db.run(&["verify"]).code, 0);
+}
+
+#[test]
+fn verify_fails_on_an_invalid_unique_index_and_reports_voided_coupons_redeemed_anyway() {
+    let db = released();
+    db.client()
+        .batch_execute(
+            "UPDATE issued_coupons SET redeemed_at = now()
+              WHERE coupon_id = (SELECT coupon_id FROM issued_coupons WHERE voided_at IS NOT NULL AND redeemed_at IS NULL ORDER BY coupon_id LIMIT 1)",
+        )
+        .unwrap();
+    let r = db.run(&["verify", "--format", "json"]);
+    assert_eq!(
+        r.code,
+        0,
+        "an anomaly alone does not fail the reconciliation: {}",
+        r.both()
+    );
+    let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(doc["anomalies"][0]["name"], "voided_then_redeemed");
+    assert_eq!(doc["anomalies"][0]["violations"], 1);
+
+    db.client()
+        .batch_execute("UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'one_coupon_per_member'::regclass")
+        .unwrap();
+    let r = db.run(&["verify"]);
+    assert_eq!(r.code, 1, "{}", r.both());
+    assert!(r.stdout.contains("INVALID"), "{}", r.stdout);
+}
+
+#[test]
+fn verify_runs_on_a_read_only_connection() {
+    let db = released();
+    db.client()
+        .batch_execute(&format!(
+            "ALTER DATABASE {} SET default_transaction_read_only = on",
+            db.name
+        ))
+        .unwrap();
+    let r = db.run(&["verify"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+}
