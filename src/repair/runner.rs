@@ -145,6 +145,7 @@ pub fn apply(
     let started = Instant::now();
     let mut last_line = Instant::now();
     let mut interrupted = false;
+    let bar = progress_bar(&repair.name, run.targets, run.checkpoint);
     while run.checkpoint < run.targets {
         if INTERRUPTED.load(Ordering::SeqCst) {
             interrupted = true;
@@ -186,7 +187,15 @@ pub fn apply(
         let ratio =
             (options.batch_target.as_secs_f64() / took.as_secs_f64().max(0.001)).clamp(0.5, 2.0);
         size = ((size as f64 * ratio) as i64).clamp(10, 50_000);
-        if last_line.elapsed() >= Duration::from_secs(2) || run.checkpoint == run.targets {
+        if let Some(bar) = &bar {
+            bar.set_position(run.checkpoint as u64);
+            bar.set_message(format!(
+                "{} rows changed, last batch {} in {}ms",
+                run.changed,
+                hi - lo,
+                took.as_millis()
+            ));
+        } else if last_line.elapsed() >= Duration::from_secs(2) || run.checkpoint == run.targets {
             let rate = run.processed as f64 / started.elapsed().as_secs_f64().max(0.001);
             let eta = ((run.targets - run.checkpoint) as f64 / rate.max(0.001)) as u64;
             progress(&format!(
@@ -203,6 +212,13 @@ pub fn apply(
             ));
             last_line = Instant::now();
         }
+    }
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+        progress(&format!(
+            "{}: {}/{} targets, {} rows changed",
+            repair.name, run.checkpoint, run.targets, run.changed
+        ));
     }
     let left_over = if interrupted {
         0
@@ -232,6 +248,23 @@ pub fn apply(
         left_over,
         run,
     })
+}
+
+/// On a terminal, a progress bar on stderr with rate and ETA; elsewhere plain lines instead.
+fn progress_bar(name: &str, targets: i64, done: i64) -> Option<indicatif::ProgressBar> {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() || targets == 0 {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new(targets as u64);
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{prefix} [{bar:30}] {pos}/{len} targets, {per_sec}, ETA {eta}: {msg}",
+    ) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_prefix(name.to_string());
+    bar.set_position(done as u64);
+    Some(bar)
 }
 
 /// Creates the run and freezes its targets in one transaction, then ANALYZEs them.
