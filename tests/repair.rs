@@ -603,11 +603,7 @@ fn a_repair_for_another_schema_needs_only_a_definition_file() {
 #[test]
 fn killed_at_random_the_release_resumes_to_the_same_state_and_ledger() {
     let db = fresh_db();
-    let mut c = db.client();
-    let v1 = std::fs::read_to_string(repo().join("migrations/V1__legacy_baseline.sql")).unwrap();
-    c.batch_execute(&v1).unwrap();
-    pgmend::commands::demo::generate_dirty_data(&mut c, 3000).unwrap();
-    assert_eq!(db.run(&["migrate", "baseline", "--yes"]).code, 0);
+    db.make_legacy_baselined(3000);
     remember_expected(&db);
     let mut rng_state: u64 = 0x9e37_79b9_7f4a_7c15 ^ u64::from(std::process::id());
     let mut next = || {
@@ -808,11 +804,7 @@ fn late_duplicates_before_the_unique_index_get_another_void_pass() {
 #[test]
 fn ctrl_c_finishes_the_batch_stops_cleanly_and_the_rerun_resumes() {
     let db = fresh_db();
-    let mut c = db.client();
-    let v1 = std::fs::read_to_string(repo().join("migrations/V1__legacy_baseline.sql")).unwrap();
-    c.batch_execute(&v1).unwrap();
-    pgmend::commands::demo::generate_dirty_data(&mut c, 4000).unwrap();
-    assert_eq!(db.run(&["migrate", "baseline", "--yes"]).code, 0);
+    db.make_legacy_baselined(4000);
     assert_eq!(
         db.run(&["migrate", "apply", "--yes", "--target", "3"]).code,
         0

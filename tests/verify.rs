@@ -7,11 +7,7 @@ use common::*;
 
 fn released() -> TestDb {
     let db = fresh_db();
-    let mut c = db.client();
-    let v1 = std::fs::read_to_string(repo().join("migrations/V1__legacy_baseline.sql")).unwrap();
-    c.batch_execute(&v1).unwrap();
-    pgmend::commands::demo::generate_dirty_data(&mut c, 600).unwrap();
-    assert_eq!(db.run(&["migrate", "baseline", "--yes"]).code, 0);
+    db.make_legacy_baselined(600);
     let r = db.run(&["verify"]);
     assert_eq!(r.code, 1, "a legacy database does not verify: {}", r.both());
     assert!(r.stdout.contains("legacy state"), "{}", r.stdout);

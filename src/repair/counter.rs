@@ -140,18 +140,7 @@ impl CounterEngine {
     }
 
     fn batch_keys(&self) -> String {
-        let cols = self
-            .spec
-            .key
-            .iter()
-            .zip(&self.key_types)
-            .enumerate()
-            .map(|(i, (c, ty))| format!("key[{}]::{ty} AS {}", i + 1, q(c)))
-            .collect::<Vec<_>>()
-            .join(", ");
-        format!(
-            "SELECT {cols} FROM pgmend.repair_targets WHERE run_id = $1 AND seq > $2 AND seq <= $3"
-        )
+        super::store::frozen_batch_sql(&self.spec.key, &self.key_types)
     }
 
     /// The true value per key of `keys` (SQL yielding the key columns): key text array,

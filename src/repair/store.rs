@@ -168,3 +168,16 @@ pub fn column_types(
     }
     Ok(types)
 }
+
+/// The keys of one batch: run $1's frozen keys with `seq` in ($2, $3], cast back from text to
+/// the types of `columns`.
+pub fn frozen_batch_sql(columns: &[String], types: &[String]) -> String {
+    let cols = columns
+        .iter()
+        .zip(types)
+        .enumerate()
+        .map(|(i, (c, ty))| format!("key[{}]::{ty} AS {}", i + 1, q(c)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!("SELECT {cols} FROM pgmend.repair_targets WHERE run_id = $1 AND seq > $2 AND seq <= $3")
+}

@@ -85,18 +85,7 @@ impl VoidEngine {
 
     /// The groups of one batch: frozen keys `seq` in ($2, $3] of run $1, cast back.
     fn batch_groups(&self) -> String {
-        let cols = self
-            .spec
-            .group_by
-            .iter()
-            .zip(&self.group_types)
-            .enumerate()
-            .map(|(i, (c, ty))| format!("key[{}]::{ty} AS {}", i + 1, q(c)))
-            .collect::<Vec<_>>()
-            .join(", ");
-        format!(
-            "SELECT {cols} FROM pgmend.repair_targets WHERE run_id = $1 AND seq > $2 AND seq <= $3"
-        )
+        super::store::frozen_batch_sql(&self.spec.group_by, &self.group_types)
     }
 
     fn join_on(&self) -> String {
