@@ -57,12 +57,7 @@ fn database_json(p: &ConnParams) -> DatabaseJson<'_> {
 pub fn status(args: &StatusArgs, format: Format) -> Result<Outcome> {
     let files = load(&args.migrations)?;
     let mut session = open(&args.conn)?;
-    let mut tx = session
-        .client
-        .build_transaction()
-        .read_only(true)
-        .start()
-        .doing("opening a read-only transaction")?;
+    let mut tx = super::read_only(&mut session.client)?;
     let applied = history::read(&mut tx)?;
     let invalid_indexes = catalog::invalid_indexes(&mut tx)?;
     tx.rollback().doing("closing the read-only transaction")?;

@@ -20,6 +20,16 @@ pub fn open(conn: &ConnectionArgs) -> Result<Session> {
     db::connect(&params)
 }
 
+/// A READ ONLY transaction: the server refuses any write made in it.
+pub fn read_only(client: &mut postgres::Client) -> Result<postgres::Transaction<'_>> {
+    use crate::error::PgContext;
+    client
+        .build_transaction()
+        .read_only(true)
+        .start()
+        .doing("opening a read-only transaction")
+}
+
 /// Asks on the terminal before a change; refuses without one unless `--yes` was given.
 pub fn confirm(yes: bool, question: &str) -> Result<()> {
     if yes {

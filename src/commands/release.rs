@@ -37,12 +37,7 @@ pub fn plan(args: &ReleasePlanArgs, format: Format) -> Result<Outcome> {
     let steps = release::steps()?;
     let mut session = open(&args.conn)?;
     let migrations = migrate_plan::build(&mut session.client, files.clone(), None)?;
-    let mut tx = session
-        .client
-        .build_transaction()
-        .read_only(true)
-        .start()
-        .doing("opening a read-only transaction")?;
+    let mut tx = super::read_only(&mut session.client)?;
     let applied: Vec<i32> = history::read(&mut tx)?.iter().map(|a| a.version).collect();
     let progress = release::progress(&mut tx, applied)?;
     let colour = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();

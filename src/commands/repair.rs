@@ -89,12 +89,7 @@ pub fn render_summary(p: &Preview, out: &mut impl Write) -> std::io::Result<()> 
 pub fn plan(args: &RepairPlanArgs, format: Format) -> Result<Outcome> {
     let repair = source(&args.repairs).find(&args.name)?;
     let mut session = open(&args.conn)?;
-    let mut tx = session
-        .client
-        .build_transaction()
-        .read_only(true)
-        .start()
-        .doing("opening a read-only transaction")?;
+    let mut tx = super::read_only(&mut session.client)?;
     let colour = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let sample = if args.all { None } else { Some(args.sample) };
     let mut out = std::io::stdout().lock();
@@ -149,12 +144,7 @@ pub fn apply(args: &RepairApplyArgs, format: Format) -> Result<Outcome> {
     session.ensure_writable()?;
     let _lock = runner_lock::acquire(&mut session.client, args.safety.runner_wait)?;
     if !args.safety.yes {
-        let mut tx = session
-            .client
-            .build_transaction()
-            .read_only(true)
-            .start()
-            .doing("opening a read-only transaction")?;
+        let mut tx = super::read_only(&mut session.client)?;
         let p = preview::preview(&mut tx, &repair, &[], Some(5), &mut |c| {
             Ok(preview::render_diff(c, false, &mut std::io::stderr())?)
         })?;
@@ -247,12 +237,7 @@ pub fn print_report(report: &RunReport, format: Format) -> Result<()> {
 
 pub fn status(args: &RepairStatusArgs, format: Format) -> Result<Outcome> {
     let mut session = open(&args.conn)?;
-    let mut tx = session
-        .client
-        .build_transaction()
-        .read_only(true)
-        .start()
-        .doing("opening a read-only transaction")?;
+    let mut tx = super::read_only(&mut session.client)?;
     let runs = store::runs(&mut tx)?;
     tx.rollback().doing("closing the read-only transaction")?;
     match format {
@@ -303,12 +288,7 @@ pub fn status(args: &RepairStatusArgs, format: Format) -> Result<Outcome> {
 
 pub fn log(args: &RepairLogArgs, format: Format) -> Result<Outcome> {
     let mut session = open(&args.conn)?;
-    let mut tx = session
-        .client
-        .build_transaction()
-        .read_only(true)
-        .start()
-        .doing("opening a read-only transaction")?;
+    let mut tx = super::read_only(&mut session.client)?;
     if store::run(&mut tx, args.run_id)?.is_none() {
         bail!(
             "there is no repair run {}; `pgmend repair status` lists the runs",

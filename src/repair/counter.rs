@@ -113,14 +113,19 @@ impl CounterEngine {
             .join(" AND ")
     }
 
+    /// The table every key comes from: the source, or `keys_from`.
+    fn keys_table(&self) -> String {
+        if self.spec.keys_from == "source" {
+            q(&self.spec.source_table)
+        } else {
+            q(&self.spec.keys_from)
+        }
+    }
+
     /// Every key: those of `keys_from` (or of the source) and those already counted.
     pub fn freeze_sql(&self) -> String {
         let s = &self.spec;
-        let from = if s.keys_from == "source" {
-            q(&s.source_table)
-        } else {
-            q(&s.keys_from)
-        };
+        let from = self.keys_table();
         let not_null = s
             .key
             .iter()
@@ -539,11 +544,7 @@ impl CounterEngine {
     /// database where the counter table is still to be created.
     pub fn preview_sql(&self, counter_exists: bool) -> String {
         let s = &self.spec;
-        let from = if s.keys_from == "source" {
-            q(&s.source_table)
-        } else {
-            q(&s.keys_from)
-        };
+        let from = self.keys_table();
         let key_cols = s
             .key
             .iter()
