@@ -36,8 +36,39 @@ pub enum Command {
     /// Check the invariants (counters equal the coupons, one live coupon per member, the
     /// unique index and the check in place, no INVALID index) and list anomalies.
     Verify(VerifyArgs),
+    /// Reports for finance: what the breakage cost, from one consistent snapshot.
+    #[command(subcommand)]
+    Report(ReportCommand),
     /// A throwaway local PostgreSQL with dirty legacy data, adopted and migrated.
     Demo(DemoArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ReportCommand {
+    /// Campaign overruns, members past the monthly cap, what the repair voided and what
+    /// duplicates cost. Read-only; works on a hot standby and before the release.
+    /// Formats: table (default), csv, json, markdown, html.
+    Overruns(OverrunsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct OverrunsArgs {
+    #[command(flatten)]
+    pub conn: ConnectionArgs,
+    /// Write the report to FILE (atomically: a temporary file beside it, then a rename)
+    /// instead of stdout.
+    #[arg(long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Replace FILE if it exists.
+    #[arg(long, requires = "output")]
+    pub force: bool,
+    /// With --format csv: start with a UTF-8 byte order mark, so Excel reads the file as
+    /// UTF-8.
+    #[arg(long)]
+    pub excel: bool,
+    /// The monthly cap per member, in yen.
+    #[arg(long, value_name = "YEN", default_value_t = 2000, value_parser = clap::value_parser!(i64).range(0..))]
+    pub monthly_cap_yen: i64,
 }
 
 #[derive(Debug, Subcommand)]
@@ -281,15 +312,18 @@ pub struct SafetyArgs {
 
 #[derive(Debug, Args)]
 pub struct OutputArgs {
-    /// human for people, json for programs (a stable, documented document); csv only for
-    /// `repair log`.
+    /// human (alias table) for people, json for programs (a stable, documented document);
+    /// csv for `repair log` and `report overruns`; markdown and html for `report overruns`.
     #[arg(long, global = true, value_enum, default_value_t = Format::Human)]
     pub format: Format,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {
+    #[value(alias = "table")]
     Human,
     Json,
     Csv,
+    Markdown,
+    Html,
 }

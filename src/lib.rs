@@ -11,4 +11,5 @@ pub mod migrate;
 pub mod online;
 pub mod release;
 pub mod repair;
+pub mod report;
 pub mod verify;

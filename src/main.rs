@@ -2,10 +2,10 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 
-use pgmend::cli::{Cli, Command, Format, MigrateCommand, RepairCommand};
-use pgmend::commands::{demo, migrate, release, repair, verify};
+use pgmend::cli::{Cli, Command, Format, MigrateCommand, RepairCommand, ReportCommand};
+use pgmend::commands::{demo, migrate, release, repair, report, verify};
 use pgmend::error::{exit_code_for, Outcome};
 
 fn main() -> ExitCode {
@@ -17,8 +17,23 @@ fn main() -> ExitCode {
         }
     };
     let format = cli.output.format;
-    if format == Format::Csv && !matches!(cli.command, Command::Repair(RepairCommand::Log(_))) {
-        eprintln!("pgmend: error: --format csv is only for `pgmend repair log`; use human or json");
+    let report = matches!(cli.command, Command::Report(_));
+    let csv_ok = report || matches!(cli.command, Command::Repair(RepairCommand::Log(_)));
+    if (format == Format::Csv && !csv_ok)
+        || (matches!(format, Format::Markdown | Format::Html) && !report)
+    {
+        eprintln!(
+            "pgmend: error: --format {} is only for {}; use human or json",
+            format
+                .to_possible_value()
+                .map(|v| v.get_name().to_string())
+                .unwrap_or_default(),
+            if format == Format::Csv {
+                "`pgmend repair log` and `pgmend report overruns`"
+            } else {
+                "`pgmend report overruns`"
+            }
+        );
         return ExitCode::from(2);
     }
     let result = match &cli.command {
@@ -37,6 +52,7 @@ fn main() -> ExitCode {
         Command::Migrate(MigrateCommand::Baseline(a)) => migrate::baseline(a, format),
         Command::Migrate(MigrateCommand::Validate(a)) => migrate::validate(a, format),
         Command::Verify(a) => verify::run(a, format),
+        Command::Report(ReportCommand::Overruns(a)) => report::overruns(a, format),
         Command::Demo(a) => demo::run(a),
     };
     match result {

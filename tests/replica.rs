@@ -94,4 +94,21 @@ fn batches_wait_while_the_replica_lags_and_go_on_when_it_catches_up() {
         .unwrap()
         .get(0);
     assert_eq!(left, 0);
+
+    // The finance report runs on the hot standby: one read-only snapshot, nothing written.
+    let out = pgmend(
+        &standby.url("postgres"),
+        &["report", "overruns", "--format", "json"],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["state"], "partial");
+    assert_eq!(doc["campaigns"].as_array().unwrap().len(), 3);
 }

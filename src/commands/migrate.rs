@@ -79,7 +79,7 @@ pub fn status(args: &StatusArgs, format: Format) -> Result<Outcome> {
                 problems,
             })?;
         }
-        Format::Human | Format::Csv => {
+        _ => {
             #[derive(Tabled)]
             struct Row {
                 #[tabled(rename = "version")]
@@ -150,7 +150,7 @@ pub fn plan(args: &PlanArgs, format: Format) -> Result<Outcome> {
 fn render_plan(plan: &plan::Plan, format: Format) -> Result<()> {
     match format {
         Format::Json => print_json(plan),
-        Format::Human | Format::Csv => Ok(plan::render_human(plan, &mut std::io::stdout().lock())?),
+        _ => Ok(plan::render_human(plan, &mut std::io::stdout().lock())?),
     }
 }
 
@@ -197,7 +197,7 @@ pub fn apply(args: &ApplyArgs, format: Format) -> Result<Outcome> {
                 current_version: now_at,
             })?;
         }
-        Format::Human | Format::Csv => {
+        _ => {
             let mut out = std::io::stdout().lock();
             if applied.is_empty() {
                 writeln!(
@@ -306,7 +306,7 @@ fn report_baseline(
                 extra: comparison.map(|c| c.extra.clone()).unwrap_or_default(),
             })
         }
-        Format::Human | Format::Csv => {
+        _ => {
             let mut out = std::io::stdout().lock();
             if already {
                 writeln!(
@@ -343,7 +343,7 @@ pub fn validate(args: &ValidateArgs, format: Format) -> Result<Outcome> {
     let result = validate::run(&mut session.client, &args.name, &policy)?;
     match format {
         Format::Json => print_json(&result)?,
-        Format::Human | Format::Csv => {
+        _ => {
             let mut out = std::io::stdout().lock();
             if result.already_valid {
                 writeln!(

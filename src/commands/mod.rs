@@ -5,6 +5,7 @@ pub mod demo;
 pub mod migrate;
 pub mod release;
 pub mod repair;
+pub mod report;
 pub mod verify;
 
 use std::io::{IsTerminal, Write};

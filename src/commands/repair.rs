@@ -359,7 +359,7 @@ pub fn log(args: &RepairLogArgs, format: Format) -> Result<Outcome> {
                 });
                 write!(out, "{}\n  {}", if first { "" } else { "," }, value)?;
             }
-            Format::Human => writeln!(
+            _ => writeln!(
                 out,
                 "{} {} {} {}: {} -> {} ({})",
                 fields.7, fields.1, fields.2, fields.3, fields.4, fields.5, fields.6

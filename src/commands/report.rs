@@ -1,0 +1,125 @@
+//! `pgmend report overruns`: opens one REPEATABLE READ, READ ONLY snapshot, streams the
+//! report into stdout or into a temporary file that is renamed over `--output` at the end.
+
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+
+use super::open;
+use crate::cli::{Format, OverrunsArgs};
+use crate::error::{Outcome, PgContext};
+use crate::report::{self, Csv, Database, Html, Json, Render, Summary, Text, TextStyle};
+
+pub fn overruns(args: &OverrunsArgs, format: Format) -> Result<Outcome> {
+    if args.excel && format != Format::Csv {
+        bail!("--excel only applies to --format csv (it adds the byte order mark Excel needs)");
+    }
+    if let Some(path) = &args.output {
+        check_target(path, args.force)?;
+    }
+    let mut session = open(&args.conn)?;
+    let database = Database::from_params(&session.params);
+    let mut tx = session
+        .client
+        .build_transaction()
+        .isolation_level(postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .doing("opening a read-only snapshot")?;
+
+    match &args.output {
+        None => {
+            let stdout = std::io::stdout().lock();
+            write(&mut tx, database, args, format, BufWriter::new(stdout))?;
+        }
+        Some(path) => {
+            let dir = parent(path);
+            let file = tempfile::Builder::new()
+                .prefix(".pgmend-report-")
+                .tempfile_in(dir)
+                .with_context(|| {
+                    format!("cannot create a temporary file in {}; check the directory exists and is writable", dir.display())
+                })?;
+            let summary = write(
+                &mut tx,
+                database,
+                args,
+                format,
+                BufWriter::new(file.as_file()),
+            )?;
+            file.as_file()
+                .sync_all()
+                .with_context(|| format!("cannot flush the report to {}", dir.display()))?;
+            let result = if args.force {
+                file.persist(path).map(|_| ())
+            } else {
+                file.persist_noclobber(path).map(|_| ())
+            };
+            result.map_err(|e| e.error).with_context(|| {
+                format!(
+                    "cannot write {} (nothing was written there); it may have been created meanwhile: pass --force to replace it",
+                    path.display()
+                )
+            })?;
+            eprintln!(
+                "pgmend: wrote {} (state {}; {} campaigns, campaign overruns {} yen; {} member-months over the cap, {} yen)",
+                path.display(),
+                summary.state.as_str(),
+                summary.campaigns,
+                report::yen(summary.totals.campaign_overrun_yen),
+                report::yen(summary.totals.members_over_monthly_cap),
+                report::yen(summary.totals.member_overrun_yen),
+            );
+        }
+    }
+    tx.rollback().doing("closing the snapshot")?;
+    Ok(Outcome::Done)
+}
+
+fn write<W: Write>(
+    tx: &mut postgres::Transaction<'_>,
+    database: Database,
+    args: &OverrunsArgs,
+    format: Format,
+    out: W,
+) -> Result<Summary> {
+    let mut renderer: Box<dyn Render + '_> = match format {
+        Format::Human => Box::new(Text::new(out, TextStyle::Table)),
+        Format::Markdown => Box::new(Text::new(out, TextStyle::Markdown)),
+        Format::Json => Box::new(Json::new(out)),
+        Format::Csv => Box::new(Csv::new(out, args.excel)?),
+        Format::Html => Box::new(Html::new(out)),
+    };
+    report::generate(tx, database, args.monthly_cap_yen, renderer.as_mut())
+}
+
+fn parent(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
+/// Refuses before connecting: an existing file without `--force`, a directory, or a
+/// missing parent directory.
+fn check_target(path: &Path, force: bool) -> Result<()> {
+    if path.is_dir() {
+        bail!("--output {} is a directory; name a file", path.display());
+    }
+    if path.exists() && !force {
+        bail!(
+            "--output {} already exists; pass --force to replace it, or choose another name",
+            path.display()
+        );
+    }
+    let dir = parent(path);
+    if !dir.is_dir() {
+        bail!(
+            "--output {}: the directory {} does not exist",
+            path.display(),
+            dir.display()
+        );
+    }
+    Ok(())
+}

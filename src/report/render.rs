@@ -1,0 +1,766 @@
+//! The report's renderings. Each one is told the header (everything but the member rows),
+//! then each member row as it arrives from the server, then the end; none of them holds the
+//! member rows, so a report of any size is written in constant memory.
+
+use std::io::{self, Write};
+
+use unicode_width::UnicodeWidthStr;
+
+use super::{yen, CampaignRow, Header, MemberRow, Totals};
+
+pub trait Render {
+    fn begin(&mut self, header: &Header) -> io::Result<()>;
+    fn member(&mut self, row: &MemberRow) -> io::Result<()>;
+    fn end(&mut self, header: &Header) -> io::Result<()>;
+}
+
+/// The campaign fields, in the order every rendering shows them (the JSON contract's names).
+const CAMPAIGN_FIELDS: [&str; 11] = [
+    "campaign_id",
+    "budget_yen",
+    "issued_yen",
+    "overrun_yen",
+    "coupons",
+    "voided_coupons",
+    "voided_yen",
+    "redeemed_legacy_duplicates",
+    "redeemed_legacy_duplicates_yen",
+    "voided_then_redeemed",
+    "voided_then_redeemed_yen",
+];
+
+fn campaign_numbers(c: &CampaignRow) -> [i64; 10] {
+    [
+        c.budget_yen,
+        c.issued_yen,
+        c.overrun_yen,
+        c.coupons,
+        c.voided_coupons,
+        c.voided_yen,
+        c.redeemed_legacy_duplicates,
+        c.redeemed_legacy_duplicates_yen,
+        c.voided_then_redeemed,
+        c.voided_then_redeemed_yen,
+    ]
+}
+
+const MEMBER_FIELDS: [&str; 5] = ["member_id", "month", "used_yen", "cap_yen", "overrun_yen"];
+
+/// The totals as (label for people, JSON key, amount).
+fn totals_lines(t: &Totals) -> [(&'static str, i64); 5] {
+    [
+        ("Campaign overruns (yen)", t.campaign_overrun_yen),
+        (
+            "Member overruns past the monthly cap (yen)",
+            t.member_overrun_yen,
+        ),
+        ("Voided by the repair (yen)", t.voided_yen),
+        (
+            "Redeemed legacy duplicates: money lost (yen)",
+            t.redeemed_legacy_duplicates_yen,
+        ),
+        (
+            "Voided, then redeemed anyway by the old cart (yen)",
+            t.voided_then_redeemed_yen,
+        ),
+    ]
+}
+
+// ---------------------------------------------------------------------------------------
+// Text tables: the terminal (psql style) and Markdown.
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TextStyle {
+    Table,
+    Markdown,
+}
+
+struct Column {
+    title: &'static str,
+    width: usize,
+    right: bool,
+}
+
+fn columns(titles: &[&'static str], right_from: usize) -> Vec<Column> {
+    titles
+        .iter()
+        .enumerate()
+        .map(|(i, t)| Column {
+            title: t,
+            width: t.width(),
+            right: i >= right_from,
+        })
+        .collect()
+}
+
+pub struct Text<W: Write> {
+    out: W,
+    style: TextStyle,
+    members: Vec<Column>,
+}
+
+impl<W: Write> Text<W> {
+    pub fn new(out: W, style: TextStyle) -> Self {
+        Text {
+            out,
+            style,
+            members: Vec::new(),
+        }
+    }
+
+    fn cell(&self, text: &str) -> String {
+        match self.style {
+            TextStyle::Table => text
+                .chars()
+                .map(|c| if c.is_control() { '?' } else { c })
+                .collect(),
+            TextStyle::Markdown => text
+                .replace('\\', "\\\\")
+                .replace('|', "\\|")
+                .chars()
+                .map(|c| if c.is_control() { ' ' } else { c })
+                .collect(),
+        }
+    }
+
+    fn row(&mut self, cols: &[Column], cells: &[String]) -> io::Result<()> {
+        let mut line = String::new();
+        if self.style == TextStyle::Markdown {
+            line.push('|');
+        }
+        for (i, (col, cell)) in cols.iter().zip(cells).enumerate() {
+            if i > 0 && self.style == TextStyle::Table {
+                line.push('|');
+            }
+            let pad = col.width.saturating_sub(cell.width());
+            line.push(' ');
+            if col.right {
+                line.extend(std::iter::repeat_n(' ', pad));
+                line.push_str(cell);
+            } else {
+                line.push_str(cell);
+                line.extend(std::iter::repeat_n(' ', pad));
+            }
+            line.push(' ');
+            if self.style == TextStyle::Markdown {
+                line.push('|');
+            }
+        }
+        writeln!(self.out, "{}", line.trim_end())
+    }
+
+    fn head(&mut self, cols: &[Column]) -> io::Result<()> {
+        let titles: Vec<String> = cols.iter().map(|c| c.title.to_string()).collect();
+        self.row(cols, &titles)?;
+        let mut line = String::new();
+        match self.style {
+            TextStyle::Table => {
+                for (i, c) in cols.iter().enumerate() {
+                    if i > 0 {
+                        line.push('+');
+                    }
+                    line.push_str(&"-".repeat(c.width + 2));
+                }
+            }
+            TextStyle::Markdown => {
+                line.push('|');
+                for c in cols {
+                    let dashes = "-".repeat(c.width + 1);
+                    if c.right {
+                        line.push_str(&format!("{dashes}:|"));
+                    } else {
+                        line.push_str(&format!(":{dashes}|"));
+                    }
+                }
+            }
+        }
+        writeln!(self.out, "{line}")
+    }
+
+    fn heading(&mut self, text: &str) -> io::Result<()> {
+        match self.style {
+            TextStyle::Table => writeln!(self.out, "\n{text}"),
+            TextStyle::Markdown => writeln!(self.out, "\n## {text}\n"),
+        }
+    }
+
+    fn none(&mut self) -> io::Result<()> {
+        writeln!(self.out, "(none)")
+    }
+}
+
+impl<W: Write> Render for Text<W> {
+    fn begin(&mut self, h: &Header) -> io::Result<()> {
+        let facts = [
+            ("As of", format!("{} (Asia/Tokyo)", h.as_of)),
+            ("Database", h.database.label()),
+            ("State", h.state.explain().to_string()),
+            (
+                "Monthly cap",
+                format!("{} yen per member and month", yen(h.monthly_cap_yen)),
+            ),
+        ];
+        match self.style {
+            TextStyle::Table => {
+                writeln!(self.out, "Coupon overrun report")?;
+                for (k, v) in facts {
+                    writeln!(self.out, "{:<12} {}", format!("{k}:"), self.cell(&v))?;
+                }
+            }
+            TextStyle::Markdown => {
+                writeln!(self.out, "# Coupon overrun report\n")?;
+                for (k, v) in facts {
+                    writeln!(self.out, "- **{k}:** {}", self.cell(&v))?;
+                }
+            }
+        }
+
+        self.heading("Totals")?;
+        let lines = totals_lines(&h.totals);
+        let mut cols = columns(&["figure", "yen"], 1);
+        let cells: Vec<[String; 2]> = lines
+            .iter()
+            .map(|(label, v)| [label.to_string(), yen(*v)])
+            .collect();
+        widen(&mut cols, cells.iter().map(|c| c.as_slice()));
+        self.head(&cols)?;
+        for c in &cells {
+            self.row(&cols, c)?;
+        }
+
+        self.heading(&format!("Campaigns ({})", yen(h.campaigns.len() as i64)))?;
+        if h.campaigns.is_empty() {
+            self.none()?;
+        } else {
+            let mut cols = columns(&CAMPAIGN_FIELDS, 1);
+            let cells: Vec<Vec<String>> = h
+                .campaigns
+                .iter()
+                .map(|c| {
+                    std::iter::once(self.cell(&c.campaign_id))
+                        .chain(campaign_numbers(c).iter().map(|v| yen(*v)))
+                        .collect()
+                })
+                .collect();
+            widen(&mut cols, cells.iter().map(|c| c.as_slice()));
+            self.head(&cols)?;
+            for c in &cells {
+                self.row(&cols, c)?;
+            }
+        }
+
+        self.heading(&format!(
+            "Members over the monthly cap ({})",
+            yen(h.totals.members_over_monthly_cap)
+        ))?;
+        let w = h.member_widths;
+        let mut cols = columns(&MEMBER_FIELDS, 2);
+        let widest = [
+            w.member_id,
+            w.month,
+            yen(w.max_used_yen).len(),
+            yen(h.monthly_cap_yen).len(),
+            yen(w.max_used_yen - h.monthly_cap_yen).len(),
+        ];
+        for (c, n) in cols.iter_mut().zip(widest) {
+            c.width = c.width.max(n);
+        }
+        if h.totals.members_over_monthly_cap == 0 {
+            self.none()?;
+        } else {
+            self.head(&cols)?;
+        }
+        self.members = cols;
+        Ok(())
+    }
+
+    fn member(&mut self, m: &MemberRow) -> io::Result<()> {
+        let cells = [
+            self.cell(&m.member_id),
+            self.cell(&m.month),
+            yen(m.used_yen),
+            yen(m.cap_yen),
+            yen(m.overrun_yen),
+        ];
+        let cols = std::mem::take(&mut self.members);
+        let result = self.row(&cols, &cells);
+        self.members = cols;
+        result
+    }
+
+    fn end(&mut self, _h: &Header) -> io::Result<()> {
+        self.out.flush()
+    }
+}
+
+fn widen<'a>(cols: &mut [Column], rows: impl Iterator<Item = &'a [String]>) {
+    for row in rows {
+        for (c, cell) in cols.iter_mut().zip(row) {
+            c.width = c.width.max(cell.width());
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// JSON: written piece by piece so the member array streams; key order is the contract's.
+
+pub struct Json<W: Write> {
+    out: W,
+    first_member: bool,
+}
+
+impl<W: Write> Json<W> {
+    pub fn new(out: W) -> Self {
+        Json {
+            out,
+            first_member: true,
+        }
+    }
+}
+
+fn to_json(value: &impl serde::Serialize) -> io::Result<String> {
+    serde_json::to_string(value).map_err(io::Error::other)
+}
+
+impl<W: Write> Render for Json<W> {
+    fn begin(&mut self, h: &Header) -> io::Result<()> {
+        writeln!(self.out, "{{")?;
+        writeln!(self.out, "  \"as_of\": {},", to_json(&h.as_of)?)?;
+        writeln!(self.out, "  \"monthly_cap_yen\": {},", h.monthly_cap_yen)?;
+        writeln!(self.out, "  \"database\": {},", to_json(&h.database)?)?;
+        writeln!(self.out, "  \"state\": {},", to_json(&h.state)?)?;
+        write!(self.out, "  \"campaigns\": [")?;
+        for (i, c) in h.campaigns.iter().enumerate() {
+            let sep = if i == 0 { "" } else { "," };
+            write!(self.out, "{sep}\n    {}", to_json(c)?)?;
+        }
+        let close = if h.campaigns.is_empty() { "" } else { "\n  " };
+        write!(self.out, "{close}],\n  \"members_over_monthly_cap\": [")
+    }
+
+    fn member(&mut self, m: &MemberRow) -> io::Result<()> {
+        let sep = if self.first_member { "" } else { "," };
+        self.first_member = false;
+        write!(self.out, "{sep}\n    {}", to_json(m)?)
+    }
+
+    fn end(&mut self, h: &Header) -> io::Result<()> {
+        let close = if self.first_member { "" } else { "\n  " };
+        writeln!(self.out, "{close}],")?;
+        writeln!(self.out, "  \"totals\": {}", to_json(&h.totals)?)?;
+        writeln!(self.out, "}}")?;
+        self.out.flush()
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// CSV: one RFC 4180 table (CRLF, header row, raw integers). The first column says what a
+// row is: a campaign, a member-month over the cap, or one of the two total rows; the last
+// three repeat where and when the figures come from, so a sheet carries its own provenance.
+
+const CSV_HEADER: [&str; 19] = [
+    "section",
+    "campaign_id",
+    "member_id",
+    "month",
+    "budget_yen",
+    "cap_yen",
+    "issued_yen",
+    "used_yen",
+    "overrun_yen",
+    "coupons",
+    "voided_coupons",
+    "voided_yen",
+    "redeemed_legacy_duplicates",
+    "redeemed_legacy_duplicates_yen",
+    "voided_then_redeemed",
+    "voided_then_redeemed_yen",
+    "as_of",
+    "state",
+    "database",
+];
+
+pub struct Csv<W: Write> {
+    out: csv::Writer<W>,
+    provenance: [String; 3],
+}
+
+impl<W: Write> Csv<W> {
+    /// `excel` starts the file with a UTF-8 byte order mark, which Excel needs to read
+    /// UTF-8 (in Japan it otherwise assumes Shift_JIS).
+    pub fn new(mut out: W, excel: bool) -> io::Result<Self> {
+        if excel {
+            out.write_all("\u{feff}".as_bytes())?;
+        }
+        Ok(Csv {
+            out: csv::WriterBuilder::new()
+                .terminator(csv::Terminator::CRLF)
+                .from_writer(out),
+            provenance: Default::default(),
+        })
+    }
+
+    fn record(&mut self, fields: [String; 16]) -> io::Result<()> {
+        let provenance = self.provenance.clone();
+        self.out
+            .write_record(fields.iter().chain(provenance.iter()))
+            .map_err(csv_io)
+    }
+}
+
+/// Keeps an I/O error an I/O error (a closed pipe is not a failure).
+fn csv_io(e: csv::Error) -> io::Error {
+    match e.into_kind() {
+        csv::ErrorKind::Io(io) => io,
+        other => io::Error::other(format!("{other:?}")),
+    }
+}
+
+fn n(v: i64) -> String {
+    v.to_string()
+}
+
+impl<W: Write> Render for Csv<W> {
+    fn begin(&mut self, h: &Header) -> io::Result<()> {
+        self.provenance = [
+            h.as_of.clone(),
+            h.state.as_str().to_string(),
+            h.database.label(),
+        ];
+        self.out.write_record(CSV_HEADER).map_err(csv_io)?;
+        for c in &h.campaigns {
+            self.record([
+                "campaign".into(),
+                c.campaign_id.clone(),
+                String::new(),
+                String::new(),
+                n(c.budget_yen),
+                String::new(),
+                n(c.issued_yen),
+                String::new(),
+                n(c.overrun_yen),
+                n(c.coupons),
+                n(c.voided_coupons),
+                n(c.voided_yen),
+                n(c.redeemed_legacy_duplicates),
+                n(c.redeemed_legacy_duplicates_yen),
+                n(c.voided_then_redeemed),
+                n(c.voided_then_redeemed_yen),
+            ])?;
+        }
+        Ok(())
+    }
+
+    fn member(&mut self, m: &MemberRow) -> io::Result<()> {
+        let mut fields: [String; 16] = Default::default();
+        fields[0] = "member_over_cap".into();
+        fields[2] = m.member_id.clone();
+        fields[3] = m.month.clone();
+        fields[5] = n(m.cap_yen);
+        fields[7] = n(m.used_yen);
+        fields[8] = n(m.overrun_yen);
+        self.record(fields)
+    }
+
+    fn end(&mut self, h: &Header) -> io::Result<()> {
+        let t = &h.totals;
+        self.record([
+            "campaign_total".into(),
+            String::new(),
+            String::new(),
+            String::new(),
+            n(t.budget_yen),
+            String::new(),
+            n(t.issued_yen),
+            String::new(),
+            n(t.campaign_overrun_yen),
+            n(t.coupons),
+            n(t.voided_coupons),
+            n(t.voided_yen),
+            n(t.redeemed_legacy_duplicates),
+            n(t.redeemed_legacy_duplicates_yen),
+            n(t.voided_then_redeemed),
+            n(t.voided_then_redeemed_yen),
+        ])?;
+        let mut fields: [String; 16] = Default::default();
+        fields[0] = "member_total".into();
+        fields[5] = n(h.monthly_cap_yen);
+        fields[7] = n(t.member_used_yen);
+        fields[8] = n(t.member_overrun_yen);
+        self.record(fields)?;
+        self.out.flush()
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// HTML: one self-contained page (no scripts, no external files). The member table streams;
+// the distribution of member overruns is only known at the end, so it is written last and
+// shown before the table with CSS `order`.
+
+pub struct Html<W: Write> {
+    out: W,
+    /// Bucket width in yen and counts, fixed at `begin` from the largest overrun.
+    bucket: i64,
+    counts: Vec<u64>,
+}
+
+impl<W: Write> Html<W> {
+    pub fn new(out: W) -> Self {
+        Html {
+            out,
+            bucket: 1,
+            counts: Vec::new(),
+        }
+    }
+}
+
+fn esc(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A round bucket width (1, 2 or 5 times a power of ten) giving at most ten buckets.
+fn bucket_width(max: i64) -> i64 {
+    let raw = (max.max(1) + 9) / 10;
+    let mut power = 1i64;
+    loop {
+        for step in [1, 2, 5] {
+            if step * power >= raw {
+                return step * power;
+            }
+        }
+        power *= 10;
+    }
+}
+
+const STYLE: &str = "body{font:14px/1.4 system-ui,sans-serif;margin:2em;color:#222}\
+main{display:flex;flex-direction:column;gap:1.5em}\
+table{border-collapse:collapse}td,th{padding:2px 8px;border-bottom:1px solid #ddd}\
+td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}\
+.budget{fill:#9aa5b1}.issued{fill:#2f6fb0}.over{fill:#c0392b}.bar{fill:#c0392b}\
+svg text{font:12px system-ui,sans-serif;fill:#222}";
+
+impl<W: Write> Html<W> {
+    fn campaign_chart(&mut self, h: &Header) -> io::Result<()> {
+        let scale_max = h
+            .campaigns
+            .iter()
+            .map(|c| c.budget_yen.max(c.issued_yen))
+            .max()
+            .unwrap_or(0)
+            .max(1) as f64;
+        let label_w = 160.0;
+        let bar_w = 520.0;
+        let row_h = 34.0;
+        let height = 20.0 + row_h * h.campaigns.len() as f64;
+        writeln!(
+            self.out,
+            "<svg role=\"img\" aria-label=\"Budget versus issued per campaign\" width=\"{}\" height=\"{height}\" viewBox=\"0 0 {} {height}\">",
+            label_w + bar_w + 140.0,
+            label_w + bar_w + 140.0
+        )?;
+        for (i, c) in h.campaigns.iter().enumerate() {
+            let y = 10.0 + row_h * i as f64;
+            let bw = bar_w * c.budget_yen as f64 / scale_max;
+            let iw = bar_w * c.issued_yen as f64 / scale_max;
+            let class = if c.overrun_yen > 0 { "over" } else { "issued" };
+            writeln!(
+                self.out,
+                "<g class=\"pair\" data-campaign=\"{id}\"><title>{id}: budget {b} yen, issued {iss} yen, overrun {o} yen</title>\
+<text x=\"0\" y=\"{ty:.1}\">{id}</text>\
+<rect class=\"budget\" x=\"{label_w}\" y=\"{y:.1}\" width=\"{bw:.1}\" height=\"12\"/>\
+<rect class=\"{class}\" x=\"{label_w}\" y=\"{y2:.1}\" width=\"{iw:.1}\" height=\"12\"/>\
+<text x=\"{tx:.1}\" y=\"{ty:.1}\">{iss} / {b}</text></g>",
+                id = esc(&c.campaign_id),
+                b = yen(c.budget_yen),
+                iss = yen(c.issued_yen),
+                o = yen(c.overrun_yen),
+                ty = y + 16.0,
+                y2 = y + 13.0,
+                tx = label_w + bw.max(iw) + 6.0,
+            )?;
+        }
+        writeln!(self.out, "</svg>")?;
+        writeln!(
+            self.out,
+            "<p><svg width=\"12\" height=\"12\"><rect class=\"budget\" width=\"12\" height=\"12\"/></svg> budget \
+<svg width=\"12\" height=\"12\"><rect class=\"issued\" width=\"12\" height=\"12\"/></svg> issued \
+<svg width=\"12\" height=\"12\"><rect class=\"over\" width=\"12\" height=\"12\"/></svg> issued, over budget</p>"
+        )
+    }
+}
+
+impl<W: Write> Render for Html<W> {
+    fn begin(&mut self, h: &Header) -> io::Result<()> {
+        let max_overrun = h.member_widths.max_used_yen - h.monthly_cap_yen;
+        if h.totals.members_over_monthly_cap > 0 {
+            self.bucket = bucket_width(max_overrun);
+            self.counts = vec![0; ((max_overrun + self.bucket - 1) / self.bucket) as usize];
+        }
+        writeln!(
+            self.out,
+            "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">"
+        )?;
+        writeln!(
+            self.out,
+            "<title>Coupon overrun report, {}</title>\n<style>{STYLE}</style>\n</head>\n<body>",
+            esc(&h.as_of)
+        )?;
+        writeln!(self.out, "<h1>Coupon overrun report</h1>\n<dl>")?;
+        for (k, v) in [
+            ("As of", format!("{} (Asia/Tokyo)", h.as_of)),
+            ("Database", h.database.label()),
+            ("State", h.state.explain().to_string()),
+            (
+                "Monthly cap",
+                format!("{} yen per member and month", yen(h.monthly_cap_yen)),
+            ),
+        ] {
+            writeln!(self.out, "<dt>{k}</dt><dd>{}</dd>", esc(&v))?;
+        }
+        writeln!(self.out, "</dl>\n<main>")?;
+
+        writeln!(
+            self.out,
+            "<section style=\"order:1\"><h2>Totals</h2><table>"
+        )?;
+        for (label, v) in totals_lines(&h.totals) {
+            writeln!(
+                self.out,
+                "<tr><td>{}</td><td class=\"n\">{}</td></tr>",
+                esc(label),
+                yen(v)
+            )?;
+        }
+        writeln!(self.out, "</table></section>")?;
+
+        writeln!(
+            self.out,
+            "<section style=\"order:2\"><h2>Budget versus issued, per campaign</h2>"
+        )?;
+        self.campaign_chart(h)?;
+        writeln!(self.out, "</section>")?;
+
+        writeln!(
+            self.out,
+            "<section style=\"order:4\"><h2>Campaigns ({})</h2><table>\n<tr>",
+            yen(h.campaigns.len() as i64)
+        )?;
+        for (i, f) in CAMPAIGN_FIELDS.iter().enumerate() {
+            let class = if i == 0 { "" } else { " class=\"n\"" };
+            write!(self.out, "<th{class}>{f}</th>")?;
+        }
+        writeln!(self.out, "</tr>")?;
+        for c in &h.campaigns {
+            write!(self.out, "<tr><td>{}</td>", esc(&c.campaign_id))?;
+            for v in campaign_numbers(c) {
+                write!(self.out, "<td class=\"n\">{}</td>", yen(v))?;
+            }
+            writeln!(self.out, "</tr>")?;
+        }
+        writeln!(self.out, "</table></section>")?;
+
+        writeln!(
+            self.out,
+            "<section style=\"order:5\"><h2>Members over the monthly cap ({})</h2><table>\n<tr><th>member_id</th><th>month</th><th class=\"n\">used_yen</th><th class=\"n\">cap_yen</th><th class=\"n\">overrun_yen</th></tr>",
+            yen(h.totals.members_over_monthly_cap)
+        )
+    }
+
+    fn member(&mut self, m: &MemberRow) -> io::Result<()> {
+        if m.overrun_yen > 0 {
+            let i = ((m.overrun_yen - 1) / self.bucket) as usize;
+            if let Some(c) = self.counts.get_mut(i) {
+                *c += 1;
+            }
+        }
+        writeln!(
+            self.out,
+            "<tr><td>{}</td><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
+            esc(&m.member_id),
+            esc(&m.month),
+            yen(m.used_yen),
+            yen(m.cap_yen),
+            yen(m.overrun_yen)
+        )
+    }
+
+    fn end(&mut self, _h: &Header) -> io::Result<()> {
+        writeln!(self.out, "</table></section>")?;
+        writeln!(
+            self.out,
+            "<section style=\"order:3\"><h2>Distribution of member overruns past the monthly cap</h2>"
+        )?;
+        if self.counts.is_empty() {
+            writeln!(self.out, "<p>No member is over the monthly cap.</p>")?;
+        } else {
+            let most = *self.counts.iter().max().unwrap_or(&1).max(&1) as f64;
+            let col_w = 70.0;
+            let chart_h = 160.0;
+            let width = 50.0 + col_w * self.counts.len() as f64;
+            writeln!(
+                self.out,
+                "<svg role=\"img\" aria-label=\"Member-months by overrun\" width=\"{width}\" height=\"{}\" viewBox=\"0 0 {width} {}\">",
+                chart_h + 64.0,
+                chart_h + 64.0
+            )?;
+            for (i, count) in self.counts.iter().enumerate() {
+                let h = chart_h * *count as f64 / most;
+                let x = 40.0 + col_w * i as f64;
+                let low = self.bucket * i as i64 + 1;
+                let high = self.bucket * (i as i64 + 1);
+                writeln!(
+                    self.out,
+                    "<g class=\"bucket\"><title>{count} member-months over by {}–{} yen</title>\
+<rect class=\"bar\" x=\"{x:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{h:.1}\"/>\
+<text x=\"{x:.1}\" y=\"{:.1}\">{count}</text>\
+<text x=\"{x:.1}\" y=\"{:.1}\">≤{}</text></g>",
+                    yen(low),
+                    yen(high),
+                    24.0 + chart_h - h,
+                    col_w - 8.0,
+                    20.0 + chart_h - h,
+                    chart_h + 42.0,
+                    yen(high),
+                )?;
+            }
+            writeln!(
+                self.out,
+                "</svg>\n<p>Member-months per overrun range, in yen past the cap.</p>"
+            )?;
+        }
+        writeln!(self.out, "</section>\n</main>\n</body>\n</html>")?;
+        self.out.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bucket_width;
+
+    #[test]
+    fn buckets_are_round_and_at_most_ten() {
+        for (max, width) in [
+            (1, 1),
+            (10, 1),
+            (11, 2),
+            (1000, 100),
+            (2000, 200),
+            (2001, 500),
+            (12345, 2000),
+        ] {
+            assert_eq!(bucket_width(max), width, "max {max}");
+            assert!((max + width - 1) / width <= 10);
+        }
+    }
+}

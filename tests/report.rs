@@ -1,0 +1,599 @@
+//! `pgmend report overruns`: every figure equals an independent SQL computation, in every
+//! format; exact past 32 bits; read-only; atomic `--output`; stable renderings.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::*;
+use serde_json::Value;
+
+/// Per campaign, computed with correlated subqueries (not the report's GROUP BY with
+/// FILTERs): budget, issued, coupons, voided, voided_yen, redeemed duplicates (count, yen),
+/// voided then redeemed (count, yen).
+fn expected_campaigns(db: &TestDb, released: bool) -> BTreeMap<String, [i64; 10]> {
+    let budget = if released {
+        "(SELECT budget_yen FROM campaign_budgets b WHERE b.campaign_id = c.campaign_id)"
+    } else {
+        "c.budget_yen"
+    };
+    let (voided, duplicate) = if released {
+        ("i.voided_at IS NOT NULL", "i.legacy_duplicate")
+    } else {
+        // Before the release: nothing is voided; a duplicate is any coupon that loses the
+        // release's ranking within its (campaign, member).
+        (
+            "false",
+            "EXISTS (SELECT 1 FROM issued_coupons o WHERE o.campaign_id = i.campaign_id AND o.member_id = i.member_id
+                       AND (o.redeemed_at IS NULL, o.issued_at, o.coupon_id) < (i.redeemed_at IS NULL, i.issued_at, i.coupon_id))",
+        )
+    };
+    let sql = format!(
+        "SELECT c.campaign_id, {budget}::int8,
+                (SELECT coalesce(sum(amount_yen::numeric), 0) FROM issued_coupons i WHERE i.campaign_id = c.campaign_id AND NOT ({voided}))::int8,
+                (SELECT count(*) FROM issued_coupons i WHERE i.campaign_id = c.campaign_id AND NOT ({voided})),
+                (SELECT count(*) FROM issued_coupons i WHERE i.campaign_id = c.campaign_id AND {voided}),
+                (SELECT coalesce(sum(amount_yen::numeric), 0) FROM issued_coupons i WHERE i.campaign_id = c.campaign_id AND {voided})::int8,
+                (SELECT count(*) FROM issued_coupons i WHERE i.campaign_id = c.campaign_id AND {duplicate} AND NOT ({voided}) AND i.redeemed_at IS NOT NULL),
+                (SELECT coalesce(sum(amount_yen::numeric), 0) FROM issued_coupons i WHERE i.campaign_id = c.campaign_id AND {duplicate} AND NOT ({voided}) AND i.redeemed_at IS NOT NULL)::int8,
+                (SELECT count(*) FROM issued_coupons i WHERE i.campaign_id = c.campaign_id AND {voided} AND i.redeemed_at IS NOT NULL),
+                (SELECT coalesce(sum(amount_yen::numeric), 0) FROM issued_coupons i WHERE i.campaign_id = c.campaign_id AND {voided} AND i.redeemed_at IS NOT NULL)::int8
+           FROM campaigns c"
+    );
+    db.client()
+        .query(sql.as_str(), &[])
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r.get(0),
+                [
+                    r.get(1),
+                    r.get(2),
+                    r.get(3),
+                    r.get(4),
+                    r.get(5),
+                    r.get(6),
+                    r.get(7),
+                    r.get(8),
+                    r.get(9),
+                    0,
+                ],
+            )
+        })
+        .collect()
+}
+
+/// (member, month) → used yen, for member-months past `cap`.
+fn expected_members(db: &TestDb, cap: i64, released: bool) -> BTreeMap<(String, String), i64> {
+    let live = if released {
+        "voided_at IS NULL"
+    } else {
+        "true"
+    };
+    db.client()
+        .query(
+            &format!(
+                "SELECT member_id, month, sum(amount_yen::numeric)::int8 FROM issued_coupons
+                  WHERE {live} GROUP BY member_id, month HAVING sum(amount_yen::numeric) > $1::int8"
+            ),
+            &[&cap],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| ((r.get(0), r.get(1)), r.get(2)))
+        .collect()
+}
+
+const CAMPAIGN_NUMBERS: [&str; 9] = [
+    "budget_yen",
+    "issued_yen",
+    "coupons",
+    "voided_coupons",
+    "voided_yen",
+    "redeemed_legacy_duplicates",
+    "redeemed_legacy_duplicates_yen",
+    "voided_then_redeemed",
+    "voided_then_redeemed_yen",
+];
+
+/// Checks the JSON document against the independent figures; returns it.
+fn check_json(
+    db: &TestDb,
+    args: &[&str],
+    campaigns: &BTreeMap<String, [i64; 10]>,
+    members: &BTreeMap<(String, String), i64>,
+    cap: i64,
+) -> Value {
+    let mut all = vec!["report", "overruns", "--format", "json"];
+    all.extend_from_slice(args);
+    let r = db.run(&all);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let doc: Value = serde_json::from_str(&r.stdout).expect("the report is one JSON document");
+    assert_eq!(
+        doc.as_object().unwrap().keys().collect::<Vec<_>>(),
+        [
+            "as_of",
+            "campaigns",
+            "database",
+            "members_over_monthly_cap",
+            "monthly_cap_yen",
+            "state",
+            "totals"
+        ]
+    );
+    assert_eq!(doc["monthly_cap_yen"], cap);
+    assert_eq!(doc["database"]["dbname"], db.name.as_str());
+    assert_eq!(doc["database"]["port"], db.params.port);
+    let as_of = doc["as_of"].as_str().unwrap();
+    assert!(
+        chrono::DateTime::parse_from_rfc3339(as_of).is_ok() && as_of.ends_with("+09:00"),
+        "{as_of}"
+    );
+
+    let got = doc["campaigns"].as_array().unwrap();
+    assert_eq!(got.len(), campaigns.len());
+    let (mut overrun_total, mut voided_total, mut rld_total) = (0i64, 0i64, 0i64);
+    for c in got {
+        let id = c["campaign_id"].as_str().unwrap();
+        let want = &campaigns[id];
+        for (i, field) in CAMPAIGN_NUMBERS.iter().enumerate() {
+            assert_eq!(c[field].as_i64(), Some(want[i]), "{id} {field}: {c}");
+        }
+        let overrun = (want[1] - want[0]).max(0);
+        assert_eq!(c["overrun_yen"].as_i64(), Some(overrun), "{id} overrun");
+        overrun_total += overrun;
+        voided_total += want[4];
+        rld_total += want[6];
+    }
+
+    let got: BTreeMap<(String, String), i64> = doc["members_over_monthly_cap"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            assert_eq!(m["cap_yen"], cap);
+            assert_eq!(
+                m["overrun_yen"].as_i64().unwrap(),
+                m["used_yen"].as_i64().unwrap() - cap
+            );
+            (
+                (
+                    m["member_id"].as_str().unwrap().to_string(),
+                    m["month"].as_str().unwrap().to_string(),
+                ),
+                m["used_yen"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(&got, members);
+    let member_overrun: i64 = members.values().map(|u| u - cap).sum();
+
+    let t = &doc["totals"];
+    assert_eq!(t["campaign_overrun_yen"].as_i64(), Some(overrun_total));
+    assert_eq!(t["member_overrun_yen"].as_i64(), Some(member_overrun));
+    assert_eq!(t["voided_yen"].as_i64(), Some(voided_total));
+    assert_eq!(
+        t["redeemed_legacy_duplicates_yen"].as_i64(),
+        Some(rld_total)
+    );
+    doc
+}
+
+/// Parses the CSV back and checks it says what the JSON says.
+fn check_csv_matches_json(db: &TestDb, doc: &Value) {
+    let r = db.run(&["report", "overruns", "--format", "csv"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(r.stdout.contains("\r\n"), "RFC 4180 lines end in CRLF");
+    let mut reader = csv::Reader::from_reader(r.stdout.as_bytes());
+    let header = reader.headers().unwrap().clone();
+    let col = |name: &str| header.iter().position(|h| h == name).unwrap();
+    let num = |rec: &csv::StringRecord, name: &str| -> i64 { rec[col(name)].parse().unwrap() };
+    let records: Vec<csv::StringRecord> = reader.records().map(|r| r.unwrap()).collect();
+
+    let campaigns: Vec<_> = records.iter().filter(|r| &r[0] == "campaign").collect();
+    let json_campaigns = doc["campaigns"].as_array().unwrap();
+    assert_eq!(campaigns.len(), json_campaigns.len());
+    for (rec, c) in campaigns.iter().zip(json_campaigns) {
+        assert_eq!(&rec[col("campaign_id")], c["campaign_id"].as_str().unwrap());
+        for field in CAMPAIGN_NUMBERS.iter().chain(&["overrun_yen"]) {
+            assert_eq!(Some(num(rec, field)), c[field].as_i64(), "{field}");
+        }
+        assert_eq!(&rec[col("as_of")], doc["as_of"].as_str().unwrap());
+        assert_eq!(&rec[col("state")], doc["state"].as_str().unwrap());
+    }
+    let members: Vec<_> = records
+        .iter()
+        .filter(|r| &r[0] == "member_over_cap")
+        .collect();
+    let json_members = doc["members_over_monthly_cap"].as_array().unwrap();
+    assert_eq!(members.len(), json_members.len());
+    for (rec, m) in members.iter().zip(json_members) {
+        assert_eq!(&rec[col("member_id")], m["member_id"].as_str().unwrap());
+        assert_eq!(&rec[col("month")], m["month"].as_str().unwrap());
+        for field in ["used_yen", "cap_yen", "overrun_yen"] {
+            assert_eq!(Some(num(rec, field)), m[field].as_i64(), "{field}");
+        }
+    }
+    let total = |section: &str| records.iter().find(|r| &r[0] == section).unwrap();
+    let t = &doc["totals"];
+    assert_eq!(
+        Some(num(total("campaign_total"), "overrun_yen")),
+        t["campaign_overrun_yen"].as_i64()
+    );
+    assert_eq!(
+        Some(num(total("campaign_total"), "voided_yen")),
+        t["voided_yen"].as_i64()
+    );
+    assert_eq!(
+        Some(num(
+            total("campaign_total"),
+            "redeemed_legacy_duplicates_yen"
+        )),
+        t["redeemed_legacy_duplicates_yen"].as_i64()
+    );
+    assert_eq!(
+        Some(num(total("member_total"), "overrun_yen")),
+        t["member_overrun_yen"].as_i64()
+    );
+    assert_eq!(records.len(), campaigns.len() + members.len() + 2);
+}
+
+/// The campaign rows of a text table (psql or Markdown style), as id → numbers.
+fn text_campaigns(text: &str) -> BTreeMap<String, Vec<i64>> {
+    let mut out = BTreeMap::new();
+    let mut in_campaigns = false;
+    for line in text.lines() {
+        if line.starts_with("Campaigns") || line.starts_with("## Campaigns") {
+            in_campaigns = true;
+            continue;
+        }
+        if line.starts_with("Members") || line.starts_with("## Members") {
+            break;
+        }
+        let cells: Vec<&str> = line
+            .trim_matches('|')
+            .split('|')
+            .map(|c| c.trim())
+            .collect();
+        if !in_campaigns
+            || cells.len() != 11
+            || cells[0] == "campaign_id"
+            || cells[1].starts_with('-')
+        {
+            continue;
+        }
+        out.insert(
+            cells[0].to_string(),
+            cells[1..]
+                .iter()
+                .map(|c| c.replace(',', "").parse().unwrap())
+                .collect(),
+        );
+    }
+    out
+}
+
+fn check_text_matches_json(db: &TestDb, doc: &Value) {
+    for format in ["table", "markdown"] {
+        let r = db.run(&["report", "overruns", "--format", format]);
+        assert_eq!(r.code, 0, "{}", r.both());
+        let rows = text_campaigns(&r.stdout);
+        let json = doc["campaigns"].as_array().unwrap();
+        assert_eq!(rows.len(), json.len(), "{format}:\n{}", r.stdout);
+        for c in json {
+            let got = &rows[c["campaign_id"].as_str().unwrap()];
+            assert_eq!(got[0], c["budget_yen"].as_i64().unwrap(), "{format}");
+            assert_eq!(got[1], c["issued_yen"].as_i64().unwrap(), "{format}");
+            assert_eq!(got[2], c["overrun_yen"].as_i64().unwrap(), "{format}");
+        }
+        let members = doc["members_over_monthly_cap"].as_array().unwrap().len();
+        assert!(
+            r.stdout.contains(&format!(
+                "Members over the monthly cap ({})",
+                group(members as i64)
+            )),
+            "{format}"
+        );
+    }
+    let r = db.run(&["report", "overruns", "--format", "html"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let pairs = r.stdout.matches("<g class=\"pair\"").count();
+    assert_eq!(pairs, doc["campaigns"].as_array().unwrap().len());
+    for c in doc["campaigns"].as_array().unwrap() {
+        let id = c["campaign_id"].as_str().unwrap();
+        assert!(r.stdout.contains(&format!("data-campaign=\"{id}\"")));
+    }
+    assert!(!r.stdout.contains("<script"), "self-contained, no scripts");
+    assert!(
+        !r.stdout.contains("src=\"http"),
+        "self-contained, no external files"
+    );
+}
+
+fn group(n: i64) -> String {
+    pgmend::report::yen(n)
+}
+
+#[test]
+fn every_figure_equals_independent_sql_in_every_format_after_the_release() {
+    let db = fresh_db();
+    db.make_legacy_baselined(600);
+    let r = db.run(&["apply", "--yes", "--confirm", "deploy-new-application"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    // The old cart redeems two voided coupons anyway; a campaign with no coupon at all.
+    db.client()
+        .batch_execute(
+            "UPDATE issued_coupons SET redeemed_at = now() WHERE coupon_id IN
+               (SELECT coupon_id FROM issued_coupons WHERE voided_at IS NOT NULL ORDER BY coupon_id LIMIT 2);
+             INSERT INTO campaigns VALUES ('SW-EMPTY', 1000, 5000, 0);
+             INSERT INTO campaign_budgets VALUES ('SW-EMPTY', 1000, 5000, 0);",
+        )
+        .unwrap();
+    let campaigns = expected_campaigns(&db, true);
+    assert!(
+        campaigns.values().any(|c| c[1] > c[0]),
+        "the data has an over-budget campaign"
+    );
+    assert!(campaigns.values().map(|c| c[7]).sum::<i64>() == 2);
+    for cap in [2000, 1000] {
+        let members = expected_members(&db, cap, true);
+        assert!(!members.is_empty());
+        let cap_arg = cap.to_string();
+        let doc = check_json(
+            &db,
+            &["--monthly-cap-yen", &cap_arg],
+            &campaigns,
+            &members,
+            cap,
+        );
+        assert_eq!(doc["state"], "released");
+        if cap == 2000 {
+            check_csv_matches_json(&db, &doc);
+            check_text_matches_json(&db, &doc);
+        }
+    }
+}
+
+#[test]
+fn before_the_release_it_reports_the_legacy_state_and_predicts_the_lost_duplicates() {
+    let db = fresh_db();
+    db.make_legacy_baselined(600);
+    let legacy = expected_campaigns(&db, false);
+    let members = expected_members(&db, 2000, false);
+    let before = check_json(&db, &[], &legacy, &members, 2000);
+    assert_eq!(before["state"], "legacy");
+    assert_eq!(before["totals"]["voided_yen"], 0);
+    let r = db.run(&["report", "overruns"]);
+    assert!(r.stdout.contains("State:       legacy"), "{}", r.stdout);
+
+    // Up to the gate: started, not finished.
+    assert_eq!(db.run(&["apply", "--yes"]).code, 0);
+    let r = db.run(&["report", "overruns", "--format", "json"]);
+    let partial: Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(partial["state"], "partial");
+
+    assert_eq!(
+        db.run(&["apply", "--yes", "--confirm", "deploy-new-application"])
+            .code,
+        0
+    );
+    let after = check_json(
+        &db,
+        &[],
+        &expected_campaigns(&db, true),
+        &expected_members(&db, 2000, true),
+        2000,
+    );
+    assert_eq!(after["state"], "released");
+    // The duplicates the legacy report counted by the ranking rule are the ones the release
+    // kept as redeemed history: the same money, before and after.
+    for (b, a) in before["campaigns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(after["campaigns"].as_array().unwrap())
+    {
+        assert_eq!(b["campaign_id"], a["campaign_id"]);
+        assert_eq!(
+            b["redeemed_legacy_duplicates"],
+            a["redeemed_legacy_duplicates"]
+        );
+        assert_eq!(
+            b["redeemed_legacy_duplicates_yen"],
+            a["redeemed_legacy_duplicates_yen"]
+        );
+        assert_eq!(
+            b["issued_yen"].as_i64().unwrap() - a["voided_yen"].as_i64().unwrap(),
+            a["issued_yen"].as_i64().unwrap(),
+            "what the release voided comes off the issued total"
+        );
+    }
+}
+
+#[test]
+fn sums_past_two_to_the_31_are_exact() {
+    let db = fresh_db();
+    let v1 = std::fs::read_to_string(repo().join("migrations/V1__legacy_baseline.sql")).unwrap();
+    let mut c = db.client();
+    c.batch_execute(&v1).unwrap();
+    // Three coupons of 2,000,000,000 yen: 6,000,000,000 in one campaign, 4,000,000,000 for
+    // one member in one month; each alone fits in an integer, no sum does.
+    c.batch_execute(
+        "INSERT INTO campaigns VALUES ('BIG', 2000000000, 2000000000, 0), ('BIG2', 2000000000, 2000000000, 0);
+         INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen) VALUES
+           ('00000000-0000-0000-0000-000000000001', 'BIG', 'm1', '2026-09', 2000000000),
+           ('00000000-0000-0000-0000-000000000002', 'BIG', 'm2', '2026-09', 2000000000),
+           ('00000000-0000-0000-0000-000000000003', 'BIG', 'm3', '2026-09', 2000000000),
+           ('00000000-0000-0000-0000-000000000004', 'BIG2', 'm1', '2026-09', 2000000000);",
+    )
+    .unwrap();
+    let doc = check_json(
+        &db,
+        &[],
+        &expected_campaigns(&db, false),
+        &expected_members(&db, 2000, false),
+        2000,
+    );
+    let big = &doc["campaigns"][0];
+    assert_eq!(big["issued_yen"].as_i64(), Some(6_000_000_000));
+    assert_eq!(big["overrun_yen"].as_i64(), Some(4_000_000_000));
+    assert_eq!(
+        doc["members_over_monthly_cap"][0]["used_yen"].as_i64(),
+        Some(4_000_000_000)
+    );
+    assert_eq!(
+        doc["totals"]["member_overrun_yen"].as_i64(),
+        Some(4_000_000_000 - 2000 + 2_000_000_000 - 2000 + 2_000_000_000 - 2000)
+    );
+    let r = db.run(&["report", "overruns"]);
+    assert!(r.stdout.contains("6,000,000,000"), "{}", r.stdout);
+    check_csv_matches_json(&db, &doc);
+}
+
+#[test]
+fn runs_where_transactions_default_to_read_only_and_gives_the_same_bytes_twice() {
+    let db = fresh_db();
+    db.make_legacy_baselined(300);
+    assert_eq!(
+        db.run(&["apply", "--yes", "--confirm", "deploy-new-application"])
+            .code,
+        0
+    );
+    db.client()
+        .batch_execute(&format!(
+            "ALTER DATABASE {} SET default_transaction_read_only = on",
+            db.name
+        ))
+        .unwrap();
+    let as_of = regex::Regex::new(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+09:00").unwrap();
+    for format in ["table", "json", "csv", "markdown", "html"] {
+        let first = db.run(&["report", "overruns", "--format", format]);
+        assert_eq!(first.code, 0, "{format}: {}", first.both());
+        let second = db.run(&["report", "overruns", "--format", format]);
+        assert_eq!(
+            as_of.replace_all(&first.stdout, "AS_OF"),
+            as_of.replace_all(&second.stdout, "AS_OF"),
+            "{format}"
+        );
+    }
+    // The server itself refuses writes on this connection: the report never needed one.
+    let r = db.run(&["repair", "apply", "rebuild-campaign-budgets", "--yes"]);
+    assert_eq!(r.code, 2, "{}", r.both());
+}
+
+#[test]
+fn output_is_written_atomically_and_never_replaced_without_force() {
+    let db = fresh_db();
+    db.make_legacy_baselined(200);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("overruns.csv");
+    let file = path.to_str().unwrap();
+
+    let r = db.run(&[
+        "report", "overruns", "--format", "csv", "--excel", "--output", file,
+    ]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(
+        r.stdout.is_empty(),
+        "the report went to the file, not stdout"
+    );
+    assert!(r.stderr.contains("wrote"), "{}", r.stderr);
+    let bytes = std::fs::read(&path).unwrap();
+    assert!(
+        bytes.starts_with("\u{feff}section,".as_bytes()),
+        "Excel's BOM, then the header"
+    );
+
+    std::fs::write(&path, "keep me").unwrap();
+    let r = db.run(&["report", "overruns", "--format", "csv", "--output", file]);
+    assert_eq!(r.code, 2, "{}", r.both());
+    assert!(r.stderr.contains("--force"), "{}", r.stderr);
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "keep me");
+
+    let r = db.run(&[
+        "report", "overruns", "--format", "json", "--output", file, "--force",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(doc["state"], "legacy");
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["overruns.csv"], "no temporary file is left behind");
+
+    let missing = dir.path().join("no/such/dir/r.csv");
+    let r = db.run(&["report", "overruns", "--output", missing.to_str().unwrap()]);
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("does not exist"), "{}", r.stderr);
+    let r = db.run(&["report", "overruns", "--format", "json", "--excel"]);
+    assert_eq!(r.code, 2);
+    assert!(
+        r.stderr.contains("--excel only applies to --format csv"),
+        "{}",
+        r.stderr
+    );
+    let r = db.run(&["verify", "--format", "html"]);
+    assert_eq!(r.code, 2);
+}
+
+/// A small hand-made database whose renderings are pinned by snapshots: a Japanese
+/// campaign id (double-width), a pipe in an id, a campaign without coupons, an over-budget
+/// campaign, a redeemed duplicate and a voided coupon redeemed anyway.
+fn snapshot_db() -> TestDb {
+    let db = fresh_db();
+    let v1 = std::fs::read_to_string(repo().join("migrations/V1__legacy_baseline.sql")).unwrap();
+    let mut c = db.client();
+    c.batch_execute(&v1).unwrap();
+    c.batch_execute(
+        "INSERT INTO campaigns VALUES ('SW-A', 1000, 3000, 0), ('秋-セール', 1500, 100000, 0),
+                                      ('A|B', 1000, 1000, 0), ('EMPTY', 1000, 5000, 0);
+         INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen, issued_at, redeemed_at)
+         SELECT ('00000000-0000-0000-0000-' || lpad(g::text, 12, '0'))::uuid, v.c, v.m, v.mon, v.amt,
+                timestamptz '2026-09-20 10:00+09' + g * interval '1 minute',
+                CASE WHEN v.red THEN timestamptz '2026-09-25 10:00+09' END
+           FROM (VALUES (1, 'SW-A', 'm01', '2026-09', 1000, false),
+                        (2, 'SW-A', 'm01', '2026-09', 1000, true),
+                        (3, 'SW-A', 'm01', '2026-09', 1000, false),
+                        (4, 'SW-A', 'm02', '2026-09', 1000, false),
+                        (5, 'SW-A', 'm03', '2026-10', 1000, false),
+                        (6, '秋-セール', 'm01', '2026-09', 1500, false),
+                        (7, '秋-セール', 'm02', '2026-09', 1500, true),
+                        (8, '秋-セール', 'm02', '2026-09', 1500, true),
+                        (9, 'A|B', 'm04', '2026-10', 1000, false),
+                        (10, 'A|B', 'm04', '2026-10', 1000, false),
+                        (11, 'SW-A', 'm04', '2026-10', 1000, false))
+                AS v(g, c, m, mon, amt, red);",
+    )
+    .unwrap();
+    assert_eq!(db.run(&["migrate", "baseline", "--yes"]).code, 0);
+    let r = db.run(&["apply", "--yes", "--confirm", "deploy-new-application"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    // The old cart redeems a voided coupon anyway.
+    c.batch_execute(
+        "UPDATE issued_coupons SET redeemed_at = timestamptz '2026-09-30 12:00+09'
+          WHERE coupon_id = '00000000-0000-0000-0000-000000000003'",
+    )
+    .unwrap();
+    db
+}
+
+#[test]
+fn renderings_are_stable() {
+    let db = snapshot_db();
+    let mut settings = insta::Settings::clone_current();
+    settings.add_filter(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+09:00", "[as_of]");
+    settings.add_filter(
+        r"host=\S+ port=\d+ dbname=\w+",
+        "host=[host] port=[port] dbname=[db]",
+    );
+    settings.set_prepend_module_to_snapshot(false);
+    settings.bind(|| {
+        for format in ["table", "markdown", "csv"] {
+            let r = db.run(&["report", "overruns", "--format", format]);
+            assert_eq!(r.code, 0, "{}", r.both());
+            insta::assert_snapshot!(format!("report_{format}"), r.stdout);
+        }
+    });
+}
