@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use pgmend::localpg::LocalPg;
 
+mod support;
+
 /// Seed 000's migration, as one transaction (its CREATE UNIQUE INDEX is the plain,
 /// locking kind: that is what "one-shot" means).
 const ONE_SHOT: &str = "
@@ -276,26 +278,9 @@ fn main() -> Result<()> {
                 "/tmp/bench-pgmend-{members}.log"
             ))?)
             .spawn()?;
-        let pid = child.id();
-        let mut peak_kb: u64 = 0;
         let stdout = child.stdout.take().unwrap();
         let reader = std::thread::spawn(move || std::io::read_to_string(stdout));
-        loop {
-            if let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
-                for line in status.lines().filter(|l| l.starts_with("VmHWM:")) {
-                    let kb: u64 = line
-                        .split_whitespace()
-                        .nth(1)
-                        .and_then(|v| v.parse().ok())
-                        .unwrap_or(0);
-                    peak_kb = peak_kb.max(kb);
-                }
-            }
-            if child.try_wait()?.is_some() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let peak_kb = support::wait_with_peak_rss(&mut child)?;
         let via_time = t.elapsed();
         stop.store(true, std::sync::atomic::Ordering::SeqCst);
         let via_load = percentiles(

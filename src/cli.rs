@@ -41,6 +41,16 @@ pub enum Command {
     Report(ReportCommand),
     /// A throwaway local PostgreSQL with dirty legacy data, adopted and migrated.
     Demo(DemoArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
+    Completions(CompletionsArgs),
+    /// Print the man page (roff) to stdout: `pgmend man > /usr/local/share/man/man1/pgmend.1`.
+    Man,
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete for, e.g. `pgmend completions bash > /etc/bash_completion.d/pgmend`.
+    pub shell: clap_complete::Shell,
 }
 
 #[derive(Debug, Subcommand)]

@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, ValueEnum};
+use clap::{CommandFactory, Parser, ValueEnum};
 
 use pgmend::cli::{Cli, Command, Format, MigrateCommand, RepairCommand, ReportCommand};
 use pgmend::commands::{demo, migrate, release, repair, report, verify};
@@ -54,6 +54,19 @@ fn main() -> ExitCode {
         Command::Verify(a) => verify::run(a, format),
         Command::Report(ReportCommand::Overruns(a)) => report::overruns(a, format),
         Command::Demo(a) => demo::run(a),
+        Command::Completions(a) => {
+            clap_complete::generate(
+                a.shell,
+                &mut Cli::command(),
+                "pgmend",
+                &mut std::io::stdout(),
+            );
+            Ok(Outcome::Done)
+        }
+        Command::Man => clap_mangen::Man::new(Cli::command())
+            .render(&mut std::io::stdout())
+            .map(|()| Outcome::Done)
+            .map_err(Into::into),
     };
     match result {
         Ok(Outcome::Done) => ExitCode::SUCCESS,

@@ -1,0 +1,60 @@
+//! The command line itself: shell completions and the man page come from the clap
+//! definition, and formats a command cannot render are refused before anything runs.
+
+mod common;
+
+use common::*;
+
+fn output(args: &[&str]) -> Run {
+    run(pgmend_command().args(args), "")
+}
+
+#[test]
+fn completions_are_generated_for_every_shell_and_bash_parses_its_script() {
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let r = output(&["completions", shell]);
+        assert_eq!(r.code, 0, "{shell}: {}", r.both());
+        for word in ["report", "overruns", "monthly-cap-yen", "confirm"] {
+            assert!(r.stdout.contains(word), "{shell} completion lacks {word}");
+        }
+    }
+    let script = output(&["completions", "bash"]).stdout;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pgmend.bash");
+    std::fs::write(&path, script).unwrap();
+    let status = std::process::Command::new("bash")
+        .arg("-n")
+        .arg(&path)
+        .status()
+        .unwrap();
+    assert!(status.success(), "bash -n rejects the completion script");
+    assert_eq!(output(&["completions", "tcsh"]).code, 2);
+}
+
+#[test]
+fn the_man_page_is_roff_and_lists_the_commands() {
+    let r = output(&["man"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(r.stdout.contains(".TH pgmend 1"), "{}", &r.stdout[..200]);
+    for command in [
+        "migrate", "plan", "apply", "repair", "verify", "report", "demo",
+    ] {
+        assert!(
+            r.stdout.contains(&format!("pgmend\\-{command}")) || r.stdout.contains(command),
+            "the man page does not mention {command}"
+        );
+    }
+}
+
+#[test]
+fn a_format_the_command_cannot_render_is_refused_with_exit_2() {
+    for (args, what) in [
+        (&["verify", "--format", "html"][..], "report overruns"),
+        (&["migrate", "status", "--format", "csv"][..], "repair log"),
+        (&["plan", "--format", "markdown"][..], "report overruns"),
+    ] {
+        let r = output(args);
+        assert_eq!(r.code, 2, "{args:?}: {}", r.both());
+        assert!(r.stderr.contains(what), "{args:?}: {}", r.stderr);
+    }
+}
