@@ -279,6 +279,10 @@ pub struct DemoArgs {
     /// Leave the server running and print how to connect to it.
     #[arg(long)]
     pub keep: bool,
+    /// Where the finance reports (overruns.csv, overruns.json, overruns.html) are written;
+    /// created if missing, files in it replaced.
+    #[arg(long, value_name = "DIR", default_value = "pgmend-demo-reports")]
+    pub reports_dir: std::path::PathBuf,
 }
 
 #[derive(Debug, Args)]

@@ -6,7 +6,18 @@ use common::*;
 
 #[test]
 fn the_demo_tells_the_whole_release_on_a_dirty_legacy_database() {
-    let r = run(pgmend_command().args(["demo", "--members", "500"]), "");
+    let reports = tempfile::tempdir().unwrap();
+    let dir = reports.path().join("reports");
+    let r = run(
+        pgmend_command().args([
+            "demo",
+            "--members",
+            "500",
+            "--reports-dir",
+            dir.to_str().unwrap(),
+        ]),
+        "",
+    );
     assert_eq!(r.code, 0, "{}", r.both());
     assert!(
         r.stderr
@@ -34,4 +45,30 @@ fn the_demo_tells_the_whole_release_on_a_dirty_legacy_database() {
         5,
         "{last_status}"
     );
+
+    // The finance report shows the campaign the incident pushed over its budget.
+    let table = r.stdout.rsplit("Coupon overrun report").next().unwrap();
+    let sw_a = table
+        .lines()
+        .find(|l| l.trim_start().starts_with("SW-A"))
+        .expect("the report lists SW-A");
+    let overrun: i64 = sw_a
+        .split('|')
+        .nth(3)
+        .unwrap()
+        .trim()
+        .replace(',', "")
+        .parse()
+        .unwrap();
+    assert!(overrun > 0, "{sw_a}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("overruns.json")).unwrap()).unwrap();
+    assert_eq!(json["state"], "released");
+    assert_eq!(json["campaigns"][0]["overrun_yen"], overrun);
+    assert!(std::fs::read(dir.join("overruns.csv"))
+        .unwrap()
+        .starts_with("\u{feff}".as_bytes()));
+    assert!(std::fs::read_to_string(dir.join("overruns.html"))
+        .unwrap()
+        .contains("class=\"pair\""));
 }

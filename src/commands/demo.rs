@@ -99,6 +99,36 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
         &["repair", "status"],
     )?;
     step(&url, "And the migrations.", &["migrate", "status"])?;
+    step(
+        &url,
+        "The finance report: what the incident already cost (the constraints only stop new overruns), from one read-only snapshot.",
+        &["report", "overruns"],
+    )?;
+    std::fs::create_dir_all(&args.reports_dir).with_context(|| {
+        format!(
+            "creating the reports directory {}",
+            args.reports_dir.display()
+        )
+    })?;
+    let mut written = Vec::new();
+    for (format, extra) in [("csv", Some("--excel")), ("json", None), ("html", None)] {
+        let path = args.reports_dir.join(format!("overruns.{format}"));
+        let path_arg = path.display().to_string();
+        let mut report_args = vec![
+            "report", "overruns", "--format", format, "--output", &path_arg, "--force",
+        ];
+        report_args.extend(extra);
+        step(
+            &url,
+            &format!("The same report as {format}, for the spreadsheet, the scripts and the eyes."),
+            &report_args,
+        )?;
+        written.push(path_arg);
+    }
+    say(&format!(
+        "The reports are in {}. On a real database, point DATABASE_URL at it (a read-only replica will do) and run:\n  pgmend report overruns --format html --output overruns.html",
+        written.join(", ")
+    ));
 
     if args.keep {
         say(&format!("The server keeps running. Connect with:\n  psql '{url}'\nStop it with: pg_ctl -D {} stop", pg.root.join("data").display()));
