@@ -67,6 +67,19 @@ impl LocalPg {
     /// Creates and starts a cluster in a new temporary directory. With `keep`, it outlives
     /// this process and [`LocalPg::stop`] is never called on drop.
     pub fn start(keep: bool) -> Result<LocalPg> {
+        LocalPg::start_with(keep, &[], &[])
+    }
+
+    /// [`LocalPg::start`], with `files` written into the data directory (owned by the
+    /// server's user, mode 0600; `pg_hba.conf` replaces the generated one) and `settings`
+    /// appended to `postgresql.conf` before the first start: e.g. `server.crt`, `server.key`
+    /// and `("ssl", "on")` for a server that speaks TLS. Settings that [`LocalPg`] passes on
+    /// the command line (port, listen_addresses, unix_socket_directories, ...) win over these.
+    pub fn start_with(
+        keep: bool,
+        files: &[(&str, &[u8])],
+        settings: &[(&str, &str)],
+    ) -> Result<LocalPg> {
         let bin_dir = find_bin_dir()?;
         let run_as = is_root().then(|| "postgres".to_string());
         let root = tempfile::Builder::new()
@@ -117,6 +130,12 @@ impl LocalPg {
         if !keep {
             pg.spawn_watchdog()?;
         }
+        for (name, contents) in files {
+            pg.write_data_file(name, contents)?;
+        }
+        if !settings.is_empty() {
+            pg.append_settings(settings)?;
+        }
         let mut last_error = None;
         for _ in 0..5 {
             pg.port = free_port()?;
@@ -149,6 +168,80 @@ impl LocalPg {
                 "start",
             ],
         )
+    }
+
+    /// The cluster's data directory.
+    pub fn data_dir(&self) -> PathBuf {
+        self.root.join("data")
+    }
+
+    /// Writes `contents` to `name` in the data directory, readable only by the server's user
+    /// (mode 0600, as PostgreSQL demands of `server.key`).
+    pub fn write_data_file(&self, name: &str, contents: &[u8]) -> Result<PathBuf> {
+        use std::io::Write;
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+
+        if name.contains('/') || name.starts_with('.') {
+            bail!("{name:?} is not a plain file name; LocalPg writes files only directly into the data directory");
+        }
+        let path = self.data_dir().join(name);
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path)
+            .with_context(|| format!("writing {}", path.display()))?;
+        file.write_all(contents)
+            .with_context(|| format!("writing {}", path.display()))?;
+        // An existing file keeps its mode through open(); set it either way.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+        self.chown_to_server_user(&path)?;
+        Ok(path)
+    }
+
+    /// Appends `key = 'value'` lines to `postgresql.conf` (the last occurrence of a key wins).
+    /// They take effect on the next start, or on [`LocalPg::reload`] for settings that
+    /// reload.
+    pub fn append_settings(&self, settings: &[(&str, &str)]) -> Result<()> {
+        use std::io::Write;
+
+        let path = self.data_dir().join("postgresql.conf");
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("opening {} to add settings", path.display()))?;
+        let mut lines = String::from("\n# added by pgmend's LocalPg\n");
+        for (key, value) in settings {
+            lines.push_str(&format!("{key} = '{}'\n", value.replace('\'', "''")));
+        }
+        file.write_all(lines.as_bytes())
+            .with_context(|| format!("adding settings to {}", path.display()))
+    }
+
+    /// Makes the running server reread its configuration files (`pg_ctl reload`).
+    pub fn reload(&self) -> Result<()> {
+        self.run(
+            "pg_ctl",
+            &["-D", &self.data_dir().display().to_string(), "reload"],
+        )
+    }
+
+    fn chown_to_server_user(&self, path: &Path) -> Result<()> {
+        if let Some(user) = &self.run_as {
+            let status = Command::new("chown")
+                .arg(format!("{user}:"))
+                .arg(path)
+                .status()
+                .context("running chown")?;
+            if !status.success() {
+                bail!(
+                    "`chown {user}: {}` failed; the server runs as {user:?} and must own its files",
+                    path.display()
+                );
+            }
+        }
+        Ok(())
     }
 
     /// Runs one of the server's programs, as the `postgres` user when we are root.

@@ -65,7 +65,7 @@ pub fn connect(params: &ConnParams) -> Result<Session> {
         .application_name(&params.application_name)
         .connect_timeout(params.connect_timeout)
         .keepalives(true)
-        .ssl_mode(match params.sslmode {
+        .ssl_mode(match effective_sslmode(params) {
             SslMode::Disable => postgres::config::SslMode::Disable,
             SslMode::Allow | SslMode::Prefer => postgres::config::SslMode::Prefer,
             SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => {
@@ -87,13 +87,7 @@ pub fn connect(params: &ConnParams) -> Result<Session> {
         .with_context(|| format!("could not connect to {params}; check that the server is running and reachable, the host and port (--database-url, DATABASE_URL or PGHOST/PGPORT), and sslmode"))?
         .map_err(|e| {
         let failure = describe(&e);
-        let advice = match failure.sqlstate.as_deref() {
-            Some("28P01") | Some("28000") => {
-                "check the user and password (the URL, PGUSER, PGPASSWORD) and pg_hba.conf"
-            }
-            Some("3D000") => "check the database name (the URL path or PGDATABASE)",
-            _ => "check that the server is running and reachable, the host and port (--database-url, DATABASE_URL or PGHOST/PGPORT), and sslmode",
-        };
+        let advice = connect_advice(params, &failure);
         anyhow::Error::new(failure).context(format!("could not connect to {params}; {advice}"))
     })?;
 
@@ -139,6 +133,50 @@ fn connect_within(
     })
 }
 
+/// What to do about a failed connection, from the SQLSTATE or, for TLS, the client's error.
+fn connect_advice(params: &ConnParams, failure: &crate::error::DbFailure) -> String {
+    let text = failure.to_string();
+    let mode = params.sslmode.as_str();
+    if text.contains("certificate verify failed") {
+        if text.contains("mismatch") {
+            return format!(
+                "the server's certificate does not name the host {:?} (sslmode={mode} checks that it does): connect with a host name the certificate lists in its subjectAltName, or use sslmode=verify-ca to check only that a trusted authority signed it",
+                params.host
+            );
+        }
+        let root = root_certificate(params)
+            .map_or_else(|| "(none)".to_string(), |path| path.display().to_string());
+        return format!(
+            "the server's certificate could not be verified with the root certificate {root} (sslmode={mode}): set PGSSLROOTCERT (or sslrootcert=...) to the PEM file of the certificate authority that signed the server's certificate"
+        );
+    }
+    if text.contains("server does not support TLS") {
+        return format!(
+            "sslmode={mode} needs TLS and the server does not offer it: turn ssl on in the server's configuration, or check that host and port point at the server you meant"
+        );
+    }
+    match failure.sqlstate.as_deref() {
+        Some("28000") if text.contains("no encryption") => format!(
+            "the server's pg_hba.conf admits this connection only over TLS and sslmode={mode} did not use it: use sslmode=verify-full with PGSSLROOTCERT (or at least sslmode=require)"
+        ),
+        Some("28P01") | Some("28000") => {
+            "check the user and password (the URL, PGUSER, PGPASSWORD) and pg_hba.conf".into()
+        }
+        Some("3D000") => "check the database name (the URL path or PGDATABASE)".into(),
+        _ => "check that the server is running and reachable, the host and port (--database-url, DATABASE_URL or PGHOST/PGPORT), and sslmode".into(),
+    }
+}
+
+/// libpq never asks for TLS over a unix socket (the server does not offer it there), so
+/// sslmode applies to TCP connections only.
+fn effective_sslmode(params: &ConnParams) -> SslMode {
+    if params.is_unix_socket() {
+        SslMode::Disable
+    } else {
+        params.sslmode
+    }
+}
+
 /// Refuses servers older than 14.4 (exit 2).
 pub fn check_server_version(params: &ConnParams, version_num: i32, version: &str) -> Result<()> {
     if version_num < MIN_SERVER_VERSION {
@@ -156,7 +194,7 @@ fn tls_connector(params: &ConnParams) -> Result<MakeTlsConnector> {
     let mut builder = SslConnector::builder(SslMethod::tls_client())
         .context("initialising OpenSSL for TLS connections")?;
     let root = root_certificate(params);
-    let verify = match params.sslmode {
+    let verify = match effective_sslmode(params) {
         SslMode::VerifyCa | SslMode::VerifyFull => true,
         SslMode::Require => root.is_some(),
         _ => false,
@@ -184,7 +222,7 @@ fn tls_connector(params: &ConnParams) -> Result<MakeTlsConnector> {
         builder.set_verify(SslVerifyMode::NONE);
     }
     let mut connector = MakeTlsConnector::new(builder.build());
-    let check_host = params.sslmode == SslMode::VerifyFull;
+    let check_host = effective_sslmode(params) == SslMode::VerifyFull;
     connector.set_callback(move |config, _domain| {
         config.set_verify_hostname(check_host);
         Ok(())
