@@ -14,7 +14,7 @@ use crate::cli::{
 use crate::config;
 use crate::db::conninfo::ConnParams;
 use crate::db::retry::LockPolicy;
-use crate::db::runner_lock;
+use crate::db::{privileges, runner_lock};
 use crate::error::{Outcome, PgContext};
 use crate::migrate::source::{Migration, Source};
 use crate::migrate::{apply, baseline, history, plan, status};
@@ -162,6 +162,17 @@ pub fn apply(args: &ApplyArgs, format: Format) -> Result<Outcome> {
     let _lock = runner_lock::acquire(&mut session.client, args.safety.runner_wait)?;
     // Planned under the runner lock: what is shown is what is applied.
     let plan = plan::build(&mut session.client, files, args.plan.target)?;
+    if plan.blockers.is_empty() {
+        let pending = plan
+            .pending
+            .iter()
+            .filter_map(|p| plan.migrations.iter().find(|m| m.version == p.version));
+        privileges::check(
+            &mut session.client,
+            "these migrations",
+            &privileges::for_migrations(pending),
+        )?;
+    }
     if !plan.pending.is_empty() && !args.safety.yes {
         plan::render_human(&plan, &mut std::io::stderr().lock())?;
         confirm(

@@ -9,7 +9,7 @@ use super::migrate::{load, policy};
 use super::repair::{render_summary, run_options, run_repair, source};
 use super::{confirm, open, print_json};
 use crate::cli::{Format, ReleaseApplyArgs, ReleasePlanArgs};
-use crate::db::runner_lock;
+use crate::db::{privileges, runner_lock};
 use crate::error::{Outcome, PgContext, Stopped};
 use crate::migrate::{apply as migrate_apply, history, plan as migrate_plan};
 use crate::online::census::{added_column, AddedColumn};
@@ -187,6 +187,18 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
     session.ensure_writable()?;
     let _lock = runner_lock::acquire(&mut session.client, args.safety.runner_wait)?;
     let params = session.params.clone();
+    {
+        // Before any step: an edited or missing applied migration stops the release here,
+        // not at the first migration step after a repair has already run.
+        let history = history::read(&mut session.client)?;
+        crate::migrate::status::ensure_consistent(&crate::migrate::status::compute(
+            &files, &history,
+        ))?;
+        let applied: Vec<i32> = history.iter().map(|a| a.version).collect();
+        let progress = release::progress(&mut session.client, applied)?;
+        let needs = privileges::for_release(&steps, &progress, &files, &repairs, &args.confirm);
+        privileges::check(&mut session.client, "this release", &needs)?;
+    }
     if !args.safety.yes {
         confirm(
             false,

@@ -12,7 +12,7 @@ use crate::cli::{
     RepairRunArgs, RepairStatusArgs, RepairsArgs, SafetyArgs,
 };
 use crate::db::retry::LockPolicy;
-use crate::db::runner_lock;
+use crate::db::{privileges, runner_lock};
 use crate::error::{Outcome, PgContext, Stopped};
 use crate::repair::definition::{Repair, RepairSource};
 use crate::repair::preview::{self, Change, Preview};
@@ -143,6 +143,11 @@ pub fn apply(args: &RepairApplyArgs, format: Format) -> Result<Outcome> {
     let mut session = open(&args.conn)?;
     session.ensure_writable()?;
     let _lock = runner_lock::acquire(&mut session.client, args.safety.runner_wait)?;
+    privileges::check(
+        &mut session.client,
+        &format!("repair {}", repair.name),
+        &privileges::for_repair(&repair),
+    )?;
     if !args.safety.yes {
         let mut tx = super::read_only(&mut session.client)?;
         let p = preview::preview(&mut tx, &repair, &[], Some(5), &mut |c| {

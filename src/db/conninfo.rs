@@ -115,6 +115,9 @@ const ENV_KEYS: &[(&str, &str)] = &[
     ("PGOPTIONS", "options"),
 ];
 
+/// The longest connect timeout pgmend takes (libpq's 0, "forever", included): a day.
+pub const MAX_CONNECT_TIMEOUT_SECS: u64 = 86_400;
+
 /// Resolves a connection: `conninfo` (a URL or `key=value` string, possibly empty) first,
 /// then the `PG*` variables from `env` for whatever it leaves out, then libpq's defaults
 /// (except `application_name`, which defaults to `pgmend`).
@@ -134,12 +137,19 @@ pub fn resolve(conninfo: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> 
             }
         }
     }
+    // A NUL cannot travel in the startup packet; say so here rather than fail obscurely.
+    // (The value is not repeated: it may be the password.)
+    if let Some((key, _)) = given.iter().find(|(_, v)| v.contains('\0')) {
+        bail!("the value of {key} contains a NUL character; remove it");
+    }
     let get = |key: &str| given.get(key).cloned();
 
     let host = get("host").unwrap_or_else(default_host);
     let port = match get("port") {
         Some(p) => p
             .parse::<u16>()
+            .ok()
+            .filter(|n| *n != 0 && p.chars().all(|c| c.is_ascii_digit()))
             .with_context(|| format!("port {p:?} is not a number between 1 and 65535"))?,
         None => 5432,
     };
@@ -159,8 +169,12 @@ pub fn resolve(conninfo: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> 
             let seconds: u64 = t.parse().with_context(|| {
                 format!("connect_timeout {t:?} is not a whole number of seconds")
             })?;
-            // libpq: 0 means wait forever. pgmend never waits forever; take a day instead.
-            Duration::from_secs(if seconds == 0 { 86_400 } else { seconds.max(2) })
+            // libpq: 0 means wait forever. pgmend never waits forever; a day at most.
+            Duration::from_secs(if seconds == 0 {
+                MAX_CONNECT_TIMEOUT_SECS
+            } else {
+                seconds.clamp(2, MAX_CONNECT_TIMEOUT_SECS)
+            })
         }
         None => Duration::from_secs(10),
     };
@@ -215,6 +229,13 @@ fn parse_url(s: &str) -> Result<BTreeMap<String, String>> {
         Some((a, p)) => (a, Some(p)),
         None => (rest, None),
     };
+    // `postgresql://u:pa/ss@host/db` or `u:p@ss/word@host/db`: a '/' or '?' in the
+    // password ends the authority early, and the rest of the password would be read as the
+    // host, port or path, then shown in messages. An '@' after the authority is that
+    // mistake far more often than a database name holding '@': refuse it as a whole.
+    if path.is_some_and(|p| p.contains('@')) || query.is_some_and(|q| q.contains('@')) {
+        bail!("an '@' comes after the host: if the user name or password holds '/', '?', '#' or '@', percent-encode them (%2F, %3F, %23, %40); an '@' in the database name or a parameter is written %40");
+    }
     let mut out = BTreeMap::new();
     let hostport = match authority.rsplit_once('@') {
         Some((userinfo, hostport)) => {
@@ -255,29 +276,37 @@ fn parse_url(s: &str) -> Result<BTreeMap<String, String>> {
     if let Some(db) = path.filter(|p| !p.is_empty()) {
         out.insert("dbname".into(), decode(db)?);
     }
-    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair
-            .split_once('=')
-            .with_context(|| format!("URL parameter {:?} has no '='", redact_pair(pair)))?;
+    let mut after_password = false;
+    for (n, pair) in query
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .enumerate()
+    {
+        // Not repeated: after `password=a&b`, the pair is the rest of the password.
+        let (k, v) = pair.split_once('=').with_context(|| {
+            format!(
+                "URL parameter number {} has no '=' (expected ?key=value&key=value; an '&' inside a value is written %26)",
+                n + 1
+            )
+        })?;
         let key = decode(k)?;
+        // After `password=a&b=c`, "b" is the rest of the password: never repeat it.
+        if after_password && !KNOWN_KEYS.contains(&key.as_str()) {
+            bail!("URL parameter number {} is not a known parameter; if the password holds '&', write it %26", n + 1);
+        }
         check_key(&key)?;
+        after_password = key == "password";
         out.insert(key, decode(&v.replace('+', " "))?);
     }
     Ok(out)
-}
-
-fn redact_pair(pair: &str) -> &str {
-    if pair.starts_with("password") {
-        "password=…"
-    } else {
-        pair
-    }
 }
 
 /// Parses libpq's `key = value` form; values may be single-quoted with `\'` and `\\`.
 fn parse_keyword_value(s: &str) -> Result<BTreeMap<String, String>> {
     let mut out = BTreeMap::new();
     let mut chars = s.chars().peekable();
+    let mut after_password = false;
     loop {
         while chars.peek().is_some_and(|c| c.is_whitespace()) {
             chars.next();
@@ -296,6 +325,11 @@ fn parse_keyword_value(s: &str) -> Result<BTreeMap<String, String>> {
         while chars.peek().is_some_and(|c| c.is_whitespace()) {
             chars.next();
         }
+        // After an unquoted password, a "key" may be the rest of a password that holds a
+        // space: never repeat it then.
+        if after_password && !KNOWN_KEYS.contains(&key.as_str()) {
+            bail!("the parameter after password is not a known key=value pair; a password that holds spaces must be quoted: password='...'");
+        }
         if chars.next() != Some('=') {
             bail!("parameter {key:?} is missing its '=' (expected key=value)");
         }
@@ -304,7 +338,9 @@ fn parse_keyword_value(s: &str) -> Result<BTreeMap<String, String>> {
             chars.next();
         }
         let mut value = String::new();
-        if chars.peek() == Some(&'\'') {
+        let quoted = chars.peek() == Some(&'\'');
+        after_password = key == "password" && !quoted;
+        if quoted {
             chars.next();
             loop {
                 match chars.next() {

@@ -118,7 +118,7 @@ pub fn parse_set(files: Vec<(String, String, Vec<u8>)>) -> Result<Vec<Migration>
 
 /// Parses `V<version>__<name>.sql` into (version, name).
 pub fn parse_name(file_name: &str) -> Result<(i32, String), String> {
-    let expected = "a migration file is named V<version>__<name>.sql, for example V3__add_unique_index.sql (capital V, a whole number, two underscores, letters, digits and underscores)";
+    let expected = "a migration file is named V<version>__<name>.sql, for example V3__add_unique_index.sql (capital V, a whole number, two underscores, ASCII letters, digits and underscores)";
     let stem = file_name
         .strip_suffix(".sql")
         .ok_or_else(|| expected.to_string())?;
@@ -138,10 +138,15 @@ pub fn parse_name(file_name: &str) -> Result<(i32, String), String> {
     if version == 0 {
         return Err(format!("versions start at 1; {expected}"));
     }
-    if name.is_empty() || !name.chars().all(|c| c.is_alphanumeric() || c == '_') || name.len() > 200
+    // ASCII only: refinery reads the name with `\w+` and no end anchor, so a name holding
+    // `²` or a combining accent (as macOS spells `é` in file names) would be recorded under
+    // a shorter name than the file's, and checksummed with it.
+    if name.is_empty()
+        || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        || name.len() > 200
     {
         return Err(format!(
-            "the name {name:?} must be 1 to 200 letters, digits or underscores; {expected}"
+            "the name {name:?} must be 1 to 200 ASCII letters, digits or underscores; {expected}"
         ));
     }
     Ok((version, name.to_string()))
@@ -155,6 +160,9 @@ fn parse_file(file_name: &str, origin: &str, bytes: Vec<u8>) -> Result<Migration
             e.utf8_error().valid_up_to()
         )
     })?;
+    if sql.starts_with('\u{feff}') {
+        bail!("{origin}: the file starts with a byte order mark (BOM), which the server would read as part of the first statement; save the file as UTF-8 without BOM");
+    }
     let statements = sql::split(&sql);
     if statements.is_empty() {
         bail!("{origin}: the file holds no SQL statement; write the migration or delete the file");
@@ -181,6 +189,13 @@ fn parse_file(file_name: &str, origin: &str, bytes: Vec<u8>) -> Result<Migration
     };
     let refinery = refinery::Migration::unapplied(&format!("V{version}__{name}"), &sql)
         .map_err(|e| anyhow::anyhow!("{origin}: refinery rejects the name: {e}"))?;
+    if refinery.name() != name || refinery.version() != version {
+        bail!(
+            "{origin}: refinery reads this name as V{}__{}; rename the file so that both agree",
+            refinery.version(),
+            refinery.name()
+        );
+    }
     let censuses = census::for_migration(&sql, &statements, origin)?;
     Ok(Migration {
         censuses,
@@ -228,6 +243,8 @@ mod tests {
             "V0__x.sql",
             "V1__.sql",
             "V1__a-b.sql",
+            "V1__caf\u{e9}.sql",
+            "V1__x\u{b2}.sql",
             "V99999999999__x.sql",
             "V1__x.txt",
         ] {

@@ -38,6 +38,10 @@ fn default_order() -> Order {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct VoidSpec {
+    /// The `kind` key. `Spec`'s tag consumes it; it is here so that a file can also be
+    /// read as this struct alone, which gives errors their line and field.
+    #[serde(default, skip_serializing)]
+    pub kind: Option<String>,
     pub description: String,
     pub table: String,
     pub row_key: String,
@@ -74,6 +78,10 @@ pub enum WhenNoSource {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct CounterSpec {
+    /// The `kind` key. `Spec`'s tag consumes it; it is here so that a file can also be
+    /// read as this struct alone, which gives errors their line and field.
+    #[serde(default, skip_serializing)]
+    pub kind: Option<String>,
     pub description: String,
     pub counter_table: String,
     pub key: Vec<String>,
@@ -141,6 +149,37 @@ pub fn check_identifier(origin: &str, field: &str, name: &str) -> Result<()> {
     Ok(())
 }
 
+/// The tagged enum reads the file through a buffer and loses where an error is ("invalid
+/// type: integer `5`, expected string or map"). Reading the file again as the struct its
+/// `kind` names gives the line, the column and the key.
+fn detailed_error(text: &str, tagged: toml::de::Error) -> String {
+    let again = match toml::from_str::<toml::Table>(text) {
+        Err(syntax) => Some(syntax),
+        Ok(table) => match table.get("kind").and_then(|k| k.as_str()) {
+            Some("void_duplicates") => toml::from_str::<VoidSpec>(text).err(),
+            Some("rebuild_counter") => toml::from_str::<CounterSpec>(text).err(),
+            _ => None,
+        },
+    };
+    again.unwrap_or(tagged).to_string()
+}
+
+/// Refuses a column named twice in one list.
+fn distinct<'a>(
+    origin: &str,
+    field: &str,
+    columns: impl Iterator<Item = &'a String>,
+) -> Result<()> {
+    let mut seen: Vec<&String> = Vec::new();
+    for c in columns {
+        if seen.contains(&c) {
+            bail!("{origin}: {field} names {c:?} twice; name each column once");
+        }
+        seen.push(c);
+    }
+    Ok(())
+}
+
 fn fnv1a(bytes: &[u8]) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in bytes {
@@ -154,8 +193,8 @@ fn fnv1a(bytes: &[u8]) -> String {
 pub fn parse(name: &str, origin: &str, bytes: &[u8]) -> Result<Repair> {
     let text = std::str::from_utf8(bytes)
         .map_err(|e| anyhow::anyhow!("{origin}: not valid UTF-8 (at byte {})", e.valid_up_to()))?;
-    let spec: Spec =
-        toml::from_str(text).map_err(|e| anyhow::anyhow!("{origin}: {}", e.to_string().trim()))?;
+    let spec: Spec = toml::from_str(text)
+        .map_err(|e| anyhow::anyhow!("{origin}: {}", detailed_error(text, e).trim()))?;
     let check = |field: &str, n: &str| check_identifier(origin, field, n);
     match &spec {
         Spec::VoidDuplicates(v) => {
@@ -171,6 +210,18 @@ pub fn parse(name: &str, origin: &str, bytes: &[u8]) -> Result<Repair> {
             }
             for r in &v.rank_by {
                 check("rank_by", &r.column)?;
+            }
+            distinct(origin, "group_by", v.group_by.iter())?;
+            distinct(origin, "rank_by", v.rank_by.iter().map(|r| &r.column))?;
+            // The engine sets mark and void on rows it finds by row_key and group_by: one
+            // column for two roles would fail in the middle of a run, or regroup rows under it.
+            if v.mark == v.void {
+                bail!("{origin}: mark and void name the same column {:?}; they must be two columns (a boolean and a timestamp)", v.mark);
+            }
+            for (field, column) in [("mark", &v.mark), ("void", &v.void)] {
+                if *column == v.row_key || v.group_by.contains(column) {
+                    bail!("{origin}: {field} {column:?} is also the row_key or in group_by; the repair would change the columns it finds and groups rows by");
+                }
             }
             for (field, value) in [
                 ("keep_when_not_null", &v.keep_when_not_null),
@@ -192,6 +243,10 @@ pub fn parse(name: &str, origin: &str, bytes: &[u8]) -> Result<Repair> {
             for k in &c.key {
                 check("key", k)?;
             }
+            distinct(origin, "key", c.key.iter())?;
+            if c.key.contains(&c.counter) {
+                bail!("{origin}: counter {:?} is also in key; the counter must be a column of its own", c.counter);
+            }
             match (c.aggregate, &c.value) {
                 (Aggregate::Sum, None) => {
                     bail!("{origin}: aggregate = \"sum\" needs value = \"<column>\"")
@@ -210,6 +265,9 @@ pub fn parse(name: &str, origin: &str, bytes: &[u8]) -> Result<Repair> {
             for (to, from) in &c.copy_on_create {
                 check("copy_on_create", to)?;
                 check("copy_on_create", from)?;
+                if *to == c.counter || c.key.contains(to) {
+                    bail!("{origin}: copy_on_create sets {to:?}, which is the counter or in key; those are set by the repair itself");
+                }
             }
         }
     }

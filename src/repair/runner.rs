@@ -110,8 +110,10 @@ pub fn apply(
     options: &RunOptions,
     progress: &mut dyn FnMut(&str),
 ) -> Result<RunReport> {
-    ensure_schema(client, &options.policy)?;
+    // The definition is checked against the catalog before pgmend's schema is created: a
+    // definition that does not match this database changes nothing.
     let engine = Engine::prepare(client, repair)?;
+    ensure_schema(client, &options.policy)?;
     let unfinished = client
         .query_opt(
             &format!(
