@@ -170,6 +170,16 @@ impl TestDb {
         self.scalar_i64("SELECT count(*) FROM pg_index WHERE NOT indisvalid OR NOT indisready")
     }
 
+    /// The legacy schema with the demo's Silver Week data for `members` members, as
+    /// production has it before pgmend touches it (not baselined).
+    pub fn make_legacy_data(&self, members: i32) {
+        let v1 =
+            std::fs::read_to_string(repo().join("migrations/V1__legacy_baseline.sql")).unwrap();
+        let mut c = self.client();
+        c.batch_execute(&v1).unwrap();
+        pgmend::commands::demo::generate_dirty_data(&mut c, members).unwrap();
+    }
+
     /// The legacy schema with the demo's Silver Week data for `members` members, adopted
     /// with `migrate baseline`.
     pub fn make_legacy_baselined(&self, members: i32) {
