@@ -304,14 +304,21 @@ impl CounterEngine {
         } else {
             ""
         };
+        // The counter is read per key with a correlated subquery, which is a primary-key
+        // lookup: joined instead, the planner hashes the whole counter table for every batch
+        // (it cannot estimate the frozen keys' join), which made each batch cost a scan of
+        // the counter table.
         let differing: Vec<Vec<String>> = tx
             .query(
                 &format!(
-                    "SELECT t.k FROM ({truth}) t(k, truth, has_source)
-                       JOIN (SELECT {ck} AS k, c.{cn}::bigint AS now FROM {counter} c JOIN ({keys}) g ON {m}) c ON c.k = t.k
-                      WHERE c.now <> t.truth{keep}",
+                    "SELECT t.k FROM (
+                       SELECT {gk} AS k, (SELECT c.{cn}::bigint FROM {counter} c WHERE {m}) AS now,
+                              t.truth, t.has_source
+                         FROM ({keys}) g
+                         JOIN ({truth}) t(k, truth, has_source) ON t.k = {gk}) t
+                      WHERE t.now <> t.truth{keep}",
                     truth = self.truth_sql(&self.batch_keys()),
-                    ck = self.keys_text("c"),
+                    gk = self.keys_text("g"),
                     cn = q(&s.counter),
                     keys = self.batch_keys(),
                     m = self.keys_match("c", "g"),
