@@ -499,6 +499,13 @@ fn output_is_written_atomically_and_never_replaced_without_force() {
         "the report went to the file, not stdout"
     );
     assert!(r.stderr.contains("wrote"), "{}", r.stderr);
+    // Created like any new file (0666 less the umask), not tempfile's private 0600.
+    use std::os::unix::fs::PermissionsExt;
+    let plain = dir.path().join("plain");
+    std::fs::File::create(&plain).unwrap();
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&path), mode(&plain));
+    std::fs::remove_file(&plain).unwrap();
     let bytes = std::fs::read(&path).unwrap();
     assert!(
         bytes.starts_with("\u{feff}section,".as_bytes()),

@@ -35,8 +35,12 @@ pub fn overruns(args: &OverrunsArgs, format: Format) -> Result<Outcome> {
         }
         Some(path) => {
             let dir = parent(path);
+            // Mode 0666 is masked by the umask when the file is created, as for any new
+            // file; tempfile's default (0600) would hide the report from the people it is
+            // for.
             let file = tempfile::Builder::new()
                 .prefix(".pgmend-report-")
+                .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666))
                 .tempfile_in(dir)
                 .with_context(|| {
                     format!("cannot create a temporary file in {}; check the directory exists and is writable", dir.display())

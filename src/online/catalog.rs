@@ -26,8 +26,10 @@ impl InvalidIndex {
             )
         } else {
             format!(
-                "index {}.{} on {} is INVALID (a failed concurrent build): it costs every write and serves no read, and a unique one still rejects duplicates. Drop it with: DROP INDEX CONCURRENTLY {}.{}; then rerun the step that builds it",
-                self.schema, self.index, self.table, self.schema, self.index
+                "index {s}.{i} on {t} is INVALID (a failed concurrent build): it costs every write and serves no read, and a unique one still rejects duplicates. If a pending migration builds it, drop it with: DROP INDEX CONCURRENTLY {s}.{i}; then rerun that step. If the migration that built it is already applied (the index broke later), do not drop it: rebuild it in place with REINDEX INDEX CONCURRENTLY {s}.{i}; (runbooks/failed-concurrent-index-build.md)",
+                s = self.schema,
+                i = self.index,
+                t = self.table
             )
         }
     }
