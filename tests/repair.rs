@@ -345,6 +345,78 @@ fn undo_restores_exactly_what_a_run_changed_and_refuses_what_it_cannot() {
 }
 
 #[test]
+fn an_undo_stopped_part_way_resumes_where_it_stopped() {
+    let db = fresh_db();
+    db.make_legacy_baselined(3000);
+    let coupons = |db: &TestDb| {
+        db.scalar_i64("SELECT hashtext(string_agg(x::text, ',' ORDER BY coupon_id))::bigint FROM issued_coupons x")
+    };
+    assert_eq!(
+        db.run(&["migrate", "apply", "--yes", "--target", "2"]).code,
+        0
+    );
+    let original = coupons(&db);
+    let r = db.run(&["repair", "apply", "void-duplicate-coupons", "--yes"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let run_id = db.scalar_i64("SELECT max(run_id) FROM pgmend.repair_runs");
+    let changed = db.scalar_i64(&format!(
+        "SELECT count(*) FROM pgmend.repair_ledger WHERE run_id = {run_id}"
+    ));
+    assert!(
+        changed > 1000,
+        "more than one undo batch (1,000 records): {changed}"
+    );
+
+    // The application holds a coupon of the undo's second batch: the undo restores the
+    // first batch, then runs out of its lock budget and stops (exit 1).
+    let mut app = db.client();
+    let mut tx = app.transaction().unwrap();
+    tx.batch_execute(&format!(
+        "SELECT 1 FROM issued_coupons WHERE coupon_id = (SELECT (row_key->>'coupon_id')::uuid FROM pgmend.repair_ledger
+           WHERE run_id = {run_id} ORDER BY ledger_id OFFSET 1000 LIMIT 1) FOR UPDATE"
+    ))
+    .unwrap();
+    let id = run_id.to_string();
+    let r = db.run(&["repair", "undo", &id, "--yes", "--lock-retry-for", "2s"]);
+    assert_eq!(r.code, 1, "{}", r.both());
+    tx.rollback().unwrap();
+    let undo_run = db.scalar_i64(&format!(
+        "SELECT run_id FROM pgmend.repair_runs WHERE undoes_run = {run_id} AND state = 'running'"
+    ));
+    let restored_first = db.scalar_i64(&format!(
+        "SELECT count(*) FROM pgmend.repair_ledger WHERE run_id = {undo_run}"
+    ));
+    assert_eq!(
+        restored_first, 1000,
+        "the first batch committed, the second did not"
+    );
+
+    let r = db.run(&["repair", "undo", &id, "--yes", "--format", "json"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(r.stderr.contains("resuming undo run"), "{}", r.stderr);
+    let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(doc["undo_run"], undo_run);
+    assert_eq!(
+        doc["restored"].as_i64(),
+        Some(changed),
+        "counted across both attempts"
+    );
+    assert_eq!(coupons(&db), original, "every coupon is back as it was");
+    // One restore record per changed row, none twice.
+    assert_eq!(
+        db.scalar_i64(&format!(
+            "SELECT count(DISTINCT row_key) FROM pgmend.repair_ledger WHERE run_id = {undo_run}"
+        )),
+        changed
+    );
+    assert_eq!(
+        db.run(&["repair", "undo", &id, "--yes"]).code,
+        1,
+        "already undone"
+    );
+}
+
+#[test]
 fn the_counter_rebuild_is_exact_where_the_naive_update_loses_a_write() {
     // The interleaving is forced: an application transaction has counted a new coupon and
     // holds the counter row; the rebuild starts; then the application commits.

@@ -117,11 +117,12 @@ fn conflicts(
     client: &mut impl postgres::GenericClient,
     shape: &Shape,
     run_id: i64,
+    after_ledger_id: i64,
 ) -> Result<(i64, Vec<String>)> {
     let mut sql = format!(
         "SELECT l.row_key::text, 'changed since the run: now ' || coalesce(to_jsonb(t)::text, 'deleted')
            FROM pgmend.repair_ledger l LEFT JOIN {table} t ON {join}
-          WHERE l.run_id = $1 AND l.action IN ('update', 'insert') AND {changed}",
+          WHERE l.run_id = $1 AND l.ledger_id > $2 AND l.action IN ('update', 'insert') AND {changed}",
         table = q(&shape.table),
         join = shape.join(),
         changed = shape.changed_since(),
@@ -138,10 +139,10 @@ fn conflicts(
             " UNION ALL
              SELECT l.row_key::text, 'restoring it would give its group a second live row, which the unique index rejects'
                FROM pgmend.repair_ledger l JOIN {table} t ON {join}
-              WHERE l.run_id = $1 AND (l.before->>{ml})::boolean = false
+              WHERE l.run_id = $1 AND l.ledger_id > $2 AND (l.before->>{ml})::boolean = false
                 AND (SELECT count(*) FROM {table} o WHERE {same_o} AND NOT o.{m})
                   + (SELECT count(*) FROM pgmend.repair_ledger l2 JOIN {table} t2 ON {join2}
-                      WHERE l2.run_id = $1 AND (l2.before->>{ml})::boolean = false AND {same_t2}) > 1",
+                      WHERE l2.run_id = $1 AND l2.ledger_id > $2 AND (l2.before->>{ml})::boolean = false AND {same_t2}) > 1",
             table = q(&shape.table),
             join = shape.join(),
             join2 = shape.join().replace("t.", "t2.").replace("l.", "l2."),
@@ -154,7 +155,7 @@ fn conflicts(
     let rows = client
         .query(
             &format!("SELECT count(*) OVER (), * FROM ({sql}) c LIMIT 20"),
-            &[&run_id],
+            &[&run_id, &after_ledger_id],
         )
         .doing("checking what undo would restore")?;
     let total = rows.first().map(|r| r.get::<_, i64>(0)).unwrap_or(0);
@@ -190,25 +191,46 @@ pub fn undo(
     }
     ensure_schema(client, policy)?;
     let shape = shape(client, repair)?;
-    let (count, sample) = conflicts(client, &shape, run.run_id)?;
+    // An undo that stopped part-way (a kill, a lock budget, a lost connection) is resumed:
+    // its checkpoint is the last ledger record of the undone run it restored, and every
+    // batch restored its records and advanced the checkpoint in one transaction.
+    let unfinished: Option<(i64, i64)> = client
+        .query_opt(
+            "SELECT run_id, checkpoint FROM pgmend.repair_runs WHERE undoes_run = $1 AND state = 'running'",
+            &[&run.run_id],
+        )
+        .doing("looking for an unfinished undo of this run")?
+        .map(|r| (r.get(0), r.get(1)));
+    let checkpoint_at_start = unfinished.map_or(0, |(_, checkpoint)| checkpoint);
+    let (count, sample) = conflicts(client, &shape, run.run_id, checkpoint_at_start)?;
     if count > 0 {
         return Err(Stopped::error(format!(
-            "undo of run {} refused; nothing was changed. {count} row(s) cannot be restored:\n  - {}{}",
+            "undo of run {} refused; nothing was changed{}. {count} row(s) cannot be restored:\n  - {}{}",
             run.run_id,
+            if unfinished.is_some() { " by this attempt (the rows its earlier attempt restored stay restored)" } else { "" },
             sample.join("\n  - "),
             if count > sample.len() as i64 { format!("\n  - ... and {} more", count - sample.len() as i64) } else { String::new() }
         )));
     }
-    let undo_run: i64 = client
-        .query_one(
-            "INSERT INTO pgmend.repair_runs (repair, kind, definition_checksum, state, undoes_run, targets)
-             SELECT 'undo:' || repair, 'undo', definition_checksum, 'running', run_id,
-                    (SELECT count(*) FROM pgmend.repair_ledger WHERE run_id = $1)
-               FROM pgmend.repair_runs WHERE run_id = $1 RETURNING run_id",
-            &[&run.run_id],
-        )
-        .doing("recording the undo run")?
-        .get(0);
+    let undo_run: i64 = match unfinished {
+        Some((undo_run, checkpoint)) => {
+            progress(&format!(
+                "resuming undo run {undo_run} of run {} after ledger record {checkpoint}",
+                run.run_id
+            ));
+            undo_run
+        }
+        None => client
+            .query_one(
+                "INSERT INTO pgmend.repair_runs (repair, kind, definition_checksum, state, undoes_run, targets)
+                 SELECT 'undo:' || repair, 'undo', definition_checksum, 'running', run_id,
+                        (SELECT count(*) FROM pgmend.repair_ledger WHERE run_id = $1)
+                   FROM pgmend.repair_runs WHERE run_id = $1 RETURNING run_id",
+                &[&run.run_id],
+            )
+            .doing("recording the undo run")?
+            .get(0),
+    };
     let sets = shape
         .restore
         .iter()
@@ -221,7 +243,14 @@ pub fn undo(
         .map(|(c, _)| format!("{}, t.{}", lit(c), q(c)))
         .collect::<Vec<_>>()
         .join(", ");
-    let (mut restored, mut deleted, mut checkpoint) = (0i64, 0i64, 0i64);
+    let (mut restored, mut deleted, mut checkpoint): (i64, i64, i64) = client
+        .query_one(
+            "SELECT count(*) FILTER (WHERE action = 'restore'), count(*) FILTER (WHERE action = 'delete')
+               FROM pgmend.repair_ledger WHERE run_id = $1",
+            &[&undo_run],
+        )
+        .map(|r| (r.get(0), r.get(1), checkpoint_at_start))
+        .doing("reading the undo's progress")?;
     loop {
         let batch = with_lock_retry(
             client,
