@@ -18,6 +18,20 @@ impl Stopped {
     }
 }
 
+/// A census found rows that break what the next step needs (a unique index's duplicates, a
+/// precondition's violators), or a unique index build kept failing on new duplicates. Exit 1,
+/// like [`Stopped`]; the release reacts to this one alone by running the step's `retry_with`
+/// repair and trying again. A lock budget or `--build-wait` running out is a plain `Stopped`.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Violators(pub String);
+
+impl Violators {
+    pub fn error(message: impl Into<String>) -> anyhow::Error {
+        anyhow::Error::new(Violators(message.into()))
+    }
+}
+
 /// What a command reports when it ran to the end: nothing wrong (0), or a check found
 /// problems (1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,9 +40,12 @@ pub enum Outcome {
     Findings,
 }
 
-/// Exit code for an error chain: 1 when it is a [`Stopped`], 2 otherwise.
+/// Exit code for an error chain: 1 when it is a [`Stopped`] or [`Violators`], 2 otherwise.
 pub fn exit_code_for(error: &anyhow::Error) -> u8 {
-    if error.chain().any(|cause| cause.is::<Stopped>()) {
+    if error
+        .chain()
+        .any(|cause| cause.is::<Stopped>() || cause.is::<Violators>())
+    {
         1
     } else {
         2

@@ -883,6 +883,49 @@ fn late_duplicates_before_the_unique_index_get_another_void_pass() {
 }
 
 #[test]
+fn a_build_that_waits_too_long_stops_without_another_void_pass() {
+    let db = edge_cases();
+    assert_eq!(
+        db.run(&["repair", "apply", "void-duplicate-coupons", "--yes"])
+            .code,
+        0
+    );
+    assert_eq!(
+        db.run(&["migrate", "apply", "--yes", "--target", "3"]).code,
+        0
+    );
+    db.client()
+        .batch_execute("INSERT INTO pgmend.release_steps (step, what, run_id) VALUES (4, 'repair void-duplicate-coupons', 1)")
+        .unwrap();
+    let runs = db.scalar_i64("SELECT count(*) FROM pgmend.repair_runs");
+    // A writer's open transaction: CREATE INDEX CONCURRENTLY waits for it, past
+    // --build-wait. That is no duplicate the void repair could clear.
+    let mut other = db.client();
+    let mut tx = other.transaction().unwrap();
+    tx.batch_execute("LOCK TABLE issued_coupons IN ROW EXCLUSIVE MODE")
+        .unwrap();
+    let r = db.run(&["apply", "--yes", "--build-wait", "2s"]);
+    tx.rollback().unwrap();
+    assert_eq!(r.code, 1, "{}", r.both());
+    assert!(r.stderr.contains("--build-wait"), "{}", r.stderr);
+    assert!(
+        !r.stderr.contains("running void-duplicate-coupons again"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM pgmend.repair_runs"),
+        runs
+    );
+    // The cancelled build's INVALID index could not be dropped while the writer held on;
+    // the rerun drops it and builds the index.
+    let r = db.run(&["apply", "--yes"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(db.exists("one_coupon_per_member"));
+    assert_eq!(db.invalid_indexes(), 0);
+}
+
+#[test]
 fn ctrl_c_finishes_the_batch_stops_cleanly_and_the_rerun_resumes() {
     let db = fresh_db();
     db.make_legacy_baselined(4000);

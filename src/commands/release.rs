@@ -10,7 +10,7 @@ use super::repair::{render_summary, run_options, run_repair, source};
 use super::{confirm, open, print_json};
 use crate::cli::{Format, ReleaseApplyArgs, ReleasePlanArgs};
 use crate::db::{privileges, runner_lock};
-use crate::error::{Outcome, PgContext, Stopped};
+use crate::error::{Outcome, PgContext, Stopped, Violators};
 use crate::migrate::{apply as migrate_apply, history, plan as migrate_plan};
 use crate::online::census::{added_column, AddedColumn};
 use crate::release::{self, Step};
@@ -250,7 +250,7 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
                         Err(e)
                             if retry_with.is_some()
                                 && passes < 3
-                                && e.chain().any(|c| c.is::<Stopped>()) =>
+                                && e.chain().any(|c| c.is::<Violators>()) =>
                         {
                             passes += 1;
                             let name = retry_with.as_deref().unwrap();

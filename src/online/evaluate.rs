@@ -4,7 +4,7 @@ use anyhow::Result;
 use serde::Serialize;
 
 use super::census::{with_shadows, AddedColumn, Census, Guard};
-use crate::error::{describe, sqlstate, PgContext, Stopped};
+use crate::error::{describe, sqlstate, PgContext, Violators};
 
 /// How many rows of each violation a finding shows.
 const SAMPLE: i64 = 5;
@@ -174,7 +174,7 @@ pub fn check_before(
         .map(Finding::describe)
         .collect();
     if !stopping.is_empty() {
-        return Err(Stopped::error(format!(
+        return Err(Violators::error(format!(
             "{label} was not attempted: {}. The steps before it are applied; nothing of {label} was changed",
             stopping.join("; ")
         )));

@@ -12,7 +12,7 @@ use regex::Regex;
 
 use super::evaluate;
 use crate::db::conninfo::ConnParams;
-use crate::error::{describe, sqlstate, PgContext, Stopped};
+use crate::error::{describe, sqlstate, PgContext, Stopped, Violators};
 use crate::migrate::history;
 use crate::migrate::source::Migration;
 use crate::migrate::sql::Statement;
@@ -198,7 +198,7 @@ fn build_index(
             }
         }
     }
-    Err(Stopped::error(format!(
+    Err(Violators::error(format!(
         "{name} could not be built in {BUILD_ATTEMPTS} attempts; no INVALID index was left behind. Find what keeps breaking the build (new duplicates from the old application, deadlocks), then rerun `pgmend migrate apply`"
     )))
 }
