@@ -7,6 +7,7 @@
 //! Measured twice: on the legacy data (the report ranks the unmarked duplicates itself) and
 //! after `pgmend apply --confirm deploy-new-application` (released). Each timing is the best of
 //! three, taken alternately, with pgmend writing to a file (`--output`) and its peak RSS polled.
+//! On the released data it also times `pgmend verify` (the daily reconciliation).
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -160,6 +161,23 @@ fn main() -> Result<()> {
                 d.as_secs_f64() / best_bare.as_secs_f64()
             )
         };
+        if state == "released" {
+            let mut best_verify = Duration::MAX;
+            for _ in 0..3 {
+                let t = Instant::now();
+                let status = Command::new(&exe)
+                    .args(["verify", "--format", "json"])
+                    .env("DATABASE_URL", &url)
+                    .stdout(Stdio::null())
+                    .status()?;
+                anyhow::ensure!(status.success(), "verify found problems after the release");
+                best_verify = best_verify.min(t.elapsed());
+            }
+            eprintln!(
+                "pgmend verify on the released data: {:.2}s (best of three)",
+                best_verify.as_secs_f64()
+            );
+        }
         println!(
             "| {state} | {over} | {:.2}s | {} | {} | {} | {} | {:.1} MB |",
             best_bare.as_secs_f64(),
