@@ -159,17 +159,7 @@ fn main() -> Result<()> {
     } else {
         sizes
     };
-    let exe = std::env::current_exe()?
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("pgmend");
-    anyhow::ensure!(
-        exe.is_file(),
-        "build the binary first: cargo build --release ({} missing)",
-        exe.display()
-    );
+    let exe = support::release_binary()?;
     let pg = LocalPg::start(false)?;
     let mut admin = postgres::Client::connect(&pg.conninfo("postgres"), postgres::NoTls)?;
     println!("| members | coupons | duplicates changed | one-shot | pgmend | ratio (one-shot/pgmend) | pgmend rows/s | batches p50/p99/max ms | peak RSS | WAL one-shot | WAL pgmend |");
@@ -187,12 +177,7 @@ fn main() -> Result<()> {
         }
         {
             let mut c = postgres::Client::connect(&pg.conninfo("src"), postgres::NoTls)?;
-            let v1 = std::fs::read_to_string(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/migrations/V1__legacy_baseline.sql"
-            ))?;
-            c.batch_execute(&v1)?;
-            pgmend::commands::demo::generate_dirty_data(&mut c, members)?;
+            support::make_legacy(&mut c, members)?;
             // Coupons the load redeems: the duplicates first, whose rows the repair changes.
             c.batch_execute(
                 "CREATE TABLE redeem_targets AS

@@ -88,28 +88,13 @@ fn main() -> Result<()> {
         .map(|a| a.parse().context("member count"))
         .transpose()?
         .unwrap_or(300_000);
-    let exe = std::env::current_exe()?
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("pgmend");
-    anyhow::ensure!(
-        exe.is_file(),
-        "build the binary first: cargo build --release ({} missing)",
-        exe.display()
-    );
+    let exe = support::release_binary()?;
     let pg = LocalPg::start(false)?;
     let mut admin = postgres::Client::connect(&pg.conninfo("postgres"), postgres::NoTls)?;
     admin.batch_execute("CREATE DATABASE bench")?;
     let url = pg.url("bench");
     let mut c = postgres::Client::connect(&pg.conninfo("bench"), postgres::NoTls)?;
-    let v1 = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/migrations/V1__legacy_baseline.sql"
-    ))?;
-    c.batch_execute(&v1)?;
-    pgmend::commands::demo::generate_dirty_data(&mut c, members)?;
+    support::make_legacy(&mut c, members)?;
     c.batch_execute("VACUUM ANALYZE")?;
     let coupons: i64 = c
         .query_one("SELECT count(*) FROM issued_coupons", &[])?

@@ -847,10 +847,10 @@ fn rollback_restores_the_legacy_counters_from_the_coupons() {
     );
 }
 
-#[test]
-fn late_duplicates_before_the_unique_index_get_another_void_pass() {
+/// The edge cases with the void repair done and V3 applied, recorded as release steps 1 to 4:
+/// the next step of `apply` is V4, the unique index.
+fn released_up_to_the_void_step() -> TestDb {
     let db = edge_cases();
-    // As if the void step had finished and the old application then double-tapped again.
     assert_eq!(
         db.run(&["repair", "apply", "void-duplicate-coupons", "--yes"])
             .code,
@@ -861,9 +861,18 @@ fn late_duplicates_before_the_unique_index_get_another_void_pass() {
         0
     );
     db.client()
+        .batch_execute("INSERT INTO pgmend.release_steps (step, what, run_id) VALUES (4, 'repair void-duplicate-coupons', 1)")
+        .unwrap();
+    db
+}
+
+#[test]
+fn late_duplicates_before_the_unique_index_get_another_void_pass() {
+    let db = released_up_to_the_void_step();
+    // The old application then double-tapped again.
+    db.client()
         .batch_execute(
-            "INSERT INTO pgmend.release_steps (step, what, run_id) VALUES (4, 'repair void-duplicate-coupons', 1);
-             INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen, issued_at)
+            "INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen, issued_at)
              VALUES ('00000000-0000-0000-0000-0000000000f1', 'C-BIG', 'a', '2026-10', 1000, '2026-10-03 09:00+09');",
         )
         .unwrap();
@@ -884,19 +893,7 @@ fn late_duplicates_before_the_unique_index_get_another_void_pass() {
 
 #[test]
 fn a_build_that_waits_too_long_stops_without_another_void_pass() {
-    let db = edge_cases();
-    assert_eq!(
-        db.run(&["repair", "apply", "void-duplicate-coupons", "--yes"])
-            .code,
-        0
-    );
-    assert_eq!(
-        db.run(&["migrate", "apply", "--yes", "--target", "3"]).code,
-        0
-    );
-    db.client()
-        .batch_execute("INSERT INTO pgmend.release_steps (step, what, run_id) VALUES (4, 'repair void-duplicate-coupons', 1)")
-        .unwrap();
+    let db = released_up_to_the_void_step();
     let runs = db.scalar_i64("SELECT count(*) FROM pgmend.repair_runs");
     // A writer's open transaction: CREATE INDEX CONCURRENTLY waits for it, past
     // --build-wait. That is no duplicate the void repair could clear.

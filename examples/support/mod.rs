@@ -1,7 +1,34 @@
-//! Shared by the benchmarks: run a child process and watch its peak resident memory.
+//! Shared by the benchmarks: the release binary, the legacy data, and a child process's
+//! peak resident memory.
 
+use std::path::PathBuf;
 use std::process::Child;
 use std::time::Duration;
+
+/// `target/release/pgmend`, beside the running example; refuses when it was not built.
+pub fn release_binary() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?
+        .parent()
+        .and_then(|p| p.parent())
+        .map(|p| p.join("pgmend"))
+        .ok_or_else(|| anyhow::anyhow!("cannot locate target/release"))?;
+    anyhow::ensure!(
+        exe.is_file(),
+        "build the binary first: cargo build --release ({} missing)",
+        exe.display()
+    );
+    Ok(exe)
+}
+
+/// The legacy schema (V1) with the demo's Silver Week data for `members` members.
+pub fn make_legacy(c: &mut postgres::Client, members: i32) -> anyhow::Result<()> {
+    let v1 = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/migrations/V1__legacy_baseline.sql"
+    ))?;
+    c.batch_execute(&v1)?;
+    pgmend::commands::demo::generate_dirty_data(c, members)
+}
 
 /// Waits for `child`, polling its peak resident set (VmHWM) every 20 ms; returns the peak in
 /// KiB. The kernel keeps VmHWM as a high-water mark, so polling misses nothing but the last

@@ -31,6 +31,18 @@ pub fn read_only(client: &mut postgres::Client) -> Result<postgres::Transaction<
         .doing("opening a read-only transaction")
 }
 
+/// One REPEATABLE READ, READ ONLY snapshot: every query in it sees the same moment, and the
+/// server refuses any write (a hot standby will do).
+pub fn snapshot(client: &mut postgres::Client) -> Result<postgres::Transaction<'_>> {
+    use crate::error::PgContext;
+    client
+        .build_transaction()
+        .isolation_level(postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .doing("opening a read-only snapshot")
+}
+
 /// Asks on the terminal before a change; refuses without one unless `--yes` was given.
 pub fn confirm(yes: bool, question: &str) -> Result<()> {
     if yes {

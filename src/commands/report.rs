@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
-use super::open;
+use super::{open, snapshot};
 use crate::cli::{Format, OverrunsArgs};
 use crate::error::{Outcome, PgContext};
 use crate::report::{self, Csv, Database, Html, Json, Render, Summary, Text, TextStyle};
@@ -20,13 +20,7 @@ pub fn overruns(args: &OverrunsArgs, format: Format) -> Result<Outcome> {
     }
     let mut session = open(&args.conn)?;
     let database = Database::from_params(&session.params);
-    let mut tx = session
-        .client
-        .build_transaction()
-        .isolation_level(postgres::IsolationLevel::RepeatableRead)
-        .read_only(true)
-        .start()
-        .doing("opening a read-only snapshot")?;
+    let mut tx = snapshot(&mut session.client)?;
 
     match &args.output {
         None => {

@@ -5,19 +5,13 @@ use std::io::Write;
 use anyhow::Result;
 use tabled::{settings::Style, Table, Tabled};
 
-use super::{open, print_json};
+use super::{open, print_json, snapshot};
 use crate::cli::{Format, VerifyArgs};
 use crate::error::{Outcome, PgContext};
 
 pub fn run(args: &VerifyArgs, format: Format) -> Result<Outcome> {
     let mut session = open(&args.conn)?;
-    let mut tx = session
-        .client
-        .build_transaction()
-        .isolation_level(postgres::IsolationLevel::RepeatableRead)
-        .read_only(true)
-        .start()
-        .doing("opening a read-only snapshot")?;
+    let mut tx = snapshot(&mut session.client)?;
     let result = crate::verify::run(&mut tx)?;
     tx.rollback().doing("closing the snapshot")?;
     match format {
