@@ -72,3 +72,37 @@ fn the_demo_tells_the_whole_release_on_a_dirty_legacy_database() {
         .unwrap()
         .contains("class=\"pair\""));
 }
+
+/// The README's quick start, as written: its `cargo run --release -- ARGS` line is run as
+/// `pgmend ARGS` (same binary, debug build) in a fresh directory, and must succeed.
+#[test]
+fn the_readme_quick_start_runs_as_written() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let section = readme
+        .split("## Quick start")
+        .nth(1)
+        .expect("a Quick start section");
+    let block = section
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("a sh block in the quick start");
+    let lines: Vec<&str> = block.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 2, "two quick-start commands: {lines:?}");
+    assert_eq!(lines[1], "cargo test");
+    let args: Vec<&str> = lines[0]
+        .strip_prefix("cargo run --release -- ")
+        .expect("the first command runs pgmend through cargo")
+        .split_whitespace()
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let r = run(pgmend_command().args(&args).current_dir(dir.path()), "");
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(r.stdout.contains("Every invariant holds."), "{}", r.stdout);
+    for file in ["overruns.csv", "overruns.json", "overruns.html"] {
+        assert!(
+            dir.path().join("pgmend-demo-reports").join(file).is_file(),
+            "{file} was not written where the demo says"
+        );
+    }
+}
