@@ -338,3 +338,42 @@ pub fn run_while_held(
     );
     (run, took, longest)
 }
+
+/// A keyword/value connection string (with the password) for database `dbname` of the
+/// tests' server.
+pub fn conninfo_for(dbname: &str) -> String {
+    let mut p = server().admin.clone();
+    p.dbname = dbname.to_string();
+    keyword_value(&p)
+}
+
+/// A fresh database created as a copy of `source` (`CREATE DATABASE ... TEMPLATE`, so the
+/// copies of one source share their rows, generated ids included), dropped afterwards.
+/// Nothing may be connected to `source` meanwhile.
+pub fn copy_of(source: &TestDb) -> TestDb {
+    static COPIES: AtomicU32 = AtomicU32::new(0);
+    let s = server();
+    let name = format!(
+        "c{}_{}",
+        std::process::id(),
+        COPIES.fetch_add(1, Ordering::SeqCst)
+    );
+    let mut admin = postgres::Client::connect(&keyword_value(&s.admin), postgres::NoTls)
+        .expect("admin connection");
+    let mut tries = 0;
+    // A session of the source that has just closed can still count for a moment.
+    while let Err(e) =
+        admin.batch_execute(&format!("CREATE DATABASE {name} TEMPLATE {}", source.name))
+    {
+        tries += 1;
+        assert!(
+            tries < 100,
+            "CREATE DATABASE {name} TEMPLATE {}: {e}",
+            source.name
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let mut params = s.admin.clone();
+    params.dbname = name.clone();
+    TestDb { name, params }
+}

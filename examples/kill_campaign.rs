@@ -1,0 +1,866 @@
+//! Kill campaign: the whole release, SIGKILLed at random moments and restarted until it
+//! finishes, compared with an uninterrupted run on an identical copy of the same data.
+//!
+//!     cargo build --release && cargo build --release --example kill_campaign
+//!     cargo run --release --example kill_campaign -- --iterations 1000 --members 2000 [--seed S]
+//!         [--batch-target 20ms] [--max-minutes 45] [--exe target/release/pgmend]
+//!
+//! One throwaway server (`LocalPg`). A source database gets the legacy schema (V1), the demo's
+//! dirty data (`generate_dirty_data`) and `migrate baseline`; every other database is a
+//! `CREATE DATABASE ... TEMPLATE` copy of it, so all copies share coupon ids. One copy runs
+//! `pgmend apply --yes --confirm deploy-new-application` uninterrupted: the reference. Then,
+//! per iteration, a fresh copy runs the same command, which is SIGKILLed after a random delay
+//! (5 ms up to 1.2 times the reference's duration, so kills land in migrations, concurrent
+//! index builds, freezes, batches and between them) and started again, until a run exits 0.
+//! A run that exits 1 or 2 by itself is read and rerun, as the runbooks say; five such exits
+//! in a row stop the campaign as a finding. The end state must equal the reference's: every
+//! coupon's `legacy_duplicate` and voided-or-not, every `campaign_budgets` row, every
+//! non-zero `member_monthly_usage` row, the finance report (`as_of` and `database` aside),
+//! the ledger (per repair, the multiset of (table, row key, action)), the history and the
+//! gate; besides, no row is recorded twice by the void repair, no run is left unfinished, no
+//! index is INVALID, and `pgmend verify` exits 0. A mismatch prints the differences and stops.
+//!
+//! The phase each kill landed in is read from pgmend's stderr so far (the last `== step`
+//! line, whether the repair had frozen its targets or finished) and from `pg_stat_activity`
+//! sampled just before the signal (a `CONCURRENTLY` statement running, the main session
+//! inside a transaction or idle between statements).
+//!
+//! `tests/faults.rs` includes this file and runs a bounded campaign.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+/// The release, with the gate confirmed from the start (there is no application to deploy).
+pub const CONFIRM: [&str; 4] = ["apply", "--yes", "--confirm", "deploy-new-application"];
+
+const V1: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/migrations/V1__legacy_baseline.sql"
+));
+
+/// A pgmend command against `conninfo`, with no stray `PG*` variables and stdin closed.
+pub fn pgmend(exe: &Path, conninfo: &str) -> Command {
+    let mut c = Command::new(exe);
+    for var in [
+        "DATABASE_URL",
+        "PGHOST",
+        "PGPORT",
+        "PGUSER",
+        "PGPASSWORD",
+        "PGDATABASE",
+        "PGSSLMODE",
+        "PGSSLROOTCERT",
+        "PGAPPNAME",
+        "PGCONNECT_TIMEOUT",
+        "PGMEND_MIGRATIONS_DIR",
+        "PGMEND_REPAIRS_DIR",
+        "PGOPTIONS",
+        "NO_COLOR",
+    ] {
+        c.env_remove(var);
+    }
+    c.env("DATABASE_URL", conninfo).stdin(Stdio::null());
+    c
+}
+
+/// What a finished pgmend run gave.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+pub fn run_pgmend(exe: &Path, conninfo: &str, args: &[&str]) -> Result<Outcome> {
+    let out = pgmend(exe, conninfo)
+        .args(args)
+        .output()
+        .with_context(|| format!("running {}", exe.display()))?;
+    Ok(Outcome {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    })
+}
+
+pub fn connect(conninfo: &str) -> Result<postgres::Client> {
+    postgres::Client::connect(conninfo, postgres::NoTls).context("connecting to the test server")
+}
+
+/// A connection string for a database of the campaign's server, by name.
+pub type Conn<'a> = &'a dyn Fn(&str) -> String;
+
+/// Creates `name` holding the legacy schema with the demo's data for `members` members,
+/// adopted with `migrate baseline --yes`. Nothing stays connected to it afterwards, so it
+/// can serve as a template.
+pub fn create_legacy_source(exe: &Path, conn: Conn, name: &str, members: i32) -> Result<()> {
+    let mut admin = connect(&conn("postgres"))?;
+    admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))?;
+    admin.batch_execute(&format!("CREATE DATABASE {name}"))?;
+    {
+        let mut c = connect(&conn(name))?;
+        c.batch_execute(V1)?;
+        pgmend::commands::demo::generate_dirty_data(&mut c, members)?;
+    }
+    let out = run_pgmend(exe, &conn(name), &["migrate", "baseline", "--yes"])?;
+    if out.code != 0 {
+        bail!("migrate baseline exited {}: {}", out.code, out.stderr);
+    }
+    Ok(())
+}
+
+/// `name` as a fresh copy of `source` (which nothing may be connected to).
+pub fn copy_database(conn: Conn, source: &str, name: &str) -> Result<()> {
+    let mut admin = connect(&conn("postgres"))?;
+    admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))?;
+    // A session of the source that is just closing can still be counted for a moment.
+    let mut tries = 0;
+    loop {
+        match admin.batch_execute(&format!("CREATE DATABASE {name} TEMPLATE {source}")) {
+            Ok(()) => return Ok(()),
+            Err(e) if tries < 50 => {
+                tries += 1;
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => return Err(e).context(format!("CREATE DATABASE {name} TEMPLATE {source}")),
+        }
+    }
+}
+
+pub fn drop_database(conn: Conn, name: &str) -> Result<()> {
+    connect(&conn("postgres"))?
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))?;
+    Ok(())
+}
+
+/// What the release leaves behind, in the terms the campaign compares.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EndState {
+    /// (coupon_id, legacy_duplicate, voided), by coupon_id.
+    pub coupons: Vec<(String, bool, bool)>,
+    /// Every campaign_budgets row, all columns.
+    pub budgets: Vec<String>,
+    /// Every member_monthly_usage row with a non-zero used_yen (a missing row means 0).
+    pub usage: Vec<String>,
+    /// `report overruns --format json` without `as_of` and `database`.
+    pub report: serde_json::Value,
+    /// Per repair: "table row_key action" of every ledger record, sorted; runs that were
+    /// undone, and the undo runs themselves, are left out (see `undo_runs`).
+    pub ledger: BTreeMap<String, Vec<String>>,
+    /// "run N of REPAIR undone by run M" (not compared: the campaign runs no undo).
+    pub undo_runs: Vec<String>,
+    pub history: Vec<i32>,
+    pub gates: Vec<String>,
+    /// Absolute checks (must be empty / 0 whatever the reference says).
+    pub invalid_indexes: Vec<String>,
+    pub void_rows_recorded_twice: Vec<String>,
+    pub unfinished_runs: Vec<String>,
+    pub verify: (i32, String),
+}
+
+fn strings(c: &mut postgres::Client, sql: &str) -> Result<Vec<String>> {
+    Ok(c.query(sql, &[])
+        .with_context(|| sql.to_string())?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
+}
+
+/// Reads the end state of the database behind `conninfo`.
+pub fn end_state(exe: &Path, conninfo: &str) -> Result<EndState> {
+    let mut c = connect(conninfo)?;
+    let coupons = c
+        .query(
+            "SELECT coupon_id::text, legacy_duplicate, voided_at IS NOT NULL FROM issued_coupons ORDER BY coupon_id",
+            &[],
+        )?
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    let budgets = strings(
+        &mut c,
+        "SELECT format('%s discount %s budget %s issued %s', campaign_id, discount_yen, budget_yen, issued_yen)
+           FROM campaign_budgets ORDER BY campaign_id COLLATE \"C\"",
+    )?;
+    let usage = strings(
+        &mut c,
+        "SELECT format('%s/%s %s', member_id, month, used_yen) FROM member_monthly_usage
+          WHERE used_yen <> 0 ORDER BY member_id COLLATE \"C\", month COLLATE \"C\"",
+    )?;
+    let mut ledger: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for r in c.query(
+        "SELECT r.repair, format('%s %s %s', l.target_table, l.row_key::text, l.action)
+           FROM pgmend.repair_ledger l JOIN pgmend.repair_runs r USING (run_id)
+          WHERE r.kind <> 'undo' AND r.undone_by_run IS NULL",
+        &[],
+    )? {
+        ledger.entry(r.get(0)).or_default().push(r.get(1));
+    }
+    for records in ledger.values_mut() {
+        records.sort();
+    }
+    let undo_runs = strings(
+        &mut c,
+        "SELECT format('run %s of %s undone by run %s', run_id, repair, undone_by_run)
+           FROM pgmend.repair_runs WHERE undone_by_run IS NOT NULL ORDER BY run_id",
+    )?;
+    let history = c
+        .query(
+            "SELECT version FROM refinery_schema_history ORDER BY version",
+            &[],
+        )?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let gates = strings(&mut c, "SELECT gate FROM pgmend.gates ORDER BY gate")?;
+    let invalid_indexes = strings(
+        &mut c,
+        "SELECT indexrelid::regclass::text || ' on ' || indrelid::regclass::text
+           FROM pg_index WHERE NOT indisvalid OR NOT indisready ORDER BY 1",
+    )?;
+    let void_rows_recorded_twice = strings(
+        &mut c,
+        "SELECT format('%s %s recorded %s times (runs %s)', l.target_table, l.row_key::text, count(*), string_agg(l.run_id::text, ','))
+           FROM pgmend.repair_ledger l JOIN pgmend.repair_runs r USING (run_id)
+          WHERE r.repair = 'void-duplicate-coupons' AND r.undone_by_run IS NULL
+          GROUP BY l.target_table, l.row_key HAVING count(*) > 1 ORDER BY 1 LIMIT 20",
+    )?;
+    let unfinished_runs = strings(
+        &mut c,
+        "SELECT format('run %s of %s: %s, %s/%s', run_id, repair, state, checkpoint, targets)
+           FROM pgmend.repair_runs WHERE state <> 'finished' ORDER BY run_id",
+    )?;
+    drop(c);
+    let out = run_pgmend(exe, conninfo, &["report", "overruns", "--format", "json"])?;
+    if out.code != 0 {
+        bail!(
+            "report overruns exited {}: {}{}",
+            out.code,
+            out.stdout,
+            out.stderr
+        );
+    }
+    let mut report: serde_json::Value =
+        serde_json::from_str(&out.stdout).context("the report's JSON")?;
+    if let Some(o) = report.as_object_mut() {
+        o.remove("as_of");
+        o.remove("database");
+    }
+    let v = run_pgmend(exe, conninfo, &["verify"])?;
+    Ok(EndState {
+        coupons,
+        budgets,
+        usage,
+        report,
+        ledger,
+        undo_runs,
+        history,
+        gates,
+        invalid_indexes,
+        void_rows_recorded_twice,
+        unfinished_runs,
+        verify: (v.code, format!("{}{}", v.stdout, v.stderr)),
+    })
+}
+
+/// Lines in one list and not the other, as "- reference" / "+ this copy".
+fn list_diff(what: &str, reference: &[String], got: &[String], out: &mut Vec<String>) {
+    fn count(v: &[String]) -> BTreeMap<&str, i64> {
+        let mut m: BTreeMap<&str, i64> = BTreeMap::new();
+        for s in v {
+            *m.entry(s.as_str()).or_default() += 1;
+        }
+        m
+    }
+    let (a, b) = (count(reference), count(got));
+    let mut shown = 0;
+    for key in a
+        .keys()
+        .chain(b.keys())
+        .collect::<std::collections::BTreeSet<_>>()
+    {
+        let (x, y) = (
+            a.get(key).copied().unwrap_or(0),
+            b.get(key).copied().unwrap_or(0),
+        );
+        if x != y {
+            if shown < 20 {
+                out.push(format!("{what}: {key}: {x} in the reference, {y} here"));
+            }
+            shown += 1;
+        }
+    }
+    if shown > 20 {
+        out.push(format!("{what}: ... {} more differences", shown - 20));
+    }
+}
+
+/// Every difference between the reference's end state and `got`, plus every absolute check
+/// `got` fails.
+pub fn differences(reference: &EndState, got: &EndState) -> Vec<String> {
+    let mut out = Vec::new();
+    let fmt_coupons = |v: &[(String, bool, bool)]| -> Vec<String> {
+        v.iter()
+            .map(|(id, dup, voided)| format!("{id} legacy_duplicate={dup} voided={voided}"))
+            .collect()
+    };
+    list_diff(
+        "coupon",
+        &fmt_coupons(&reference.coupons),
+        &fmt_coupons(&got.coupons),
+        &mut out,
+    );
+    list_diff(
+        "campaign_budgets",
+        &reference.budgets,
+        &got.budgets,
+        &mut out,
+    );
+    list_diff(
+        "member_monthly_usage",
+        &reference.usage,
+        &got.usage,
+        &mut out,
+    );
+    if reference.report != got.report {
+        let (a, b) = (
+            serde_json::to_string_pretty(&reference.report).unwrap_or_default(),
+            serde_json::to_string_pretty(&got.report).unwrap_or_default(),
+        );
+        let a: Vec<String> = a.lines().map(String::from).collect();
+        let b: Vec<String> = b.lines().map(String::from).collect();
+        list_diff("report line", &a, &b, &mut out);
+    }
+    for repair in reference.ledger.keys().chain(got.ledger.keys()) {
+        let empty = Vec::new();
+        list_diff(
+            &format!("ledger of {repair}"),
+            reference.ledger.get(repair).unwrap_or(&empty),
+            got.ledger.get(repair).unwrap_or(&empty),
+            &mut out,
+        );
+    }
+    out.dedup();
+    if reference.history != got.history {
+        out.push(format!(
+            "history: {:?} in the reference, {:?} here",
+            reference.history, got.history
+        ));
+    }
+    if reference.gates != got.gates {
+        out.push(format!(
+            "gates: {:?} in the reference, {:?} here",
+            reference.gates, got.gates
+        ));
+    }
+    for i in &got.invalid_indexes {
+        out.push(format!("INVALID index left: {i}"));
+    }
+    for r in &got.void_rows_recorded_twice {
+        out.push(format!("void ledger: {r}"));
+    }
+    for r in &got.unfinished_runs {
+        out.push(format!("run not finished: {r}"));
+    }
+    if got.verify.0 != 0 {
+        out.push(format!(
+            "pgmend verify exited {}:\n{}",
+            got.verify.0, got.verify.1
+        ));
+    }
+    out
+}
+
+/// A small deterministic generator (xorshift64*).
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Uniform in `lo..=hi`.
+    pub fn between(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next_u64() % (hi - lo + 1)
+    }
+}
+
+/// What a campaign counted.
+#[derive(Debug, Default, Clone)]
+pub struct Tally {
+    pub iterations: u64,
+    /// pgmend processes started (killed or not).
+    pub runs: u64,
+    pub kills: u64,
+    /// Kills per phase.
+    pub phases: BTreeMap<String, u64>,
+    /// Runs that exited 1 or 2 by themselves, by their error line (digits blanked).
+    pub exits: BTreeMap<String, u64>,
+    /// Kills after which a pgmend statement was still running on the server (an orphaned
+    /// CONCURRENTLY build or a statement the backend had not yet noticed was orphaned).
+    pub orphaned_statements: u64,
+    /// Kills after which an INVALID index was in the catalog.
+    pub invalid_index_after_kill: u64,
+    pub most_runs_in_one_iteration: u64,
+    pub reference_ms: u64,
+    pub elapsed: Duration,
+}
+
+impl Tally {
+    pub fn summary(&self) -> String {
+        let mut s = format!(
+            "{} iterations, {} pgmend runs, {} SIGKILLs ({:.1} per iteration, at most {} runs in one iteration); reference run {} ms; {:.0} s in all\n",
+            self.iterations,
+            self.runs,
+            self.kills,
+            self.kills as f64 / self.iterations.max(1) as f64,
+            self.most_runs_in_one_iteration,
+            self.reference_ms,
+            self.elapsed.as_secs_f64()
+        );
+        s.push_str("kills per phase:\n");
+        for (phase, n) in &self.phases {
+            s.push_str(&format!("  {n:6}  {phase}\n"));
+        }
+        s.push_str(&format!(
+            "kills after which a pgmend statement still ran on the server: {}\nkills after which an INVALID index was in the catalog: {}\n",
+            self.orphaned_statements, self.invalid_index_after_kill
+        ));
+        if self.exits.is_empty() {
+            s.push_str("no run exited non-zero by itself\n");
+        } else {
+            s.push_str("runs that exited non-zero by themselves (then rerun):\n");
+            for (line, n) in &self.exits {
+                s.push_str(&format!("  {n:6}  {line}\n"));
+            }
+        }
+        s
+    }
+}
+
+/// One `pg_stat_activity` row of a pgmend backend, sampled just before a kill.
+#[derive(Debug)]
+struct Activity {
+    in_transaction: bool,
+    active: bool,
+    query: String,
+}
+
+fn activity(monitor: &mut postgres::Client, dbname: &str) -> Vec<Activity> {
+    monitor
+        .query(
+            "SELECT xact_start IS NOT NULL, state = 'active', left(query, 80) FROM pg_stat_activity
+              WHERE datname = $1 AND application_name = 'pgmend' AND pid <> pg_backend_pid()",
+            &[&dbname],
+        )
+        .map(|rows| {
+            rows.iter()
+                .map(|r| Activity {
+                    in_transaction: r.get(0),
+                    active: r.get(1),
+                    query: r.get::<_, Option<String>>(2).unwrap_or_default(),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The phase a kill landed in, from pgmend's stderr so far and the activity sampled just
+/// before the signal.
+fn phase(stderr: &str, activity: &[Activity]) -> String {
+    let concurrently = activity.iter().find(|a| {
+        a.active && {
+            let q = a.query.to_ascii_uppercase();
+            q.contains("INDEX CONCURRENTLY")
+        }
+    });
+    let in_tx = activity.iter().any(|a| a.in_transaction);
+    let Some(pos) = stderr
+        .match_indices("== step ")
+        .map(|(i, _)| i)
+        .filter(|&i| i == 0 || stderr.as_bytes()[i - 1] == b'\n')
+        .last()
+    else {
+        return if stderr.contains("waiting up to") {
+            "startup: waiting for the runner lock (the killed run's session still held it)".into()
+        } else {
+            "startup: connecting, runner lock, privileges, before the first step".into()
+        };
+    };
+    let tail = &stderr[pos..];
+    let label = tail
+        .lines()
+        .next()
+        .unwrap_or("")
+        .trim_start_matches("== ")
+        .to_string();
+    let sub = if label.contains("repair ") {
+        let frozen = tail.contains(": froze ") || tail.contains("resuming run ");
+        let finished = tail
+            .lines()
+            .any(|l| l.starts_with("run ") && l.contains(" rows changed"));
+        if finished {
+            "after the run finished (recording the step)"
+        } else if !frozen {
+            if in_tx {
+                "freezing the targets (in the transaction)"
+            } else {
+                "before the freeze"
+            }
+        } else if in_tx {
+            "in a batch transaction"
+        } else {
+            "between batches"
+        }
+    } else if label.contains("migration V3") || label.contains("migration V4") {
+        if let Some(a) = concurrently {
+            if a.query.to_ascii_uppercase().contains("DROP INDEX") {
+                "DROP INDEX CONCURRENTLY running"
+            } else {
+                "CREATE INDEX CONCURRENTLY running"
+            }
+        } else if tail.contains("\nbuilt ") {
+            "after the build (recording the migration)"
+        } else if tail.contains("building ") {
+            "build starting"
+        } else if tail.contains("running void-duplicate-coupons again") {
+            "void pass for late duplicates"
+        } else {
+            "census and preflight"
+        }
+    } else if label.contains("migration") {
+        if in_tx {
+            "in the DDL transaction"
+        } else {
+            "outside a transaction"
+        }
+    } else {
+        "recording the gate"
+    };
+    // The label keeps the step number: steps 6/9 and 7/10 run the same repairs.
+    format!("{label}: {sub}")
+}
+
+/// The line of stderr that says why a run stopped, digits blanked so that pids and times
+/// group together.
+fn reason(stderr: &str) -> String {
+    let line = stderr
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("pgmend: "))
+        .or_else(|| stderr.lines().rev().find(|l| !l.trim().is_empty()))
+        .unwrap_or("(no output)");
+    let blanked: String = line
+        .chars()
+        .map(|c| if c.is_ascii_digit() { '#' } else { c })
+        .collect();
+    blanked.chars().take(220).collect()
+}
+
+pub struct IterationOptions<'a> {
+    pub exe: &'a Path,
+    pub conninfo: &'a str,
+    pub dbname: &'a str,
+    pub batch_target: &'a str,
+    /// Kill after a delay in this range (ms), drawn anew for every run.
+    pub delay_ms: (u64, u64),
+}
+
+/// Runs the release on `dbname`, killing it at random, until a run exits 0. Non-zero exits
+/// by themselves are rerun; five in a row are a finding (the error). Returns the number of
+/// runs it took.
+pub fn kill_until_done(
+    o: &IterationOptions,
+    monitor: &mut postgres::Client,
+    rng: &mut Rng,
+    tally: &mut Tally,
+    log: &mut dyn FnMut(&str),
+) -> Result<u64> {
+    let dir = tempfile::tempdir()?;
+    let mut runs = 0u64;
+    let mut failures_in_a_row: Vec<String> = Vec::new();
+    loop {
+        runs += 1;
+        tally.runs += 1;
+        if runs > 400 {
+            bail!("no run exited 0 after 400 runs");
+        }
+        let err_path = dir.path().join(format!("stderr-{runs}"));
+        let out_path = dir.path().join(format!("stdout-{runs}"));
+        let mut child = pgmend(o.exe, o.conninfo)
+            .args(CONFIRM)
+            .args(["--batch-target", o.batch_target, "--runner-wait", "60s"])
+            .stdout(std::fs::File::create(&out_path)?)
+            .stderr(std::fs::File::create(&err_path)?)
+            .spawn()
+            .context("starting pgmend")?;
+        let delay = Duration::from_millis(rng.between(o.delay_ms.0, o.delay_ms.1));
+        let started = Instant::now();
+        let mut status = None;
+        while started.elapsed() < delay {
+            if let Some(s) = child.try_wait()? {
+                status = Some(s);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let status = match status {
+            Some(s) => s,
+            None => {
+                let sampled = activity(monitor, o.dbname);
+                match child.try_wait()? {
+                    Some(s) => s,
+                    None => {
+                        child.kill()?; // SIGKILL
+                        child.wait()?;
+                        tally.kills += 1;
+                        let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
+                        *tally.phases.entry(phase(&stderr, &sampled)).or_default() += 1;
+                        std::thread::sleep(Duration::from_millis(2));
+                        if activity(monitor, o.dbname).iter().any(|a| a.active) {
+                            tally.orphaned_statements += 1;
+                        }
+                        if count_invalid(o.conninfo) > 0 {
+                            tally.invalid_index_after_kill += 1;
+                        }
+                        failures_in_a_row.clear();
+                        continue;
+                    }
+                }
+            }
+        };
+        let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
+        match status.code() {
+            Some(0) => {
+                tally.most_runs_in_one_iteration = tally.most_runs_in_one_iteration.max(runs);
+                return Ok(runs);
+            }
+            code => {
+                let why = format!("exit {}: {}", code.unwrap_or(-1), reason(&stderr));
+                log(&format!("  run {runs} {why}"));
+                *tally.exits.entry(why).or_default() += 1;
+                failures_in_a_row.push(format!(
+                    "run {runs} exited {code:?}; stderr:\n{stderr}\nstdout:\n{}",
+                    std::fs::read_to_string(&out_path).unwrap_or_default()
+                ));
+                if failures_in_a_row.len() >= 5 {
+                    bail!(
+                        "FINDING: pgmend did not recover by itself; the last runs exited non-zero with no kill in between:\n{}",
+                        failures_in_a_row.join("\n---\n")
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn count_invalid(conninfo: &str) -> i64 {
+    connect(conninfo)
+        .and_then(|mut c| {
+            Ok(c.query_one(
+                "SELECT count(*) FROM pg_index WHERE NOT indisvalid OR NOT indisready",
+                &[],
+            )?
+            .get(0))
+        })
+        .unwrap_or(0)
+}
+
+pub struct CampaignOptions {
+    pub exe: PathBuf,
+    pub iterations: u64,
+    pub members: i32,
+    pub seed: u64,
+    pub batch_target: String,
+    /// Start no new iteration after this long.
+    pub max_time: Option<Duration>,
+    /// Prefix of the campaign's database names.
+    pub prefix: String,
+}
+
+/// The whole campaign; a mismatch or a run that does not recover is an error carrying the
+/// differences.
+pub fn campaign(o: &CampaignOptions, conn: Conn, log: &mut dyn FnMut(&str)) -> Result<Tally> {
+    let started = Instant::now();
+    let (source, reference, copy) = (
+        format!("{}_src", o.prefix),
+        format!("{}_ref", o.prefix),
+        format!("{}_it", o.prefix),
+    );
+    create_legacy_source(&o.exe, conn, &source, o.members)?;
+    copy_database(conn, &source, &reference)?;
+    let t = Instant::now();
+    let r = run_pgmend(
+        &o.exe,
+        &conn(&reference),
+        &[
+            CONFIRM[0],
+            CONFIRM[1],
+            CONFIRM[2],
+            CONFIRM[3],
+            "--batch-target",
+            &o.batch_target,
+        ],
+    )?;
+    let reference_ms = t.elapsed().as_millis() as u64;
+    if r.code != 0 {
+        bail!(
+            "the reference run exited {}:\n{}{}",
+            r.code,
+            r.stdout,
+            r.stderr
+        );
+    }
+    let expected = end_state(&o.exe, &conn(&reference))?;
+    if let Some(problems) = Some(differences(&expected, &expected)).filter(|d| !d.is_empty()) {
+        bail!(
+            "the uninterrupted reference run fails a check:\n{}",
+            problems.join("\n")
+        );
+    }
+    log(&format!(
+        "reference: {} members, {} coupons, {} marked, {} ledger records, {reference_ms} ms; seed {}",
+        o.members,
+        expected.coupons.len(),
+        expected.coupons.iter().filter(|c| c.1).count(),
+        expected.ledger.values().map(Vec::len).sum::<usize>(),
+        o.seed
+    ));
+    let mut tally = Tally {
+        reference_ms,
+        ..Tally::default()
+    };
+    let mut rng = Rng::new(o.seed);
+    let mut monitor = connect(&conn("postgres"))?;
+    let delay_ms = (5, reference_ms * 6 / 5 + 20);
+    for i in 1..=o.iterations {
+        if o.max_time.is_some_and(|m| started.elapsed() >= m) {
+            log(&format!(
+                "time limit reached: stopping after {} iterations",
+                i - 1
+            ));
+            break;
+        }
+        copy_database(conn, &source, &copy)?;
+        let t = Instant::now();
+        let kills_before = tally.kills;
+        let runs = kill_until_done(
+            &IterationOptions {
+                exe: &o.exe,
+                conninfo: &conn(&copy),
+                dbname: &copy,
+                batch_target: &o.batch_target,
+                delay_ms,
+            },
+            &mut monitor,
+            &mut rng,
+            &mut tally,
+            log,
+        )
+        .with_context(|| format!("iteration {i}"))?;
+        let got = end_state(&o.exe, &conn(&copy))?;
+        let diff = differences(&expected, &got);
+        tally.iterations = i;
+        tally.elapsed = started.elapsed();
+        log(&format!(
+            "iteration {i}: {} kills, {runs} runs, {:.1} s{}",
+            tally.kills - kills_before,
+            t.elapsed().as_secs_f64(),
+            if diff.is_empty() {
+                ", end state equal to the reference".to_string()
+            } else {
+                String::new()
+            }
+        ));
+        if !diff.is_empty() {
+            bail!(
+                "MISMATCH in iteration {i}:\n{}\n\n{}",
+                diff.join("\n"),
+                tally.summary()
+            );
+        }
+    }
+    tally.elapsed = started.elapsed();
+    for db in [&source, &reference, &copy] {
+        drop_database(conn, db)?;
+    }
+    Ok(tally)
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let value = |name: &str| -> Option<String> {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1).cloned())
+    };
+    let exe = value("--exe").map(PathBuf::from).unwrap_or_else(|| {
+        std::env::current_exe()
+            .ok()
+            .and_then(|p| Some(p.parent()?.parent()?.join("pgmend")))
+            .unwrap_or_else(|| PathBuf::from("target/release/pgmend"))
+    });
+    anyhow::ensure!(
+        exe.is_file(),
+        "build the binary first: cargo build --release ({} missing)",
+        exe.display()
+    );
+    let seed = match value("--seed") {
+        Some(s) => s.parse().context("--seed")?,
+        None => std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_nanos() as u64,
+    };
+    let options = CampaignOptions {
+        exe,
+        iterations: value("--iterations")
+            .map(|s| s.parse())
+            .transpose()
+            .context("--iterations")?
+            .unwrap_or(10),
+        members: value("--members")
+            .map(|s| s.parse())
+            .transpose()
+            .context("--members")?
+            .unwrap_or(2000),
+        seed,
+        batch_target: value("--batch-target").unwrap_or_else(|| "20ms".into()),
+        max_time: value("--max-minutes")
+            .map(|s| s.parse::<u64>())
+            .transpose()
+            .context("--max-minutes")?
+            .map(|m| Duration::from_secs(m * 60)),
+        prefix: "kc".into(),
+    };
+    let pg = pgmend::localpg::LocalPg::start(false)?;
+    let conn = |db: &str| pg.conninfo(db);
+    let mut log = |line: &str| {
+        use std::io::Write;
+        let _ = writeln!(std::io::stdout().lock(), "{line}");
+    };
+    match campaign(&options, &conn, &mut log) {
+        Ok(tally) => {
+            println!(
+                "\nOK: every iteration ended in the reference's state.\n{}",
+                tally.summary()
+            );
+            Ok(())
+        }
+        Err(e) => {
+            println!("\n{e:#}");
+            std::process::exit(1);
+        }
+    }
+}
