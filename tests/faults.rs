@@ -251,8 +251,7 @@ fn rerun_resumes(conninfo: &str, expected: &EndState, password: &str) {
 }
 
 /// pgmend's message for a lost or broken session says what happened, where (the step and
-/// the batch), and shows no password. (That it also says what to do is
-/// `a_lost_session_says_to_rerun_the_release`, ignored: a finding.)
+/// the batch), and shows no password. (What to do: `a_lost_session_says_to_rerun_the_release`.)
 fn assert_explains(stderr: &str, happened: &[&str], password: &str) {
     assert!(
         happened.iter().any(|h| stderr.contains(h)),
@@ -377,13 +376,10 @@ fn a_cancelled_batch_statement_exits_2_and_the_rerun_resumes() {
     );
 }
 
-/// Finding (issue 7): when the session is lost or a statement is cancelled in the middle of
-/// the release, pgmend exits 2 saying what failed ("connection closed" for a terminated
-/// backend or an immediate shutdown, the server's FATAL or 57014 otherwise) but not that
-/// every committed batch is kept and that rerunning the same `pgmend apply` resumes from the
-/// checkpoint, as the Ctrl-C path of `repair apply` does ("Resume it with: ...").
+/// When the session is lost or a statement is cancelled in the middle of the release, pgmend
+/// exits 2 saying what failed, that what it committed is kept, and the command that
+/// continues (found by the kill campaign's author: it used to say only what failed).
 #[test]
-#[ignore = "finding: exit-2 errors in the middle of the release do not say to rerun `pgmend apply`"]
 fn a_lost_session_says_to_rerun_the_release() {
     let db = fresh_db();
     db.make_legacy_baselined(2000);

@@ -208,115 +208,126 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
     let client = &mut session.client;
     let mut report: Vec<Applied> = Vec::new();
     let mut stopped_at: Option<String> = None;
-    for (i, step) in steps.iter().enumerate() {
-        if crate::repair::runner::INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(Stopped::error(format!(
-                "interrupted before step {} ({}); every step before it is complete. Continue with: pgmend apply --yes",
+    // The step being run, for the message of an error that ends the release inside it.
+    let mut current: Option<(usize, String)> = None;
+    let walked = (|| -> Result<()> {
+        for (i, step) in steps.iter().enumerate() {
+            if crate::repair::runner::INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(Stopped::error(format!(
+                    "interrupted before step {} ({}); every step before it is complete. Continue with: pgmend apply --yes",
+                    i + 1,
+                    step.label()
+                )));
+            }
+            let applied: Vec<i32> = history::read(client)?.iter().map(|a| a.version).collect();
+            let progress = release::progress(client, applied)?;
+            if progress.done(i, step) {
+                report.push(Applied {
+                    step: i + 1,
+                    label: step.label(),
+                    outcome: "already done".into(),
+                    run: None,
+                });
+                continue;
+            }
+            eprintln!("\n== step {}: {}", i + 1, step.label());
+            current = Some((i + 1, step.label()));
+            let mut run_report = None;
+            let step_started = std::time::Instant::now();
+            match step {
+                Step::Migrate {
+                    version,
+                    retry_with,
+                } => {
+                    let mut passes = 0;
+                    loop {
+                        let plan = migrate_plan::build(client, files.clone(), Some(*version))?;
+                        match migrate_apply::execute(
+                            client,
+                            &params,
+                            &plan,
+                            &policy,
+                            args.safety.build_wait,
+                            &mut |l| eprintln!("{l}"),
+                        ) {
+                            Ok(_) => break,
+                            Err(e)
+                                if retry_with.is_some()
+                                    && passes < 3
+                                    && e.chain().any(|c| c.is::<Violators>()) =>
+                            {
+                                passes += 1;
+                                let name = retry_with.as_deref().unwrap();
+                                eprintln!("{e:#}\nrunning {name} again for what arrived meanwhile (pass {passes} of 3)");
+                                let repair = repairs.iter().find(|r| r.name == name).ok_or_else(|| anyhow::anyhow!("release.toml names repair {name:?}, which has no definition"))?;
+                                let run = run_repair(client, repair, &options)?;
+                                stop_if_unfinished(&run, repair)?;
+                            }
+                            Err(e) => return Err(e),
+                        }
+                    }
+                }
+                Step::Repair { name } => {
+                    let repair = repairs.iter().find(|r| &r.name == name).ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "release.toml names repair {name:?}, which has no definition"
+                        )
+                    })?;
+                    let run = run_repair(client, repair, &options)?;
+                    stop_if_unfinished(&run, repair)?;
+                    client
+                        .execute(
+                            "INSERT INTO pgmend.release_steps (step, what, run_id) VALUES ($1, $2, $3) ON CONFLICT (step) DO NOTHING",
+                            &[&(i as i32 + 1), &step.label(), &run.run.run_id],
+                        )
+                        .doing("recording the finished step")?;
+                    eprintln!("run {}: {} rows changed", run.run.run_id, run.run.changed);
+                    run_report = Some(run);
+                }
+                Step::Gate { name, explain } => {
+                    if !args.confirm.iter().any(|c| c == name) {
+                        stopped_at = Some(name.clone());
+                        report.push(Applied {
+                            step: i + 1,
+                            label: step.label(),
+                            outcome: "waiting for confirmation".into(),
+                            run: None,
+                        });
+                        if format != Format::Json {
+                            let mut out = std::io::stdout().lock();
+                            writeln!(out, "The release stopped at gate {name} (step {}).\n{explain}\nWhen that is done, continue with:\n  pgmend apply --yes --confirm {name}", i + 1)?;
+                        }
+                        break;
+                    }
+                    ensure_schema(client, &policy)?;
+                    let who = format!("{}@{}", os_user(), hostname());
+                    client
+                        .execute(
+                            "INSERT INTO pgmend.gates (gate, confirmed_by) VALUES ($1, $2 || ' (role ' || current_user || ')') ON CONFLICT (gate) DO NOTHING",
+                            &[name, &who],
+                        )
+                        .doing("recording the gate")?;
+                    eprintln!("gate {name} confirmed by {who}");
+                }
+            }
+            eprintln!(
+                "step {} done in {}",
                 i + 1,
-                step.label()
-            )));
-        }
-        let applied: Vec<i32> = history::read(client)?.iter().map(|a| a.version).collect();
-        let progress = release::progress(client, applied)?;
-        if progress.done(i, step) {
+                crate::config::format_duration(std::time::Duration::from_millis(
+                    step_started.elapsed().as_millis() as u64
+                ))
+            );
             report.push(Applied {
                 step: i + 1,
                 label: step.label(),
-                outcome: "already done".into(),
-                run: None,
+                outcome: "done".into(),
+                run: run_report,
             });
-            continue;
         }
-        eprintln!("\n== step {}: {}", i + 1, step.label());
-        let mut run_report = None;
-        let step_started = std::time::Instant::now();
-        match step {
-            Step::Migrate {
-                version,
-                retry_with,
-            } => {
-                let mut passes = 0;
-                loop {
-                    let plan = migrate_plan::build(client, files.clone(), Some(*version))?;
-                    match migrate_apply::execute(
-                        client,
-                        &params,
-                        &plan,
-                        &policy,
-                        args.safety.build_wait,
-                        &mut |l| eprintln!("{l}"),
-                    ) {
-                        Ok(_) => break,
-                        Err(e)
-                            if retry_with.is_some()
-                                && passes < 3
-                                && e.chain().any(|c| c.is::<Violators>()) =>
-                        {
-                            passes += 1;
-                            let name = retry_with.as_deref().unwrap();
-                            eprintln!("{e:#}\nrunning {name} again for what arrived meanwhile (pass {passes} of 3)");
-                            let repair = repairs.iter().find(|r| r.name == name).ok_or_else(|| anyhow::anyhow!("release.toml names repair {name:?}, which has no definition"))?;
-                            let run = run_repair(client, repair, &options)?;
-                            stop_if_unfinished(&run, repair)?;
-                        }
-                        Err(e) => return Err(e),
-                    }
-                }
-            }
-            Step::Repair { name } => {
-                let repair = repairs.iter().find(|r| &r.name == name).ok_or_else(|| {
-                    anyhow::anyhow!("release.toml names repair {name:?}, which has no definition")
-                })?;
-                let run = run_repair(client, repair, &options)?;
-                stop_if_unfinished(&run, repair)?;
-                client
-                    .execute(
-                        "INSERT INTO pgmend.release_steps (step, what, run_id) VALUES ($1, $2, $3) ON CONFLICT (step) DO NOTHING",
-                        &[&(i as i32 + 1), &step.label(), &run.run.run_id],
-                    )
-                    .doing("recording the finished step")?;
-                eprintln!("run {}: {} rows changed", run.run.run_id, run.run.changed);
-                run_report = Some(run);
-            }
-            Step::Gate { name, explain } => {
-                if !args.confirm.iter().any(|c| c == name) {
-                    stopped_at = Some(name.clone());
-                    report.push(Applied {
-                        step: i + 1,
-                        label: step.label(),
-                        outcome: "waiting for confirmation".into(),
-                        run: None,
-                    });
-                    if format != Format::Json {
-                        let mut out = std::io::stdout().lock();
-                        writeln!(out, "The release stopped at gate {name} (step {}).\n{explain}\nWhen that is done, continue with:\n  pgmend apply --yes --confirm {name}", i + 1)?;
-                    }
-                    break;
-                }
-                ensure_schema(client, &policy)?;
-                let who = format!("{}@{}", os_user(), hostname());
-                client
-                    .execute(
-                        "INSERT INTO pgmend.gates (gate, confirmed_by) VALUES ($1, $2 || ' (role ' || current_user || ')') ON CONFLICT (gate) DO NOTHING",
-                        &[name, &who],
-                    )
-                    .doing("recording the gate")?;
-                eprintln!("gate {name} confirmed by {who}");
-            }
-        }
-        eprintln!(
-            "step {} done in {}",
-            i + 1,
-            crate::config::format_duration(std::time::Duration::from_millis(
-                step_started.elapsed().as_millis() as u64
-            ))
-        );
-        report.push(Applied {
-            step: i + 1,
-            label: step.label(),
-            outcome: "done".into(),
-            run: run_report,
-        });
+        Ok(())
+    })();
+    if let Err(e) = walked {
+        return Err(step_failed(e, current, &args.confirm));
     }
     match format {
         Format::Json => {
@@ -342,6 +353,32 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
         }
     }
     Ok(Outcome::Done)
+}
+
+/// An error inside a step (a lost connection, a cancelled statement, a server restart) ends
+/// the release with exit 2: say what is kept and the command that continues. A [`Stopped`]
+/// or [`Violators`] already says what to do.
+fn step_failed(
+    error: anyhow::Error,
+    step: Option<(usize, String)>,
+    confirm: &[String],
+) -> anyhow::Error {
+    let Some((n, label)) = step else {
+        return error;
+    };
+    if error
+        .chain()
+        .any(|c| c.is::<Stopped>() || c.is::<Violators>())
+    {
+        return error;
+    }
+    let mut again = String::from("pgmend apply --yes");
+    for gate in confirm {
+        again.push_str(&format!(" --confirm {gate}"));
+    }
+    error.context(format!(
+        "step {n} ({label}) did not finish; the steps before it are complete, and what it committed stays committed (a migration either applied and recorded or not at all, repair batches with their ledger and checkpoint). Once the cause is fixed, continue with: {again}"
+    ))
 }
 
 fn stop_if_unfinished(
