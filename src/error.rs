@@ -101,6 +101,13 @@ pub fn describe(error: &postgres::Error) -> DbFailure {
         };
     }
     let mut text = error.to_string();
+    if error.is_closed() {
+        // The driver does not always keep the server's last message (a FATAL from
+        // pg_terminate_backend or a shutdown): say what this usually means.
+        text.push_str(
+            " (the server ended this session: it was terminated, the server restarted, or the network dropped)",
+        );
+    }
     let mut source = std::error::Error::source(error);
     while let Some(cause) = source {
         let cause_text = cause.to_string();
