@@ -305,6 +305,88 @@ impl LocalPg {
         Ok(())
     }
 
+    /// What `pg_basebackup -R -X stream` makes, for server builds that ship without it (the
+    /// server-only builds the version matrix uses): a copy of the data directory taken
+    /// between `pg_backup_start` and `pg_backup_stop`, its `backup_label`, `standby.signal`
+    /// and a `primary_conninfo` over this cluster's socket. The standby streams the WAL from
+    /// the backup's start on, which the primary still holds (no checkpoint comes between).
+    fn copy_base_backup(&self, dest: &Path) -> Result<()> {
+        let mut c = postgres::Client::connect(&self.conninfo("postgres"), postgres::NoTls)
+            .context("connecting to the primary for a base backup")?;
+        let version: i32 = c
+            .query_one("SELECT current_setting('server_version_num')::int", &[])?
+            .get(0);
+        let (start, stop) = if version >= 150000 {
+            (
+                "SELECT pg_backup_start('pgmend standby', true)",
+                "SELECT labelfile, spcmapfile FROM pg_backup_stop(true)",
+            )
+        } else {
+            (
+                "SELECT pg_start_backup('pgmend standby', true, false)",
+                "SELECT labelfile, spcmapfile FROM pg_stop_backup(false, true)",
+            )
+        };
+        c.batch_execute(start).context("starting a base backup")?;
+        // cp -a keeps the owner (the server's user) and the data directory's mode 0700.
+        let status = Command::new("cp")
+            .arg("-a")
+            .arg(self.data_dir())
+            .arg(dest)
+            .status()
+            .context("running cp -a")?;
+        let row = c.query_one(stop, &[]).context("ending the base backup")?;
+        if !status.success() {
+            bail!(
+                "copying {} to {} failed",
+                self.data_dir().display(),
+                dest.display()
+            );
+        }
+        let label: String = row.get(0);
+        // What pg_basebackup leaves out: the running server's files, its WAL (the standby
+        // streams it) and its replication slots.
+        for file in ["postmaster.pid", "postmaster.opts"] {
+            let _ = std::fs::remove_file(dest.join(file));
+        }
+        for dir in ["pg_wal", "pg_replslot"] {
+            for entry in std::fs::read_dir(dest.join(dir))? {
+                let path = entry?.path();
+                if path.is_dir() {
+                    std::fs::remove_dir_all(&path)?;
+                } else {
+                    std::fs::remove_file(&path)?;
+                }
+            }
+        }
+        std::fs::create_dir(dest.join("pg_wal/archive_status"))?;
+        self.chown_to_server_user(&dest.join("pg_wal/archive_status"))?;
+        let conninfo = format!(
+            "host={} port={} user={}",
+            self.socket_dir.display(),
+            self.port,
+            self.superuser
+        );
+        let files = [
+            ("backup_label", label),
+            ("standby.signal", String::new()),
+            (
+                "postgresql.auto.conf",
+                format!(
+                    "{}primary_conninfo = '{}'\n",
+                    std::fs::read_to_string(dest.join("postgresql.auto.conf")).unwrap_or_default(),
+                    conninfo.replace('\'', "''")
+                ),
+            ),
+        ];
+        for (name, contents) in files {
+            let path = dest.join(name);
+            std::fs::write(&path, contents)?;
+            self.chown_to_server_user(&path)?;
+        }
+        Ok(())
+    }
+
     /// A streaming standby of this cluster (pg_basebackup -R), started on its own port.
     pub fn start_standby(&self) -> Result<LocalPg> {
         let root = tempfile::Builder::new()
@@ -331,22 +413,26 @@ impl LocalPg {
             run_as: self.run_as.clone(),
             keep: self.keep,
         };
-        standby.run(
-            "pg_basebackup",
-            &[
-                "-h",
-                &self.socket_dir.display().to_string(),
-                "-p",
-                &self.port.to_string(),
-                "-U",
-                &self.superuser,
-                "-D",
-                &standby.root.join("data").display().to_string(),
-                "-R",
-                "-X",
-                "stream",
-            ],
-        )?;
+        if self.bin_dir.join("pg_basebackup").is_file() {
+            standby.run(
+                "pg_basebackup",
+                &[
+                    "-h",
+                    &self.socket_dir.display().to_string(),
+                    "-p",
+                    &self.port.to_string(),
+                    "-U",
+                    &self.superuser,
+                    "-D",
+                    &standby.data_dir().display().to_string(),
+                    "-R",
+                    "-X",
+                    "stream",
+                ],
+            )?;
+        } else {
+            self.copy_base_backup(&standby.data_dir())?;
+        }
         if !self.keep {
             standby.spawn_watchdog()?;
         }

@@ -391,6 +391,39 @@ fn two_applies_at_once_apply_each_migration_exactly_once() {
 }
 
 #[test]
+fn commands_run_back_to_back_never_find_the_previous_ones_runner_lock() {
+    // A session's locks go when its backend exits, which the server does after the client
+    // has gone: without an explicit unlock, the next command (--runner-wait 0s) could find
+    // the lock still held for a moment and refuse.
+    let db = fresh_db();
+    db.make_legacy_baselined(50);
+    for i in 0..40 {
+        let args: &[&str] = if i % 2 == 0 {
+            &["migrate", "apply", "--yes", "--target", "1"]
+        } else {
+            &["repair", "apply", "rebuild-campaign-budgets", "--yes"]
+        };
+        let r = db.run(args);
+        let expected = if i == 1 { 2 } else { 0 };
+        if i == 1 {
+            // The counter table does not exist before V2: an error, not a lock refusal.
+            assert_eq!(r.code, expected, "{}", r.both());
+            assert_eq!(
+                db.run(&["migrate", "apply", "--yes", "--target", "2"]).code,
+                0
+            );
+            continue;
+        }
+        assert_eq!(r.code, expected, "run {i}: {}", r.both());
+        assert!(
+            !r.stderr.contains("another pgmend"),
+            "run {i}: {}",
+            r.stderr
+        );
+    }
+}
+
+#[test]
 fn killed_in_the_middle_of_a_migration_the_rerun_completes() {
     let db = fresh_db();
     let dir = migrations_dir(&[("V90__slow.sql", SLOW_V3)]);

@@ -159,7 +159,7 @@ pub fn apply(args: &ApplyArgs, format: Format) -> Result<Outcome> {
     let files = load(&args.plan.migrations)?;
     let mut session = open(&args.plan.conn)?;
     session.ensure_writable()?;
-    let _lock = runner_lock::acquire(&mut session.client, args.safety.runner_wait)?;
+    let _lock = runner_lock::acquire(&mut session, args.safety.runner_wait)?;
     // Planned under the runner lock: what is shown is what is applied.
     let plan = plan::build(&mut session.client, files, args.plan.target)?;
     if plan.blockers.is_empty() {
@@ -247,7 +247,7 @@ pub fn baseline(args: &BaselineArgs, format: Format) -> Result<Outcome> {
         .clone();
     let mut session = open(&args.conn)?;
     session.ensure_writable()?;
-    let _lock = runner_lock::acquire(&mut session.client, args.safety.runner_wait)?;
+    let _lock = runner_lock::acquire(&mut session, args.safety.runner_wait)?;
     let applied = history::read(&mut session.client)?;
     let entries = status::compute(&files, &applied);
     status::ensure_consistent(&entries)?;
@@ -343,7 +343,7 @@ pub fn validate(args: &ValidateArgs, format: Format) -> Result<Outcome> {
     let policy = policy(&args.safety)?;
     let mut session = open(&args.conn)?;
     session.ensure_writable()?;
-    let _lock = runner_lock::acquire(&mut session.client, args.safety.runner_wait)?;
+    let _lock = runner_lock::acquire(&mut session, args.safety.runner_wait)?;
     confirm(
         args.safety.yes,
         &format!(

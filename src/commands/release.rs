@@ -185,7 +185,7 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
     }
     let mut session = open(&args.conn)?;
     session.ensure_writable()?;
-    let _lock = runner_lock::acquire(&mut session.client, args.safety.runner_wait)?;
+    let _lock = runner_lock::acquire(&mut session, args.safety.runner_wait)?;
     let params = session.params.clone();
     {
         // Before any step: an edited or missing applied migration stops the release here,

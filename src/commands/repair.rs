@@ -142,7 +142,7 @@ pub fn apply(args: &RepairApplyArgs, format: Format) -> Result<Outcome> {
     let options = run_options(&args.safety, &args.batch)?;
     let mut session = open(&args.conn)?;
     session.ensure_writable()?;
-    let _lock = runner_lock::acquire(&mut session.client, args.safety.runner_wait)?;
+    let _lock = runner_lock::acquire(&mut session, args.safety.runner_wait)?;
     privileges::check(
         &mut session.client,
         &format!("repair {}", repair.name),
@@ -391,7 +391,7 @@ pub fn undo(args: &RepairRunArgs, format: Format) -> Result<Outcome> {
     let policy: LockPolicy = super::migrate::policy(&args.safety)?;
     let mut session = open(&args.conn)?;
     session.ensure_writable()?;
-    let _lock = runner_lock::acquire(&mut session.client, args.safety.runner_wait)?;
+    let _lock = runner_lock::acquire(&mut session, args.safety.runner_wait)?;
     let run = find_run(&mut session.client, args.run_id)?;
     let repair = source(&args.repairs).find(run.repair.trim_start_matches("undo:"))?;
     confirm(
@@ -421,7 +421,7 @@ pub fn undo(args: &RepairRunArgs, format: Format) -> Result<Outcome> {
 pub fn abandon(args: &RepairRunArgs, format: Format) -> Result<Outcome> {
     let mut session = open(&args.conn)?;
     session.ensure_writable()?;
-    let _lock = runner_lock::acquire(&mut session.client, args.safety.runner_wait)?;
+    let _lock = runner_lock::acquire(&mut session, args.safety.runner_wait)?;
     let run = find_run(&mut session.client, args.run_id)?;
     if run.state != "running" {
         bail!(

@@ -17,9 +17,23 @@ pub const MIN_SERVER_VERSION: i32 = 140_004;
 /// An open session and what pgmend learned about the server when it opened it.
 pub struct Session {
     pub client: Client,
+    /// Set by [`super::runner_lock::acquire`]: released explicitly when the session drops.
+    pub holds_runner_lock: bool,
     pub params: ConnParams,
     pub server_version_num: i32,
     pub server_version: String,
+}
+
+/// The runner lock is a session lock: it goes when the session ends, but the server ends a
+/// closed session's backend asynchronously, so a pgmend started right after this one exits
+/// could still find the lock held for a moment and refuse (`--runner-wait 0s`). Releasing it
+/// here, in a statement the server has answered before the process exits, closes that gap.
+impl Drop for Session {
+    fn drop(&mut self) {
+        if self.holds_runner_lock && !self.client.is_closed() {
+            let _ = self.client.batch_execute("SELECT pg_advisory_unlock_all()");
+        }
+    }
 }
 
 impl Session {
@@ -111,6 +125,7 @@ pub fn connect(params: &ConnParams) -> Result<Session> {
         .doing("setting client_connection_check_interval and jit")?;
     Ok(Session {
         client,
+        holds_runner_lock: false,
         params: params.clone(),
         server_version_num,
         server_version,

@@ -12,18 +12,22 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use postgres::Client;
 
+use super::Session;
+
 use crate::error::{PgContext, Stopped};
 
 /// The advisory lock key: "pgmend" in ASCII. pg_locks shows it as classid 28775, objid
 /// 1835363940.
 pub const RUNNER_LOCK_KEY: i64 = 0x7067_6d65_6e64;
 
-/// Proof that this session holds the runner lock. Dropping the session releases it.
+/// Proof that this session holds the runner lock. Dropping the session releases it (with an
+/// explicit unlock, see [`Session`]'s `Drop`).
 pub struct RunnerLock(());
 
 /// Takes the runner lock, polling for up to `wait`. With another pgmend holding it past
 /// `wait`, stops (exit 1) naming the holder.
-pub fn acquire(client: &mut Client, wait: Duration) -> Result<RunnerLock> {
+pub fn acquire(session: &mut Session, wait: Duration) -> Result<RunnerLock> {
+    let client = &mut session.client;
     let started = Instant::now();
     let mut announced = false;
     loop {
@@ -32,6 +36,7 @@ pub fn acquire(client: &mut Client, wait: Duration) -> Result<RunnerLock> {
             .doing("taking pgmend's runner lock (pg_try_advisory_lock)")?
             .get(0);
         if got {
+            session.holds_runner_lock = true;
             return Ok(RunnerLock(()));
         }
         let holder = describe_holder(client)?;

@@ -282,18 +282,20 @@ fn run_watched(
     build_wait: Duration,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Result<(), postgres::Error>> {
-    let mut worker = crate::db::connect(params)?.client;
+    let mut worker = crate::db::connect(params)?;
     worker
+        .client
         .batch_execute("SET lock_timeout = 0; SET statement_timeout = 0")
         .doing("preparing the connection for an online statement")?;
     let pid: i32 = worker
+        .client
         .query_one("SELECT pg_backend_pid()", &[])
         .doing("reading the worker's pid")?
         .get(0);
     let (sender, receiver) = mpsc::channel();
     let owned_sql = sql.to_string();
     let handle = std::thread::spawn(move || {
-        let result = worker.batch_execute(&owned_sql);
+        let result = worker.client.batch_execute(&owned_sql);
         let _ = sender.send(result);
     });
     let mut waited = Duration::ZERO;
