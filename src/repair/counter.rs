@@ -304,6 +304,19 @@ impl CounterEngine {
         } else {
             ""
         };
+        // Rows this batch has just created hold their true sum: a writer that committed
+        // before the insert's snapshot is in it, and one that commits after waited for the
+        // insert and added on top. They are not summed a second time; a row created as 0
+        // (a value that would not fit or pass a CHECK) still is, so that it gets reported.
+        // (xmin is this transaction's id only for rows it inserted.)
+        let checked = format!(
+            "SELECT * FROM ({keys}) g WHERE NOT EXISTS (
+               SELECT 1 FROM {counter} c
+                WHERE {m} AND c.xmin = (SELECT pg_current_xact_id()::xid) AND c.{cn} <> 0)",
+            keys = self.batch_keys(),
+            m = self.keys_match("c", "g"),
+            cn = q(&s.counter),
+        );
         // The counter is read per key with a correlated subquery, which is a primary-key
         // lookup: joined instead, the planner hashes the whole counter table for every batch
         // (it cannot estimate the frozen keys' join), which made each batch cost a scan of
@@ -317,10 +330,10 @@ impl CounterEngine {
                          FROM ({keys}) g
                          JOIN ({truth}) t(k, truth, has_source) ON t.k = {gk}) t
                       WHERE t.now <> t.truth{keep}",
-                    truth = self.truth_sql(&self.batch_keys()),
+                    truth = self.truth_sql(&checked),
                     gk = self.keys_text("g"),
                     cn = q(&s.counter),
-                    keys = self.batch_keys(),
+                    keys = checked,
                     m = self.keys_match("c", "g"),
                 ),
                 &[&run_id, &lo, &hi],
