@@ -1,0 +1,91 @@
+//! The paths only a terminal takes, on a real pseudo-terminal (util-linux `script`): the
+//! question before a change, answered yes and no, and the repair's progress bar.
+
+mod common;
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use common::*;
+
+/// Runs `pgmend ARGS` inside a pseudo-terminal and types `typed` into it; returns the exit
+/// code and everything the terminal showed.
+fn in_terminal(db: &TestDb, args: &str, typed: &str) -> (i32, String) {
+    let exe = env!("CARGO_BIN_EXE_pgmend");
+    let mut child = Command::new("script")
+        .args(["-q", "-e", "-c", &format!("{exe} {args}"), "/dev/null"])
+        .env("DATABASE_URL", db.conninfo())
+        .env("TERM", "xterm")
+        .env_remove("PGHOST")
+        .env_remove("PGAPPNAME")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("util-linux script");
+    // The terminal buffers the line until pgmend reads its answer.
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(typed.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let shown =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !shown.contains(&db.password()),
+        "the password showed on the terminal"
+    );
+    (out.status.code().unwrap_or(-1), shown)
+}
+
+fn expanded() -> TestDb {
+    let db = fresh_db();
+    db.make_legacy_baselined(3000);
+    assert_eq!(
+        db.run(&["migrate", "apply", "--yes", "--target", "2"]).code,
+        0
+    );
+    db
+}
+
+#[test]
+fn on_a_terminal_the_question_is_asked_and_no_changes_nothing() {
+    let db = expanded();
+    let (code, shown) = in_terminal(&db, "repair apply rebuild-campaign-budgets", "n\n");
+    assert_eq!(code, 2, "{shown}");
+    assert!(shown.contains("[y/N]"), "{shown}");
+    assert!(shown.contains("nothing was changed"), "{shown}");
+    assert_eq!(db.scalar_i64("SELECT count(*) FROM campaign_budgets"), 0);
+    assert!(
+        !db.exists("pgmend.repair_ledger")
+            || db.scalar_i64("SELECT count(*) FROM pgmend.repair_ledger") == 0
+    );
+}
+
+#[test]
+fn on_a_terminal_yes_applies_and_the_progress_bar_is_drawn() {
+    let db = expanded();
+    let (code, shown) = in_terminal(
+        &db,
+        "repair apply rebuild-member-monthly-usage --batch-target 20ms",
+        "y\n",
+    );
+    assert_eq!(code, 0, "{shown}");
+    assert!(shown.contains("[y/N]"), "{shown}");
+    // The bar's template: `NAME [=====>   ] POS/LEN targets, RATE, ETA ...`, redrawn in
+    // place, instead of the plain progress lines a pipe gets.
+    assert!(
+        shown.contains("rebuild-member-monthly-usage [") && shown.contains("targets, "),
+        "{shown}"
+    );
+    assert!(shown.contains("=>") || shown.contains("=="), "{shown}");
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) FROM (SELECT member_id, month FROM issued_coupons GROUP BY 1, 2) k"
+        ),
+        db.scalar_i64("SELECT count(*) FROM member_monthly_usage"),
+        "every member-month got its row"
+    );
+}
