@@ -103,6 +103,52 @@ fn the_pg_variables_are_honoured_and_application_name_defaults_to_pgmend() {
 }
 
 #[test]
+fn without_a_password_the_password_file_is_read_as_libpq_reads_it() {
+    use std::os::unix::fs::PermissionsExt;
+    let db = fresh_db();
+    let p = &db.params;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pgpass");
+    std::fs::write(
+        &file,
+        format!(
+            "# for cron\nother-host:*:*:*:wrong\n*:{}:{}:{}:{}\n",
+            p.port,
+            p.dbname,
+            p.user,
+            db.password()
+        ),
+    )
+    .unwrap();
+    let url = format!(
+        "host={} port={} user={} dbname={} sslmode=disable",
+        p.host, p.port, p.user, p.dbname
+    );
+    let status = |mode: u32| {
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
+        run(
+            pgmend_command()
+                .args(["migrate", "status", "--format", "json"])
+                .env("DATABASE_URL", &url)
+                .env("PGPASSFILE", &file),
+            &db.password(),
+        )
+    };
+    let r = status(0o600);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(r.stdout.contains("\"migrations\""), "{}", r.stdout);
+    // Readable by others: ignored with a warning, as libpq does; the server then refuses.
+    let r = status(0o644);
+    assert_eq!(r.code, 2, "{}", r.both());
+    assert!(
+        r.stderr.contains("has group or world access"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stderr.contains("password"), "{}", r.stderr);
+}
+
+#[test]
 fn an_unreachable_host_is_bounded_by_the_connect_timeout() {
     // A listener that accepts TCP and never answers: the startup packet goes unanswered.
     let silent = TcpListener::bind("127.0.0.1:0").unwrap();

@@ -106,3 +106,65 @@ fn the_readme_quick_start_runs_as_written() {
         );
     }
 }
+
+/// Ctrl-C in the middle of the demo: the throwaway server is stopped and its files removed
+/// (the cleanup watchdog outlives the demo process).
+#[test]
+fn ctrl_c_during_the_demo_removes_the_throwaway_server() {
+    use std::io::{BufRead, BufReader};
+    use std::time::{Duration, Instant};
+
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = pgmend_command()
+        .args(["demo", "--members", "3000", "--reports-dir"])
+        .arg(tmp.path().join("reports"))
+        .env("TMPDIR", tmp.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = BufReader::new(stderr).lines();
+    // Wait until the server runs and the data is being generated.
+    loop {
+        let line = lines
+            .next()
+            .expect("the demo ended before it started its server")
+            .unwrap();
+        if line.contains("Playing production") {
+            break;
+        }
+    }
+    let server_dirs = || {
+        std::fs::read_dir(tmp.path())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with("pgmend-pg-"))
+            .count()
+    };
+    assert_eq!(server_dirs(), 1, "the throwaway server lives in TMPDIR");
+    let status = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let _ = child.wait().unwrap();
+    let started = Instant::now();
+    while server_dirs() > 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the throwaway server's files are still there 30 s after Ctrl-C"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // No process left running from that directory (the server's command line names it).
+    let dir = tmp.path().display().to_string();
+    let running: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(&dir))
+        .collect();
+    assert!(running.is_empty(), "still running: {running:?}");
+}

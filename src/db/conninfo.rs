@@ -99,6 +99,7 @@ const KNOWN_KEYS: &[&str] = &[
     "connect_timeout",
     "application_name",
     "options",
+    "passfile",
 ];
 
 /// The libpq environment variables pgmend honours, and the parameter each one stands for.
@@ -113,6 +114,7 @@ const ENV_KEYS: &[(&str, &str)] = &[
     ("PGCONNECT_TIMEOUT", "connect_timeout"),
     ("PGAPPNAME", "application_name"),
     ("PGOPTIONS", "options"),
+    ("PGPASSFILE", "passfile"),
 ];
 
 /// The longest connect timeout pgmend takes (libpq's 0, "forever", included): a day.
@@ -178,11 +180,21 @@ pub fn resolve(conninfo: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> 
         }
         None => Duration::from_secs(10),
     };
+    let password = match get("password") {
+        Some(p) => Some(p),
+        None => password_from_file(
+            get("passfile").or_else(|| env("HOME").map(|h| format!("{h}/.pgpass"))),
+            &host,
+            port,
+            &dbname,
+            &user,
+        )?,
+    };
     Ok(ConnParams {
         host,
         port,
+        password,
         user,
-        password: get("password"),
         dbname,
         sslmode,
         sslrootcert: get("sslrootcert"),
@@ -190,6 +202,72 @@ pub fn resolve(conninfo: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> 
         application_name: get("application_name").unwrap_or_else(|| "pgmend".to_string()),
         options: get("options"),
     })
+}
+
+/// The password file, as libpq reads it (`passfile`, `PGPASSFILE`, else `~/.pgpass`): lines of
+/// `host:port:database:user:password`, `*` matching anything, `\:` and `\\` escaped, `#`
+/// comments; the first line that matches wins. `localhost` also matches a unix socket. A file
+/// that group or others can read is ignored with a warning, as libpq does. A missing file is
+/// no error; an unreadable one is (it was meant to be used).
+fn password_from_file(
+    path: Option<String>,
+    host: &str,
+    port: u16,
+    dbname: &str,
+    user: &str,
+) -> Result<Option<String>> {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(path) = path else { return Ok(None) };
+    let meta = match std::fs::metadata(&path) {
+        Ok(m) if m.is_file() => m,
+        _ => return Ok(None),
+    };
+    if meta.permissions().mode() & 0o077 != 0 {
+        eprintln!(
+            "warning: password file {path} has group or world access and is ignored; run chmod 600 {path}"
+        );
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read the password file {path}"))?;
+    let port = port.to_string();
+    let socket = host.starts_with('/');
+    for line in text.lines() {
+        if line.trim().is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let fields = split_passfile_line(line);
+        let [h, p, d, u, password] = fields.as_slice() else {
+            continue;
+        };
+        let matches = |field: &str, value: &str| field == "*" || field == value;
+        if (matches(h, host) || (socket && h == "localhost"))
+            && matches(p, &port)
+            && matches(d, dbname)
+            && matches(u, user)
+        {
+            return Ok(Some(password.clone()));
+        }
+    }
+    Ok(None)
+}
+
+/// Splits a password-file line on its unescaped colons, the last field taking the rest.
+fn split_passfile_line(line: &str) -> Vec<String> {
+    let mut fields = vec![String::new()];
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                if let Some(next) = chars.next() {
+                    fields.last_mut().expect("one field").push(next);
+                }
+            }
+            ':' if fields.len() < 5 => fields.push(String::new()),
+            c => fields.last_mut().expect("one field").push(c),
+        }
+    }
+    fields
 }
 
 fn default_host() -> String {
@@ -373,6 +451,57 @@ mod tests {
 
     fn no_env(_: &str) -> Option<String> {
         None
+    }
+
+    /// Resolves `conninfo` with PGPASSFILE pointing at a file holding `lines` with `mode`.
+    fn with_passfile(conninfo: &str, lines: &str, mode: u32) -> Option<String> {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pgpass");
+        std::fs::write(&path, lines).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        let file = path.display().to_string();
+        let env = move |k: &str| (k == "PGPASSFILE").then(|| file.clone());
+        resolve(Some(conninfo), &env).unwrap().password
+    }
+
+    #[test]
+    fn the_password_file_is_read_like_libpq_reads_it() {
+        let url = "postgresql://app@db.internal:5433/coupons";
+        let file = "# comment\n\
+                    other:5433:coupons:app:wrong-host\n\
+                    db.internal:5432:coupons:app:wrong-port\n\
+                    db.internal:5433:*:app:pa\\:ss\\\\word\n\
+                    *:*:*:*:too-late\n";
+        assert_eq!(
+            with_passfile(url, file, 0o600).as_deref(),
+            Some("pa:ss\\word")
+        );
+        assert_eq!(
+            with_passfile(url, "*:*:*:*:any\n", 0o600).as_deref(),
+            Some("any")
+        );
+        assert_eq!(with_passfile(url, "*:*:*:other:x\n", 0o600), None);
+        // Group or world access: ignored, as libpq does.
+        assert_eq!(with_passfile(url, "*:*:*:*:any\n", 0o644), None);
+        // A password in the URL wins over the file.
+        assert_eq!(
+            with_passfile("postgresql://app:given@db/coupons", "*:*:*:*:file\n", 0o600).as_deref(),
+            Some("given")
+        );
+        // localhost also matches a unix socket.
+        assert_eq!(
+            with_passfile(
+                "host=/var/run/postgresql user=app dbname=x",
+                "localhost:5432:x:app:sock\n",
+                0o600
+            )
+            .as_deref(),
+            Some("sock")
+        );
+        // No file: no password, no error.
+        let env = |k: &str| (k == "PGPASSFILE").then(|| "/nonexistent/pgpass".to_string());
+        assert_eq!(resolve(Some(url), &env).unwrap().password, None);
     }
 
     fn with_env(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {

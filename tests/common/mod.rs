@@ -234,6 +234,7 @@ pub fn pgmend_command() -> Command {
         "PGMEND_MIGRATIONS_DIR",
         "PGMEND_REPAIRS_DIR",
         "PGOPTIONS",
+        "PGPASSFILE",
     ] {
         c.env_remove(var);
     }
