@@ -101,7 +101,24 @@ pub fn describe(error: &postgres::Error) -> DbFailure {
         };
     }
     let mut text = error.to_string();
-    if error.is_closed() {
+    let broken_io = {
+        let mut cause = std::error::Error::source(error);
+        let mut broken = false;
+        while let Some(c) = cause {
+            if let Some(io) = c.downcast_ref::<std::io::Error>() {
+                broken |= matches!(
+                    io.kind(),
+                    std::io::ErrorKind::ConnectionReset
+                        | std::io::ErrorKind::ConnectionAborted
+                        | std::io::ErrorKind::BrokenPipe
+                        | std::io::ErrorKind::UnexpectedEof
+                );
+            }
+            cause = c.source();
+        }
+        broken
+    };
+    if error.is_closed() || broken_io {
         // The driver does not always keep the server's last message (a FATAL from
         // pg_terminate_backend or a shutdown): say what this usually means.
         text.push_str(
