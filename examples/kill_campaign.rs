@@ -45,22 +45,7 @@ const V1: &str = include_str!(concat!(
 /// A pgmend command against `conninfo`, with no stray `PG*` variables and stdin closed.
 pub fn pgmend(exe: &Path, conninfo: &str) -> Command {
     let mut c = Command::new(exe);
-    for var in [
-        "DATABASE_URL",
-        "PGHOST",
-        "PGPORT",
-        "PGUSER",
-        "PGPASSWORD",
-        "PGDATABASE",
-        "PGSSLMODE",
-        "PGSSLROOTCERT",
-        "PGAPPNAME",
-        "PGCONNECT_TIMEOUT",
-        "PGMEND_MIGRATIONS_DIR",
-        "PGMEND_REPAIRS_DIR",
-        "PGOPTIONS",
-        "NO_COLOR",
-    ] {
+    for var in pgmend::db::conninfo::environment_variables().chain(["NO_COLOR"]) {
         c.env_remove(var);
     }
     c.env("DATABASE_URL", conninfo).stdin(Stdio::null());

@@ -477,13 +477,14 @@ fn a_terminated_concurrent_build_exits_2_without_an_invalid_index_and_the_rerun_
 // ---------------------------------------------------------------------------------------
 // 3. Concurrency.
 
-#[test]
-fn two_releases_at_once_one_is_refused_naming_the_holder() {
+/// Two `pgmend apply` started together on a copy of legacy data, with `--runner-wait
+/// runner_wait`; the reference end state, the copy and both runs.
+fn two_releases_at_once(runner_wait: &str) -> (EndState, TestDb, Run, Run) {
     let source = fresh_db();
     source.make_legacy_baselined(1000);
     let expected = reference(&source);
     let db = copy_of(&source);
-    let args = confirm_with(&["--batch-target", "20ms", "--runner-wait", "0s"]);
+    let args = confirm_with(&["--batch-target", "20ms", "--runner-wait", runner_wait]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let a = spawn(&exe(), &db.conninfo(), &args);
     let b = spawn(&exe(), &db.conninfo(), &args);
@@ -491,6 +492,12 @@ fn two_releases_at_once_one_is_refused_naming_the_holder() {
         finish(a, Duration::from_secs(120), "first apply"),
         finish(b, Duration::from_secs(120), "second apply"),
     );
+    (expected, db, a, b)
+}
+
+#[test]
+fn two_releases_at_once_one_is_refused_naming_the_holder() {
+    let (expected, db, a, b) = two_releases_at_once("0s");
     let mut codes = [a.code, b.code];
     codes.sort_unstable();
     assert_eq!(codes, [0, 1], "\n{}\n---\n{}", a.both(), b.both());
@@ -510,18 +517,7 @@ fn two_releases_at_once_one_is_refused_naming_the_holder() {
 
 #[test]
 fn two_releases_at_once_with_runner_wait_both_succeed_and_nothing_is_done_twice() {
-    let source = fresh_db();
-    source.make_legacy_baselined(1000);
-    let expected = reference(&source);
-    let db = copy_of(&source);
-    let args = confirm_with(&["--batch-target", "20ms", "--runner-wait", "1m"]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let a = spawn(&exe(), &db.conninfo(), &args);
-    let b = spawn(&exe(), &db.conninfo(), &args);
-    let (a, b) = (
-        finish(a, Duration::from_secs(120), "first apply"),
-        finish(b, Duration::from_secs(120), "second apply"),
-    );
+    let (expected, db, a, b) = two_releases_at_once("1m");
     assert_eq!(
         (a.code, b.code),
         (0, 0),

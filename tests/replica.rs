@@ -9,11 +9,10 @@ use pgmend::localpg::LocalPg;
 
 fn pgmend(url: &str, args: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_pgmend"));
-    c.args(args)
-        .env("DATABASE_URL", url)
-        .env_remove("PGHOST")
-        .env_remove("PGAPPNAME")
-        .stdin(Stdio::null());
+    for var in pgmend::db::conninfo::environment_variables() {
+        c.env_remove(var);
+    }
+    c.args(args).env("DATABASE_URL", url).stdin(Stdio::null());
     c
 }
 

@@ -12,12 +12,14 @@ use common::*;
 /// code and everything the terminal showed.
 fn in_terminal(db: &TestDb, args: &str, typed: &str) -> (i32, String) {
     let exe = env!("CARGO_BIN_EXE_pgmend");
-    let mut child = Command::new("script")
+    let mut script = Command::new("script");
+    for var in pgmend::db::conninfo::environment_variables() {
+        script.env_remove(var);
+    }
+    let mut child = script
         .args(["-q", "-e", "-c", &format!("{exe} {args}"), "/dev/null"])
         .env("DATABASE_URL", db.conninfo())
         .env("TERM", "xterm")
-        .env_remove("PGHOST")
-        .env_remove("PGAPPNAME")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -117,6 +117,19 @@ const ENV_KEYS: &[(&str, &str)] = &[
     ("PGPASSFILE", "passfile"),
 ];
 
+/// Every environment variable that changes what pgmend connects to or reads: the libpq ones
+/// above, `DATABASE_URL`, and the migrations and repairs directories. Test harnesses clear
+/// them all, so that the caller's environment cannot leak into a run.
+pub fn environment_variables() -> impl Iterator<Item = &'static str> {
+    [
+        "DATABASE_URL",
+        "PGMEND_MIGRATIONS_DIR",
+        "PGMEND_REPAIRS_DIR",
+    ]
+    .into_iter()
+    .chain(ENV_KEYS.iter().map(|(var, _)| *var))
+}
+
 /// The longest connect timeout pgmend takes (libpq's 0, "forever", included): a day.
 pub const MAX_CONNECT_TIMEOUT_SECS: u64 = 86_400;
 

@@ -220,22 +220,7 @@ impl TestDb {
 
 pub fn pgmend_command() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_pgmend"));
-    for var in [
-        "DATABASE_URL",
-        "PGHOST",
-        "PGPORT",
-        "PGUSER",
-        "PGPASSWORD",
-        "PGDATABASE",
-        "PGSSLMODE",
-        "PGSSLROOTCERT",
-        "PGAPPNAME",
-        "PGCONNECT_TIMEOUT",
-        "PGMEND_MIGRATIONS_DIR",
-        "PGMEND_REPAIRS_DIR",
-        "PGOPTIONS",
-        "PGPASSFILE",
-    ] {
+    for var in pgmend::db::conninfo::environment_variables() {
         c.env_remove(var);
     }
     c.stdin(Stdio::null());
