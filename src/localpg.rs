@@ -133,9 +133,15 @@ impl LocalPg {
         for (name, contents) in files {
             pg.write_data_file(name, contents)?;
         }
-        if !settings.is_empty() {
-            pg.append_settings(settings)?;
-        }
+        // A throwaway cluster trades durability for speed; these go into postgresql.conf
+        // rather than on the command line so that `settings`, appended after them, can
+        // ask for durable commits where a test needs them (a crash test, say).
+        pg.append_settings(&[
+            ("fsync", "off"),
+            ("synchronous_commit", "off"),
+            ("full_page_writes", "off"),
+        ])?;
+        pg.append_settings(settings)?;
         let mut last_error = None;
         for _ in 0..5 {
             pg.port = free_port()?;
@@ -149,7 +155,7 @@ impl LocalPg {
 
     fn start_server(&self) -> Result<()> {
         let options = format!(
-            "-c port={} -c listen_addresses=127.0.0.1 -c unix_socket_directories={} -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300 -c log_min_messages=warning",
+            "-c port={} -c listen_addresses=127.0.0.1 -c unix_socket_directories={} -c max_connections=300 -c log_min_messages=warning",
             self.port,
             self.socket_dir.display()
         );
