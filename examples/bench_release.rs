@@ -160,7 +160,18 @@ fn main() -> Result<()> {
         sizes
     };
     let exe = support::release_binary()?;
-    let pg = LocalPg::start(false)?;
+    // PGMEND_BENCH_PROFILE=1: load pg_stat_statements and print where pgmend's server time
+    // went, statement by statement (for finding what to make faster, not for the figures).
+    let profile = std::env::var_os("PGMEND_BENCH_PROFILE").is_some();
+    let pg = if profile {
+        LocalPg::start_with(
+            false,
+            &[],
+            &[("shared_preload_libraries", "pg_stat_statements")],
+        )?
+    } else {
+        LocalPg::start(false)?
+    };
     let mut admin = postgres::Client::connect(&pg.conninfo("postgres"), postgres::NoTls)?;
     println!("| members | coupons | duplicates changed | one-shot | pgmend | ratio (one-shot/pgmend) | pgmend rows/s | batches p50/p99/max ms | peak RSS | WAL one-shot | WAL pgmend |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
@@ -233,6 +244,11 @@ fn main() -> Result<()> {
         anyhow::ensure!(status.success(), "baseline failed");
         let mut via = postgres::Client::connect(&pg.conninfo("viapgmend"), postgres::NoTls)?;
         admin.batch_execute("CHECKPOINT")?;
+        if profile {
+            via.batch_execute(
+                "CREATE EXTENSION IF NOT EXISTS pg_stat_statements; SELECT pg_stat_statements_reset()",
+            )?;
+        }
         let wal0 = wal_lsn(&mut via)?;
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let load_threads = if load {
@@ -327,6 +343,16 @@ fn main() -> Result<()> {
             via_wal as f64 / 1e6,
         );
         eprintln!("end state (both): {via_state}");
+        if profile {
+            for r in via.query(
+                "SELECT round(total_exec_time)::bigint, calls, left(regexp_replace(query, '\\s+', ' ', 'g'), 160)
+                   FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+                  ORDER BY total_exec_time DESC LIMIT 25",
+                &[],
+            )? {
+                eprintln!("{:>7} ms {:>6} calls  {}", r.get::<_, i64>(0), r.get::<_, i64>(1), r.get::<_, String>(2));
+            }
+        }
     }
     Ok(())
 }

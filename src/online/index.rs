@@ -140,7 +140,9 @@ fn build_index(
     }
     preflight(main, table, progress)?;
     for attempt in 1..=BUILD_ATTEMPTS {
-        evaluate::check_before(main, &label, &migration.censuses)?;
+        for finding in evaluate::check_before(main, &label, &migration.censuses)? {
+            progress(&finding.describe());
+        }
         progress(&format!(
             "building {name} concurrently (attempt {attempt} of {BUILD_ATTEMPTS})"
         ));

@@ -113,45 +113,17 @@ impl CounterEngine {
             .join(" AND ")
     }
 
-    /// The table every key comes from: the source, or `keys_from`.
-    fn keys_table(&self) -> String {
-        if self.spec.keys_from == "source" {
-            q(&self.spec.source_table)
-        } else {
-            q(&self.spec.keys_from)
-        }
-    }
-
-    /// Every key: those of `keys_from` (or of the source) and those already counted.
-    pub fn freeze_sql(&self) -> String {
-        let s = &self.spec;
-        let from = self.keys_table();
-        let not_null = s
+    fn cols(&self, alias: &str) -> String {
+        self.spec
             .key
             .iter()
-            .map(|k| format!("x.{} IS NOT NULL", q(k)))
+            .map(|k| format!("{alias}.{}", q(k)))
             .collect::<Vec<_>>()
-            .join(" AND ");
-        format!(
-            "INSERT INTO pgmend.repair_targets (run_id, seq, key)
-             SELECT $1, row_number() OVER (ORDER BY k), k FROM (
-               SELECT {xk} AS k FROM {from} x WHERE {not_null}
-               UNION
-               SELECT {ck} FROM {counter} c) u",
-            xk = self.keys_text("x"),
-            ck = self.keys_text("c"),
-            counter = q(&s.counter_table),
-        )
+            .join(", ")
     }
 
-    fn batch_keys(&self) -> String {
-        super::store::frozen_batch_sql(&self.spec.key, &self.key_types)
-    }
-
-    /// The true value per key of `keys` (SQL yielding the key columns): key text array,
-    /// truth, whether any source row exists. One join and one GROUP BY: an index on the
-    /// source key makes it a lookup per key, and without one it is still a single pass.
-    fn truth_sql(&self, keys: &str) -> String {
+    /// The source's aggregate over the rows joined as `s`: the true value of a key.
+    fn aggregate(&self) -> String {
         let s = &self.spec;
         let filter = s
             .source_filter_null
@@ -162,19 +134,144 @@ impl CounterEngine {
             (Aggregate::Sum, Some(v)) => format!("sum(s.{}) FILTER (WHERE {filter})", q(v)),
             _ => format!("count(s.{}) FILTER (WHERE {filter})", q(&s.key[0])),
         };
-        let g_cols = s
+        format!("coalesce({agg}, 0)::bigint")
+    }
+
+    /// Every key whose counter differs from its source, in one statement (so counter and
+    /// sum come from one snapshot), with one pass over the source and one over the counter
+    /// table: columns are the key columns (native types), the counter now (NULL: no row)
+    /// and the true value. The keys are those of `keys_from` (or of the source) and those
+    /// already counted. `counter_exists` is false on a database where the counter table is
+    /// still to be created (a dry run).
+    fn differing_sql(&self, counter_exists: bool) -> String {
+        let s = &self.spec;
+        let key_cols = s.key.iter().map(|k| q(k)).collect::<Vec<_>>().join(", ");
+        let not_null = |alias: &str| {
+            s.key
+                .iter()
+                .map(|k| format!("{alias}.{} IS NOT NULL", q(k)))
+                .collect::<Vec<_>>()
+                .join(" AND ")
+        };
+        let grouped = format!(
+            "SELECT {sk}, {agg} AS truth FROM {source} s WHERE {nn} GROUP BY {sk}",
+            sk = self.cols("s"),
+            agg = self.aggregate(),
+            source = q(&s.source_table),
+            nn = not_null("s"),
+        );
+        // The true value of every key of the key set; has_source: whether any source row
+        // (filtered or not) has the key.
+        let truth = if s.keys_from == "source" {
+            format!("SELECT a.*, true AS has_source FROM ({grouped}) a")
+        } else {
+            format!(
+                "SELECT {xk}, coalesce(a.truth, 0) AS truth, a.{first} IS NOT NULL AS has_source
+                   FROM (SELECT DISTINCT {xk} FROM {from} x WHERE {nn}) x
+                   LEFT JOIN ({grouped}) a ON {m}",
+                xk = self.cols("x"),
+                first = q(&s.key[0]),
+                from = q(&s.keys_from),
+                nn = not_null("x"),
+                m = self.keys_match("a", "x"),
+            )
+        };
+        let counter = if counter_exists {
+            format!(
+                "SELECT {key_cols}, {cn}::bigint AS now FROM {counter}",
+                cn = q(&s.counter),
+                counter = q(&s.counter_table)
+            )
+        } else {
+            let nulls = s
+                .key
+                .iter()
+                .map(|k| format!("NULL AS {}", q(k)))
+                .collect::<Vec<_>>()
+                .join(", ");
+            format!("SELECT {nulls}, NULL::bigint AS now WHERE false")
+        };
+        let coalesced = s
             .key
             .iter()
-            .map(|k| format!("g.{}", q(k)))
+            .map(|k| format!("coalesce(t.{k}, c.{k}) AS {k}", k = q(k)))
             .collect::<Vec<_>>()
             .join(", ");
+        // A key with no source row and `when_no_source = "keep"` keeps its counter.
+        let keep = if s.when_no_source == WhenNoSource::Keep {
+            " AND t.has_source"
+        } else {
+            ""
+        };
+        format!(
+            "SELECT {coalesced}, c.now, coalesce(t.truth, 0) AS truth
+               FROM ({truth}) t FULL JOIN ({counter}) c ON {m}
+              WHERE c.now IS DISTINCT FROM coalesce(t.truth, 0){keep}",
+            m = self.keys_match("c", "t"),
+        )
+    }
+
+    /// The frozen targets: every key whose counter differs from its source now, in key
+    /// order (so that a batch's keys are a narrow range of the source's leading key column).
+    pub fn freeze_sql(&self) -> String {
+        format!(
+            "INSERT INTO pgmend.repair_targets (run_id, seq, key)
+             SELECT $1, row_number() OVER (ORDER BY {dk}), {dt} FROM ({differing}) d",
+            dk = self.cols("d"),
+            dt = self.keys_text("d"),
+            differing = self.differing_sql(true),
+        )
+    }
+
+    fn batch_keys(&self) -> String {
+        super::store::frozen_batch_sql(&self.spec.key, &self.key_types)
+    }
+
+    /// Whether `alias`'s leading key column lies between a batch's first and last key ($4
+    /// and $5, as text). The frozen keys are in key order, so the source rows of a batch
+    /// are one index range scan where the source is indexed on that column, rather than a
+    /// lookup per key or a scan of the whole source; the counter table is read this way
+    /// too, or the planner hashes all of it for every batch (it cannot estimate the frozen
+    /// keys' join) and batches slow down as it grows.
+    fn in_batch_range(&self, alias: &str) -> String {
+        format!(
+            "{alias}.{first} BETWEEN $4::text::{ty} AND $5::text::{ty}",
+            first = q(&self.spec.key[0]),
+            ty = self.key_types[0],
+        )
+    }
+
+    /// The first and last value of the leading key column among a batch's frozen keys.
+    fn batch_bounds(
+        &self,
+        tx: &mut postgres::Transaction<'_>,
+        run_id: i64,
+        lo: i64,
+        hi: i64,
+    ) -> Result<(Option<String>, Option<String>), postgres::Error> {
+        let first = q(&self.spec.key[0]);
+        let row = tx.query_one(
+            &format!(
+                "SELECT min(g.{first})::text, max(g.{first})::text FROM ({}) g",
+                self.batch_keys()
+            ),
+            &[&run_id, &lo, &hi],
+        )?;
+        Ok((row.get(0), row.get(1)))
+    }
+
+    /// The true value per key of `keys` (SQL yielding the key columns) from `source` (a
+    /// table or subquery): key text array, truth, whether any source row exists.
+    fn truth_sql(&self, keys: &str, source: &str) -> String {
+        let s = &self.spec;
+        let g_cols = self.cols("g");
         let first = q(&s.key[0]);
         format!(
-            "SELECT {gk}, coalesce({agg}, 0)::bigint, count(s.{first}) > 0
+            "SELECT {gk}, {agg}, count(s.{first}) > 0
                FROM ({keys}) g LEFT JOIN {source} s ON {m}
               GROUP BY {g_cols}",
             gk = self.keys_text("g"),
-            source = q(&s.source_table),
+            agg = self.aggregate(),
             m = self.keys_match("s", "g"),
         )
     }
@@ -199,6 +296,7 @@ impl CounterEngine {
         let s = &self.spec;
         let counter = q(&s.counter_table);
         let mut result = BatchResult::default();
+        let (first, last) = self.batch_bounds(tx, run_id, lo, hi)?;
         if s.when_no_source == WhenNoSource::Zero {
             let (copy_to, copy_from, join) = if s.copy_on_create.is_empty() {
                 (String::new(), String::new(), String::new())
@@ -251,7 +349,7 @@ impl CounterEngine {
                         .iter()
                         .map(|(to, from)| format!("x.{} AS {}", q(from), q(to))),
                 )
-                .chain(std::iter::once(format!("t.truth AS {}", q(&s.counter))))
+                .chain(std::iter::once(format!("g.truth AS {}", q(&s.counter))))
                 .collect();
             let passes = if self.checks.is_empty() {
                 "true".to_string()
@@ -268,18 +366,20 @@ impl CounterEngine {
                 )
             };
             let counter_exists = format!(
-                "EXISTS (SELECT 1 FROM {counter} c WHERE {})",
-                self.keys_match("c", "g")
+                "EXISTS (SELECT 1 FROM {counter} c WHERE {} AND {})",
+                self.keys_match("c", "g"),
+                self.in_batch_range("c")
             );
             let inserted = tx.execute(
                 &format!(
                     "WITH i AS (
                        INSERT INTO {counter} ({keys_cols}{copy_to}, {cn})
                        SELECT {g_cols}{copy_from},
-                              CASE WHEN t.truth BETWEEN {min} AND {max} AND {passes} THEN t.truth ELSE 0 END
-                         FROM ({keys}) g{join}
-                         JOIN ({truth}) t(k, truth, has_source) ON t.k = {gk}
-                        WHERE NOT {counter_exists}
+                              CASE WHEN g.truth BETWEEN {min} AND {max} AND {passes} THEN g.truth ELSE 0 END
+                         FROM (SELECT {g_cols}, {agg} AS truth
+                                 FROM ({keys}) g LEFT JOIN {source} s ON {sm} AND {range}
+                                WHERE NOT {counter_exists}
+                                GROUP BY {g_cols}) g{join}
                        ON CONFLICT DO NOTHING RETURNING *)
                      INSERT INTO pgmend.repair_ledger (run_id, target_table, row_key, action, before, after, reason)
                      SELECT $1, {tl}, jsonb_build_object({key_obj}), 'insert', NULL, to_jsonb(i),
@@ -287,56 +387,36 @@ impl CounterEngine {
                        FROM i",
                     cn = q(&s.counter),
                     keys = self.batch_keys(),
-                    truth = self.truth_sql(&format!("SELECT * FROM ({}) g WHERE NOT {counter_exists}", self.batch_keys())),
-                    gk = self.keys_text("g"),
+                    agg = self.aggregate(),
+                    source = q(&s.source_table),
+                    range = self.in_batch_range("s"),
+                    sm = self.keys_match("s", "g"),
                     tl = lit(&s.counter_table),
                 ),
-                &[&run_id, &lo, &hi],
+                &[&run_id, &lo, &hi, &first, &last],
             )?;
             result.changed += inserted as i64;
         }
-        // Which counters differ from their source? Counter and sum are read in one
-        // statement, so they come from one snapshot: a key that agrees here was right at
-        // that moment, and the application (which keeps both in step) cannot make it wrong
-        // later. Only the keys that differ are locked and summed again.
-        let keep = if s.when_no_source == WhenNoSource::Keep {
-            " AND t.has_source"
-        } else {
-            ""
-        };
-        // Rows this batch has just created hold their true sum: a writer that committed
-        // before the insert's snapshot is in it, and one that commits after waited for the
-        // insert and added on top. They are not summed a second time; a row created as 0
-        // (a value that would not fit or pass a CHECK) still is, so that it gets reported.
-        // (xmin is this transaction's id only for rows it inserted.)
-        let checked = format!(
-            "SELECT * FROM ({keys}) g WHERE NOT EXISTS (
-               SELECT 1 FROM {counter} c
-                WHERE {m} AND c.xmin = (SELECT pg_current_xact_id()::xid) AND c.{cn} <> 0)",
-            keys = self.batch_keys(),
-            m = self.keys_match("c", "g"),
-            cn = q(&s.counter),
-        );
-        // The counter is read per key with a correlated subquery, which is a primary-key
-        // lookup: joined instead, the planner hashes the whole counter table for every batch
-        // (it cannot estimate the frozen keys' join), which made each batch cost a scan of
-        // the counter table.
+        // The frozen keys differed from their source when the run began; the application,
+        // which keeps counter and source in step, cannot make them agree again, so every one
+        // is locked and summed again below. Rows this batch has just created hold their true
+        // sum: a writer that committed before the insert's snapshot is in it, and one that
+        // commits after waited for the insert and added on top. They are not summed a second
+        // time; a row created as 0 (a value that would not fit or pass a CHECK) still is, so
+        // that it gets reported. (xmin is this transaction's id only for rows it inserted.)
         let differing: Vec<Vec<String>> = tx
             .query(
                 &format!(
-                    "SELECT t.k FROM (
-                       SELECT {gk} AS k, (SELECT c.{cn}::bigint FROM {counter} c WHERE {m}) AS now,
-                              t.truth, t.has_source
-                         FROM ({keys}) g
-                         JOIN ({truth}) t(k, truth, has_source) ON t.k = {gk}) t
-                      WHERE t.now <> t.truth{keep}",
-                    truth = self.truth_sql(&checked),
+                    "SELECT {gk} FROM ({keys}) g WHERE EXISTS (
+                       SELECT 1 FROM {counter} c
+                        WHERE {m} AND {range} AND NOT (c.xmin = (SELECT pg_current_xact_id()::xid) AND c.{cn} <> 0))",
                     gk = self.keys_text("g"),
-                    cn = q(&s.counter),
-                    keys = checked,
+                    keys = self.batch_keys(),
+                    range = self.in_batch_range("c"),
                     m = self.keys_match("c", "g"),
+                    cn = q(&s.counter),
                 ),
-                &[&run_id, &lo, &hi],
+                &[&run_id, &lo, &hi, &first, &last],
             )?
             .iter()
             .map(|r| r.get(0))
@@ -385,7 +465,10 @@ impl CounterEngine {
         let current: std::collections::HashMap<Vec<String>, i64> =
             locked.iter().map(|r| (r.get(0), r.get(1))).collect();
         // ... then sum, in a new statement.
-        let truths = tx.query(&self.truth_sql(&differing_keys), &params)?;
+        let truths = tx.query(
+            &self.truth_sql(&differing_keys, &q(&s.source_table)),
+            &params,
+        )?;
         let (min, max) = self.range();
         let mut updates: Vec<(Vec<String>, i64, i64)> = Vec::new();
         for row in &truths {
@@ -563,65 +646,17 @@ impl CounterEngine {
     /// counter now (NULL: no row yet), the true value. `counter_exists` is false on a
     /// database where the counter table is still to be created.
     pub fn preview_sql(&self, counter_exists: bool) -> String {
-        let s = &self.spec;
-        let from = self.keys_table();
-        let key_cols = s
-            .key
-            .iter()
-            .map(|k| format!("x.{}", q(k)))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let mut keys = format!("SELECT DISTINCT {key_cols} FROM {from} x");
-        if counter_exists {
-            let c_cols = s
-                .key
-                .iter()
-                .map(|k| format!("c.{}", q(k)))
-                .collect::<Vec<_>>()
-                .join(", ");
-            keys = format!(
-                "{keys} UNION SELECT {c_cols} FROM {} c",
-                q(&s.counter_table)
-            );
-        }
-        let truth = self.truth_sql(&keys);
-        let current = if counter_exists {
-            format!(
-                "SELECT {ck} AS k, c.{cn}::bigint AS now FROM {counter} c",
-                ck = self.keys_text("c"),
-                cn = q(&s.counter),
-                counter = q(&s.counter_table)
-            )
-        } else {
-            "SELECT NULL::text[] AS k, NULL::bigint AS now WHERE false".to_string()
-        };
-        let keep = s.when_no_source == WhenNoSource::Keep;
         format!(
-            "SELECT array_to_string(t.k, '/'), c.now, t.truth
-               FROM ({truth}) AS t(k, truth, has_source) LEFT JOIN ({current}) c ON c.k = t.k
-              WHERE c.now IS DISTINCT FROM t.truth {keep_filter}
-              ORDER BY t.k",
-            keep_filter = if keep { "AND t.has_source" } else { "" }
+            "SELECT array_to_string({dt}, '/'), d.now, d.truth FROM ({differing}) d ORDER BY {dk}",
+            dt = self.keys_text("d"),
+            dk = self.cols("d"),
+            differing = self.differing_sql(counter_exists),
         )
     }
 
-    /// After a run: keys of the run whose counter no longer equals the source (writes by
-    /// an application that does not maintain the counter yet).
+    /// After a run: how many keys' counters differ from the source now (the invariant, over
+    /// every key; writes by an application that does not maintain the counter yet show here).
     pub fn drift_sql(&self) -> String {
-        let keys = self.batch_keys().replace("seq > $2 AND seq <= $3", "true");
-        format!(
-            "SELECT count(*) FROM ({truth}) t(k, truth, has_source)
-               JOIN (SELECT {ck} AS k, c.{cn}::bigint AS now FROM {counter} c) c ON c.k = t.k
-              WHERE c.now <> t.truth {keep}",
-            truth = self.truth_sql(&keys),
-            ck = self.keys_text("c"),
-            counter = q(&self.spec.counter_table),
-            cn = q(&self.spec.counter),
-            keep = if self.spec.when_no_source == WhenNoSource::Keep {
-                "AND t.has_source"
-            } else {
-                ""
-            },
-        )
+        format!("SELECT count(*) FROM ({}) d", self.differing_sql(true))
     }
 }

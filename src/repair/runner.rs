@@ -222,7 +222,9 @@ pub fn apply(
             repair.name, run.checkpoint, run.targets, run.changed
         ));
     }
-    let left_over = if interrupted {
+    // A run that froze nothing found every target agreeing a moment ago; checking again
+    // would cost another pass over the source for nothing.
+    let left_over = if interrupted || run.targets == 0 {
         0
     } else {
         reconcile(client, &engine, run.run_id)?
@@ -321,14 +323,11 @@ fn freeze(
 }
 
 fn reconcile(client: &mut postgres::Client, engine: &Engine, run_id: i64) -> Result<i64> {
-    let sql = match engine {
-        Engine::Void(e) => e.reconcile_sql(),
-        Engine::Counter(e) => e.drift_sql(),
+    let row = match engine {
+        Engine::Void(e) => client.query_one(&e.reconcile_sql(), &[&run_id]),
+        Engine::Counter(e) => client.query_one(&e.drift_sql(), &[]),
     };
-    Ok(client
-        .query_one(&sql, &[&run_id])
-        .doing("reconciling the run")?
-        .get(0))
+    Ok(row.doing("reconciling the run")?.get(0))
 }
 
 /// Waits while any streaming replica replays more than `max_lag` behind.
