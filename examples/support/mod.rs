@@ -27,7 +27,18 @@ pub fn make_legacy(c: &mut postgres::Client, members: i32) -> anyhow::Result<()>
         "/migrations/V1__legacy_baseline.sql"
     ))?;
     c.batch_execute(&v1)?;
-    pgmend::commands::demo::generate_dirty_data(c, members)
+    // The size the issue names: about 1.1 million coupons and 300,000 duplicates at 300,000
+    // members (the demo's shape gives 740,000 and 120,000).
+    pgmend::commands::demo::generate_dirty_data_shaped(
+        c,
+        members,
+        &pgmend::commands::demo::Shape {
+            takes_a: 90,
+            takes_b_c: 90,
+            triples: 7,
+            doubles: 23,
+        },
+    )
 }
 
 /// Waits for `child`, polling its peak resident set (VmHWM) every 20 ms; returns the peak in

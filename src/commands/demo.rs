@@ -25,8 +25,8 @@ SELECT gen_random_uuid(), c.campaign_id, 'm' || lpad(m::text, 7, '0'), '2026-09'
   FROM generate_series(1, $1::int) m
  CROSS JOIN campaigns c
  CROSS JOIN LATERAL (SELECT hashtext(c.campaign_id || ':' || m)::bigint & 2147483647 AS r) h
- CROSS JOIN LATERAL generate_series(1, CASE WHEN h.r % 100 < 5 THEN 3 WHEN h.r % 100 < 15 THEN 2 ELSE 1 END) k
- WHERE (h.r / 100) % 100 < CASE c.campaign_id WHEN 'SW-A' THEN 55 ELSE 75 END;
+ CROSS JOIN LATERAL generate_series(1, CASE WHEN h.r % 100 < $4::int THEN 3 WHEN h.r % 100 < $4::int + $5::int THEN 2 ELSE 1 END) k
+ WHERE (h.r / 100) % 100 < CASE c.campaign_id WHEN 'SW-A' THEN $2::int ELSE $3::int END;
 UPDATE campaigns c SET issued_yen = (s.total * 0.93)::int
   FROM (SELECT campaign_id, sum(amount_yen) AS total FROM issued_coupons GROUP BY 1) s
  WHERE s.campaign_id = c.campaign_id;
@@ -140,8 +140,47 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
 
 /// Fills a legacy (V1) schema with the Silver Week data for `members` members.
 pub fn generate_dirty_data(client: &mut postgres::Client, members: i32) -> Result<()> {
+    generate_dirty_data_shaped(client, members, &Shape::SEED)
+}
+
+/// How many members take each campaign and how many of their coupons are duplicated.
+pub struct Shape {
+    /// Percent of members with a coupon of SW-A, and of SW-B and SW-C.
+    pub takes_a: i32,
+    pub takes_b_c: i32,
+    /// Percent of (campaign, member) groups with three coupons, and with two.
+    pub triples: i32,
+    pub doubles: i32,
+}
+
+impl Shape {
+    /// The demo's and the tests' data: about 2.5 coupons per member, one in six a duplicate.
+    pub const SEED: Shape = Shape {
+        takes_a: 55,
+        takes_b_c: 75,
+        triples: 5,
+        doubles: 10,
+    };
+}
+
+pub fn generate_dirty_data_shaped(
+    client: &mut postgres::Client,
+    members: i32,
+    shape: &Shape,
+) -> Result<()> {
     for statement in DIRTY_DATA_SQL.split(';').filter(|s| !s.trim().is_empty()) {
-        if statement.contains("$1") {
+        if statement.contains("$2") {
+            client.execute(
+                statement,
+                &[
+                    &members,
+                    &shape.takes_a,
+                    &shape.takes_b_c,
+                    &shape.triples,
+                    &shape.doubles,
+                ],
+            )
+        } else if statement.contains("$1") {
             client.execute(statement, &[&members])
         } else {
             client.execute(statement, &[])

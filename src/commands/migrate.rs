@@ -161,7 +161,12 @@ pub fn apply(args: &ApplyArgs, format: Format) -> Result<Outcome> {
     session.ensure_writable()?;
     let _lock = runner_lock::acquire(&mut session, args.safety.runner_wait)?;
     // Planned under the runner lock: what is shown is what is applied.
-    let plan = plan::build(&mut session.client, files, args.plan.target)?;
+    let plan = plan::build_with(
+        &mut session.client,
+        files,
+        args.plan.target,
+        !args.safety.yes,
+    )?;
     if plan.blockers.is_empty() {
         let pending = plan
             .pending

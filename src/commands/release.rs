@@ -241,7 +241,8 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
                 } => {
                     let mut passes = 0;
                     loop {
-                        let plan = migrate_plan::build(client, files.clone(), Some(*version))?;
+                        let plan =
+                            migrate_plan::build_with(client, files.clone(), Some(*version), false)?;
                         match migrate_apply::execute(
                             client,
                             &params,

@@ -120,9 +120,18 @@ pub fn connect(params: &ConnParams) -> Result<Session> {
     // jit_above_cost (a correlated lookup per key inflates it), and compiling them took
     // 300-400 ms per batch against 40 ms of work, measured on a member-month batch of 5,000
     // keys. That time is spent holding the batch's row locks.
+    //
+    // work_mem at least 64 MB: the statements that freeze a repair's targets, take a census
+    // or reconcile a counter aggregate the whole source table once, and at the default 4 MB
+    // their hash aggregates and sorts spill to disk (twice as slow, measured on 740,000
+    // coupons). pgmend runs one such statement at a time; a larger setting is kept.
     client
-        .batch_execute("SET client_connection_check_interval = '1s'; SET jit = off")
-        .doing("setting client_connection_check_interval and jit")?;
+        .batch_execute(
+            "SET client_connection_check_interval = '1s'; SET jit = off;
+             SELECT set_config('work_mem', '64MB', false)
+              WHERE pg_size_bytes(current_setting('work_mem')) < pg_size_bytes('64MB')",
+        )
+        .doing("setting client_connection_check_interval, jit and work_mem")?;
     Ok(Session {
         client,
         holds_runner_lock: false,

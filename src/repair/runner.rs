@@ -167,16 +167,23 @@ pub fn apply(
                 let mut tx = c.transaction()?;
                 tx.batch_execute(&options.policy.set_local_sql())?;
                 let r = engine.batch(&mut tx, run.run_id, lo, hi)?;
-                tx.execute(
+                let advanced = tx.execute(
                 "UPDATE pgmend.repair_runs SET checkpoint = $2, processed = processed + ($2 - $3), changed = changed + $4,
                         skipped = skipped || $5::text::jsonb
                   WHERE run_id = $1 AND checkpoint = $3",
                 &[&run.run_id, &hi, &lo, &r.changed, &serde_json::Value::from(r.skipped.clone()).to_string()],
             )?;
+                if advanced != 1 {
+                    // Dropping the transaction rolls the batch back.
+                    return Ok(Err(anyhow::anyhow!(
+                        "{} batch {lo}..{hi}: run {} is gone or its checkpoint moved under this process; the batch was rolled back. Check `pgmend repair status` before running it again",
+                        repair.name, run.run_id
+                    )));
+                }
                 tx.commit()?;
-                Ok(r)
+                Ok(Ok(r))
             },
-        )?;
+        )??;
         let took = t.elapsed();
         times.push(took.as_millis() as u64);
         run.checkpoint = hi;
