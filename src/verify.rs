@@ -210,6 +210,22 @@ pub fn run(client: &mut impl GenericClient) -> Result<Verification> {
             invalid[0].describe()
         },
     });
+    let guards = crate::repair::guard::installed(client)?;
+    checks.push(Check {
+        name: "no_guard_trigger",
+        ok: guards.is_empty(),
+        violations: guards.len() as i64,
+        sample: guards
+            .iter()
+            .take(SAMPLE as usize)
+            .map(|(table, trigger)| format!("{trigger:?} on {table}"))
+            .collect(),
+        detail: if guards.is_empty() {
+            "no pgmend guard trigger left on a table".into()
+        } else {
+            "pgmend guard triggers left by an interrupted release: they mark the new application's rows as duplicates; `pgmend apply --yes` drops them".into()
+        },
+    });
     anomalies.push(count(
         client,
         "voided_then_redeemed",

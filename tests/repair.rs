@@ -892,6 +892,103 @@ fn late_duplicates_before_the_unique_index_get_another_void_pass() {
 }
 
 #[test]
+fn duplicates_that_keep_arriving_are_marked_by_the_guard_until_the_index_is_valid() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let db = fresh_db();
+    db.make_legacy_baselined(2000);
+    assert_eq!(
+        db.run(&["migrate", "apply", "--yes", "--target", "3"]).code,
+        0
+    );
+    assert_eq!(
+        db.run(&["repair", "apply", "void-duplicate-coupons", "--yes"])
+            .code,
+        0
+    );
+    db.client()
+        .batch_execute("INSERT INTO pgmend.release_steps (step, what, run_id) VALUES (4, 'repair void-duplicate-coupons', 1)")
+        .unwrap();
+    // The old application keeps double-tapping: a copy of a random live coupon, one after
+    // the other, from before V4's census until after the index exists (which then refuses
+    // them). The first is in before the release starts, so the census finds a duplicate.
+    const DOUBLE_TAP: &str =
+        "INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen)
+        SELECT gen_random_uuid(), campaign_id, member_id, month, amount_yen FROM issued_coupons
+         WHERE NOT legacy_duplicate OFFSET floor(random() * 1000) LIMIT 1";
+    db.client().batch_execute(DOUBLE_TAP).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let stream = {
+        let (stop, mut c) = (stop.clone(), db.client());
+        thread::spawn(move || {
+            let (mut inserted, mut refused) = (0, 0);
+            while !stop.load(Ordering::SeqCst) {
+                match c.batch_execute(DOUBLE_TAP) {
+                    Ok(()) => inserted += 1,
+                    Err(e) => {
+                        assert_eq!(
+                            e.code(),
+                            Some(&postgres::error::SqlState::UNIQUE_VIOLATION),
+                            "{e}"
+                        );
+                        refused += 1;
+                    }
+                }
+                thread::sleep(Duration::from_millis(1));
+            }
+            (inserted, refused)
+        })
+    };
+    let r = db.run(&["apply", "--yes"]);
+    thread::sleep(Duration::from_millis(200));
+    stop.store(true, Ordering::SeqCst);
+    let (inserted, refused) = stream.join().unwrap();
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(
+        r.stderr
+            .contains("installed a guard trigger on issued_coupons")
+            && r.stderr.contains("dropped the guard trigger"),
+        "{}",
+        r.stderr
+    );
+    assert!(inserted > 0 && refused > 0, "{inserted} {refused}");
+    assert!(db.exists("one_coupon_per_member"));
+    assert_eq!(db.invalid_indexes(), 0);
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'pgmend guard%'"),
+        0,
+        "the guard is gone once the index is valid"
+    );
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) FROM (SELECT 1 FROM issued_coupons WHERE NOT legacy_duplicate
+                                    GROUP BY campaign_id, member_id HAVING count(*) > 1) d"
+        ),
+        0
+    );
+    // The guard marked some double taps as they arrived, each with its ledger record; every
+    // marked coupon, whoever marked it, has exactly one.
+    let guarded = db.scalar_i64(
+        "SELECT count(*) FROM pgmend.repair_ledger l JOIN issued_coupons c ON c.coupon_id = (l.row_key->>'coupon_id')::uuid
+          WHERE l.reason LIKE '%(pgmend guard)' AND c.legacy_duplicate AND c.voided_at IS NOT NULL
+            AND (l.after->>'voided_at')::timestamptz = c.voided_at",
+    );
+    assert!(guarded > 0, "{}", r.stderr);
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) FROM issued_coupons c WHERE legacy_duplicate AND (
+               SELECT count(*) FROM pgmend.repair_ledger l
+                WHERE l.target_table = 'issued_coupons' AND l.row_key = jsonb_build_object('coupon_id', c.coupon_id)) <> 1"
+        ),
+        0
+    );
+    let r = db.run(&CONFIRM);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert_eq!(db.run(&["verify"]).code, 0);
+}
+
+#[test]
 fn a_build_that_waits_too_long_stops_without_another_void_pass() {
     let db = released_up_to_the_void_step();
     let runs = db.scalar_i64("SELECT count(*) FROM pgmend.repair_runs");

@@ -91,3 +91,51 @@ fn verify_runs_on_a_read_only_connection() {
     let r = db.run(&["verify"]);
     assert_eq!(r.code, 0, "{}", r.both());
 }
+
+#[test]
+fn a_guard_trigger_left_behind_fails_verify_and_the_next_apply_drops_it() {
+    let db = released();
+    // What a pgmend killed while V4 was being built leaves: the guard on issued_coupons.
+    db.client()
+        .batch_execute(
+            "CREATE FUNCTION pgmend.\"pgmend guard: void-duplicate-coupons\"() RETURNS trigger
+               LANGUAGE plpgsql AS 'BEGIN NEW.legacy_duplicate := true; RETURN NEW; END';
+             CREATE TRIGGER \"pgmend guard: void-duplicate-coupons\" BEFORE INSERT ON issued_coupons
+               FOR EACH ROW EXECUTE FUNCTION pgmend.\"pgmend guard: void-duplicate-coupons\"();",
+        )
+        .unwrap();
+    let r = db.run(&["verify", "--format", "json"]);
+    assert_eq!(r.code, 1, "{}", r.both());
+    let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    let check = doc["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "no_guard_trigger")
+        .unwrap();
+    assert_eq!(check["violations"], 1, "{check}");
+    assert!(
+        check["sample"][0]
+            .as_str()
+            .unwrap()
+            .contains("pgmend guard: void-duplicate-coupons"),
+        "{check}"
+    );
+
+    let r = db.run(&["apply", "--yes"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(
+        r.stderr.contains("left by an interrupted release"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'pgmend guard%'"),
+        0
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM pg_proc WHERE proname LIKE 'pgmend guard%'"),
+        0
+    );
+    assert_eq!(db.run(&["verify"]).code, 0);
+}

@@ -14,6 +14,7 @@ use crate::error::{Outcome, PgContext, Stopped, Violators};
 use crate::migrate::{apply as migrate_apply, history, plan as migrate_plan};
 use crate::online::census::{added_column, AddedColumn};
 use crate::release::{self, Step};
+use crate::repair::guard;
 use crate::repair::preview::{self, Change, Preview};
 use crate::repair::runner::ensure_schema;
 
@@ -206,6 +207,11 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
         )?;
     }
     let client = &mut session.client;
+    // A guard that a killed pgmend left on a table would mark the new application's rows;
+    // the step that needs one installs it again.
+    for dropped in guard::remove_all(client, &policy)? {
+        eprintln!("dropped the guard trigger {dropped}, left by an interrupted release");
+    }
     let mut report: Vec<Applied> = Vec::new();
     let mut stopped_at: Option<String> = None;
     // The step being run, for the message of an error that ends the release inside it.
@@ -240,7 +246,8 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
                     retry_with,
                 } => {
                     let mut passes = 0;
-                    loop {
+                    let mut guarded = false;
+                    let outcome = loop {
                         let plan =
                             migrate_plan::build_with(client, files.clone(), Some(*version), false)?;
                         match migrate_apply::execute(
@@ -251,7 +258,7 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
                             args.safety.build_wait,
                             &mut |l| eprintln!("{l}"),
                         ) {
-                            Ok(_) => break,
+                            Ok(_) => break Ok(()),
                             Err(e)
                                 if retry_with.is_some()
                                     && passes < 3
@@ -261,12 +268,34 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
                                 let name = retry_with.as_deref().unwrap();
                                 eprintln!("{e:#}\nrunning {name} again for what arrived meanwhile (pass {passes} of 3)");
                                 let repair = repairs.iter().find(|r| r.name == name).ok_or_else(|| anyhow::anyhow!("release.toml names repair {name:?}, which has no definition"))?;
-                                let run = run_repair(client, repair, &options)?;
-                                stop_if_unfinished(&run, repair)?;
+                                if !guarded {
+                                    match install_guard(client, &policy, repair) {
+                                        Ok(installed) => guarded = installed,
+                                        Err(e) => break Err(e),
+                                    }
+                                }
+                                if let Err(e) = run_repair(client, repair, &options)
+                                    .and_then(|run| stop_if_unfinished(&run, repair))
+                                {
+                                    break Err(e);
+                                }
                             }
-                            Err(e) => return Err(e),
+                            Err(e) => break Err(e),
+                        }
+                    };
+                    if guarded {
+                        let dropped = guard::remove_all(client, &policy);
+                        match (&outcome, dropped) {
+                            (_, Ok(dropped)) => {
+                                for d in dropped {
+                                    eprintln!("dropped the guard trigger {d}: the unique index refuses duplicates from here on");
+                                }
+                            }
+                            (Ok(()), Err(e)) => return Err(e),
+                            (Err(_), Err(e)) => eprintln!("pgmend: could not drop the guard trigger ({e:#}); the next `pgmend apply` drops it, and `pgmend verify` fails while it exists"),
                         }
                     }
+                    outcome?;
                 }
                 Step::Repair { name } => {
                     let repair = repairs.iter().find(|r| &r.name == name).ok_or_else(|| {
@@ -411,4 +440,34 @@ fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "unknown-host".into())
+}
+
+/// Installs the guard of a void repair that a migration's census sent back: duplicates the old
+/// application inserts from now on are marked as they arrive, so that the census can reach
+/// zero. Returns whether one was installed (a counter repair has none; a repair that has not
+/// run yet has no run to record in).
+fn install_guard(
+    client: &mut postgres::Client,
+    policy: &crate::db::retry::LockPolicy,
+    repair: &crate::repair::definition::Repair,
+) -> Result<bool> {
+    let crate::repair::definition::Spec::VoidDuplicates(spec) = &repair.spec else {
+        return Ok(false);
+    };
+    let run_id: Option<i64> = client
+        .query_one(
+            "SELECT max(run_id) FROM pgmend.repair_runs WHERE repair = $1",
+            &[&repair.name],
+        )
+        .doing("finding the latest run of the repair")?
+        .get(0);
+    let Some(run_id) = run_id else {
+        return Ok(false);
+    };
+    guard::install(client, policy, &repair.name, spec, run_id)?;
+    eprintln!(
+        "installed a guard trigger on {}: until the unique index is valid, a duplicate the old application inserts is marked as it arrives (recorded in the ledger of run {run_id})",
+        spec.table
+    );
+    Ok(true)
 }

@@ -3,6 +3,7 @@
 
 pub mod counter;
 pub mod definition;
+pub mod guard;
 pub mod preview;
 pub mod runner;
 pub mod store;

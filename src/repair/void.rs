@@ -45,16 +45,7 @@ impl VoidEngine {
     }
 
     fn rank_order(&self) -> String {
-        self.spec
-            .rank_by
-            .iter()
-            .map(|r| match r.order {
-                Order::Asc => format!("t.{} ASC", q(&r.column)),
-                Order::Desc => format!("t.{} DESC", q(&r.column)),
-                Order::NotNullFirst => format!("(t.{} IS NULL) ASC", q(&r.column)),
-            })
-            .collect::<Vec<_>>()
-            .join(", ")
+        rank_order(&self.spec, "t")
     }
 
     /// The frozen groups: every group with more than one unmarked row.
@@ -225,6 +216,19 @@ impl VoidEngine {
             cols = self.group_cols("t"),
         )
     }
+}
+
+/// The ORDER BY of the ranking, over rows aliased `alias`: rank 1 first.
+pub fn rank_order(spec: &VoidSpec, alias: &str) -> String {
+    spec.rank_by
+        .iter()
+        .map(|r| match r.order {
+            Order::Asc => format!("{alias}.{} ASC", q(&r.column)),
+            Order::Desc => format!("{alias}.{} DESC", q(&r.column)),
+            Order::NotNullFirst => format!("({alias}.{} IS NULL) ASC", q(&r.column)),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// A SQL string literal.

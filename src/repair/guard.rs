@@ -1,0 +1,191 @@
+//! The guard: a trigger that marks duplicates as the old application inserts them, while the
+//! release builds the unique index.
+//!
+//! The unique index is built only once a census finds no duplicate, and the old application
+//! keeps inserting them (a double tap is one). When a census after the void step still finds
+//! some, the release installs the guard before voiding again: from then on a row inserted
+//! into a group that already has a live row ranking before it is marked (and voided unless
+//! kept) as it arrives, with its ledger record, so the census reaches zero and the
+//! CONCURRENTLY build meets no duplicate. The release drops the guard as soon as the index is
+//! valid or the step stops: after that the index refuses duplicates itself, and the new
+//! application's upsert (`ON CONFLICT ... WHERE NOT legacy_duplicate`) must meet the index,
+//! not a trigger that marks its row. A guard a killed pgmend left behind is dropped by the next
+//! `apply`, and `verify` fails while one exists.
+//!
+//! Inserts into one group are serialised by a transaction-level advisory lock on the group
+//! (two-key form, pgmend's class key), so of two concurrent inserts the second sees the
+//! first's row once it commits. The function is SECURITY DEFINER with a fixed search_path:
+//! the application's role needs no rights on pgmend's ledger.
+
+use anyhow::Result;
+
+use super::definition::VoidSpec;
+use super::store::q;
+use super::void::{lit, rank_order};
+use crate::db::retry::{with_lock_retry, LockPolicy};
+use crate::error::PgContext;
+
+/// Every guard trigger's name starts with this.
+pub const PREFIX: &str = "pgmend guard: ";
+
+/// The first key of the guard's advisory locks ("pgmd").
+const LOCK_CLASS: i32 = 0x706d_6764;
+
+fn trigger_name(repair: &str) -> String {
+    format!("{PREFIX}{repair}")
+}
+
+/// The function is named like its trigger, in schema pgmend.
+fn function_name(repair: &str) -> String {
+    format!("pgmend.{}", q(&trigger_name(repair)))
+}
+
+/// Installs (or replaces) the guard of `repair` on its table; ledger records go to `run_id`.
+pub fn install(
+    client: &mut postgres::Client,
+    policy: &LockPolicy,
+    repair: &str,
+    spec: &VoidSpec,
+    run_id: i64,
+) -> Result<()> {
+    // The function runs with a search_path of pg_catalog only, so the table is named with
+    // its schema.
+    let table: String = client
+        .query_one(
+            "SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c
+               JOIN pg_namespace n ON n.oid = c.relnamespace
+              WHERE c.oid = to_regclass(quote_ident($1))",
+            &[&spec.table],
+        )
+        .doing(format!("finding table {}", spec.table))?
+        .get(0);
+    let new = |c: &str| format!("NEW.{}", q(c));
+    let group_text = spec
+        .group_by
+        .iter()
+        .map(|c| format!("{}::text", new(c)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let same_group = spec
+        .group_by
+        .iter()
+        .map(|c| format!("t.{c} = NEW.{c}", c = q(c)))
+        .collect::<Vec<_>>()
+        .join(" AND ");
+    let rank_cols: Vec<&str> = spec.rank_by.iter().map(|r| r.column.as_str()).collect();
+    let live = rank_cols
+        .iter()
+        .map(|c| format!("t.{}", q(c)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let incoming = rank_cols
+        .iter()
+        .map(|c| new(c))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let (keep_test, keep_obj) = match &spec.keep_when_not_null {
+        Some(k) => (
+            format!("{} IS NULL", new(k)),
+            format!(", {}, {}", lit(k), new(k)),
+        ),
+        None => ("true".to_string(), String::new()),
+    };
+    let (mark, void) = (q(&spec.mark), q(&spec.void));
+    let body = format!(
+        "DECLARE
+           before_void {table}.{void}%TYPE := NEW.{void};
+         BEGIN
+           IF NEW.{mark} THEN
+             RETURN NEW;
+           END IF;
+           PERFORM pg_advisory_xact_lock({LOCK_CLASS}, hashtext(concat_ws('/', {group_text})));
+           -- Marked only when a live row of the group ranks before it; otherwise (the first
+           -- row of its group, or one that ranks first) the void repair decides.
+           IF coalesce((SELECT x.is_new FROM (
+                          SELECT false AS is_new, {live} FROM {table} t WHERE {same_group} AND NOT t.{mark}
+                          UNION ALL SELECT true, {incoming}) x
+                        ORDER BY {order} LIMIT 1), true) THEN
+             RETURN NEW;
+           END IF;
+           NEW.{mark} := true;
+           IF {keep_test} THEN
+             NEW.{void} := coalesce(NEW.{void}, now());
+           END IF;
+           INSERT INTO pgmend.repair_ledger (run_id, target_table, row_key, action, before, after, reason)
+           VALUES ({run_id}, {table_lit}, jsonb_build_object({key_lit}, NEW.{key}), 'update',
+                   jsonb_build_object({mark_lit}, false, {void_lit}, before_void{keep_obj}),
+                   jsonb_build_object({mark_lit}, true, {void_lit}, NEW.{void}{keep_obj}),
+                   'inserted as a duplicate while the release built the unique index; marked as it arrived (pgmend guard)');
+           RETURN NEW;
+         END",
+        order = rank_order(spec, "x"),
+        table_lit = lit(&spec.table),
+        key_lit = lit(&spec.row_key),
+        key = q(&spec.row_key),
+        mark_lit = lit(&spec.mark),
+        void_lit = lit(&spec.void),
+    );
+    let sql = format!(
+        "CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql
+           SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS {body_lit};
+         DROP TRIGGER IF EXISTS {trigger} ON {table};
+         CREATE TRIGGER {trigger} BEFORE INSERT ON {table} FOR EACH ROW EXECUTE FUNCTION {function}();",
+        function = function_name(repair),
+        body_lit = lit(&body),
+        trigger = q(&trigger_name(repair)),
+    );
+    with_lock_retry(
+        client,
+        policy,
+        &format!("installing the guard on {}", spec.table),
+        std::slice::from_ref(&spec.table),
+        |c| {
+            let mut tx = c.transaction()?;
+            tx.batch_execute(&policy.set_local_sql())?;
+            tx.batch_execute(&sql)?;
+            tx.commit()
+        },
+    )
+}
+
+/// A guard trigger found in the database: (table, trigger).
+pub fn installed(client: &mut impl postgres::GenericClient) -> Result<Vec<(String, String)>> {
+    Ok(client
+        .query(
+            "SELECT tgrelid::regclass::text, tgname::text FROM pg_trigger
+              WHERE NOT tgisinternal AND starts_with(tgname, $1) ORDER BY 1, 2",
+            &[&PREFIX],
+        )
+        .doing("looking for pgmend guard triggers")?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect())
+}
+
+/// Drops every guard trigger and its function; returns the triggers dropped.
+pub fn remove_all(client: &mut postgres::Client, policy: &LockPolicy) -> Result<Vec<String>> {
+    let found = installed(client)?;
+    for (table, trigger) in &found {
+        let sql = format!(
+            "DROP TRIGGER IF EXISTS {} ON {table}; DROP FUNCTION IF EXISTS pgmend.{}()",
+            q(trigger),
+            q(trigger)
+        );
+        with_lock_retry(
+            client,
+            policy,
+            &format!("dropping the guard on {table}"),
+            std::slice::from_ref(table),
+            |c| {
+                let mut tx = c.transaction()?;
+                tx.batch_execute(&policy.set_local_sql())?;
+                tx.batch_execute(&sql)?;
+                tx.commit()
+            },
+        )?;
+    }
+    Ok(found
+        .into_iter()
+        .map(|(table, trigger)| format!("{trigger:?} on {table}"))
+        .collect())
+}
