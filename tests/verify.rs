@@ -19,6 +19,22 @@ fn released() -> TestDb {
     db
 }
 
+/// Runs `verify --format json`, expects exit 1, and returns the check `name`.
+fn failed_check(db: &TestDb, name: &str) -> serde_json::Value {
+    let r = db.run(&["verify", "--format", "json"]);
+    assert_eq!(r.code, 1, "{}", r.both());
+    let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    let check = doc["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no check {name}: {doc}"))
+        .clone();
+    assert_eq!(check["ok"], false, "{check}");
+    check
+}
+
 #[test]
 fn verify_holds_after_the_release_and_names_a_counter_changed_by_hand() {
     let db = released();
@@ -27,15 +43,7 @@ fn verify_holds_after_the_release_and_names_a_counter_changed_by_hand() {
     assert!(r.stdout.contains("Every invariant holds."), "{}", r.stdout);
 
     db.client().batch_execute("UPDATE member_monthly_usage SET used_yen = used_yen + 1000 WHERE member_id = 'm0000007'").unwrap();
-    let r = db.run(&["verify", "--format", "json"]);
-    assert_eq!(r.code, 1, "{}", r.both());
-    let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
-    let check = doc["checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "member_monthly_usage_matches_coupons")
-        .unwrap();
+    let check = failed_check(&db, "member_monthly_usage_matches_coupons");
     assert_eq!(check["ok"], false);
     assert_eq!(check["violations"], 1);
     assert!(
@@ -104,15 +112,7 @@ fn a_guard_trigger_left_behind_fails_verify_and_the_next_apply_drops_it() {
                FOR EACH ROW EXECUTE FUNCTION pgmend.\"pgmend guard: void-duplicate-coupons\"();",
         )
         .unwrap();
-    let r = db.run(&["verify", "--format", "json"]);
-    assert_eq!(r.code, 1, "{}", r.both());
-    let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
-    let check = doc["checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "no_guard_trigger")
-        .unwrap();
+    let check = failed_check(&db, "no_guard_trigger");
     assert_eq!(check["violations"], 1, "{check}");
     assert!(
         check["sample"][0]

@@ -17,7 +17,34 @@ pub fn release_binary() -> anyhow::Result<PathBuf> {
         "build the binary first: cargo build --release ({} missing)",
         exe.display()
     );
+    // `cargo build --release --examples` does not rebuild the binary: measuring a stale one
+    // would report figures of code that is no longer there.
+    let built = std::fs::metadata(&exe)?.modified()?;
+    let newest = newest_change(std::path::Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/src"
+    )))?;
+    anyhow::ensure!(
+        newest <= built,
+        "{} is older than the sources: cargo build --release first",
+        exe.display()
+    );
     Ok(exe)
+}
+
+/// The newest modification time of a file under `dir`.
+fn newest_change(dir: &std::path::Path) -> std::io::Result<std::time::SystemTime> {
+    let mut newest = std::time::SystemTime::UNIX_EPOCH;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let when = if entry.file_type()?.is_dir() {
+            newest_change(&entry.path())?
+        } else {
+            entry.metadata()?.modified()?
+        };
+        newest = newest.max(when);
+    }
+    Ok(newest)
 }
 
 /// The legacy schema (V1) with the demo's Silver Week data for `members` members.

@@ -36,6 +36,23 @@ const RETRYABLE: &[&str] = &["55P03", "40P01", "40001"];
 const BACKOFF_BASE: Duration = Duration::from_millis(100);
 const BACKOFF_CAP: Duration = Duration::from_secs(5);
 
+/// Runs `sql` (one or more statements) in one transaction with the policy's timeouts, through
+/// [`with_lock_retry`].
+pub fn execute_with_lock_retry(
+    client: &mut Client,
+    policy: &LockPolicy,
+    what: &str,
+    tables: &[String],
+    sql: &str,
+) -> Result<()> {
+    with_lock_retry(client, policy, what, tables, |c| {
+        let mut tx = c.transaction()?;
+        tx.batch_execute(&policy.set_local_sql())?;
+        tx.batch_execute(sql)?;
+        tx.commit()
+    })
+}
+
 /// Runs `attempt` (which opens, fills and commits one transaction, setting the policy's
 /// timeouts itself) until it succeeds, fails for a reason a retry cannot fix, or the retry
 /// budget is spent. `what` names the work for messages; `tables` are the relations whose

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::census::{Census, Guard};
 use super::evaluate::{self, Finding};
-use crate::db::retry::{with_lock_retry, LockPolicy};
+use crate::db::retry::{execute_with_lock_retry, LockPolicy};
 use crate::error::PgContext;
 
 #[derive(Debug, Serialize)]
@@ -69,17 +69,12 @@ pub fn run(client: &mut postgres::Client, name: &str, policy: &LockPolicy) -> Re
         "ALTER TABLE {table} VALIDATE CONSTRAINT \"{}\"",
         name.replace('"', "\"\"")
     );
-    with_lock_retry(
+    execute_with_lock_retry(
         client,
         policy,
         &format!("validating {name}"),
         std::slice::from_ref(&table),
-        |c| {
-            let mut tx = c.transaction()?;
-            tx.batch_execute(&policy.set_local_sql())?;
-            tx.batch_execute(&sql)?;
-            tx.commit()
-        },
+        &sql,
     )?;
     Ok(Validation {
         constraint: name.into(),

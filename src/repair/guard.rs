@@ -22,7 +22,7 @@ use anyhow::Result;
 use super::definition::VoidSpec;
 use super::store::q;
 use super::void::{lit, rank_order};
-use crate::db::retry::{with_lock_retry, LockPolicy};
+use crate::db::retry::{execute_with_lock_retry, LockPolicy};
 use crate::error::PgContext;
 
 /// Every guard trigger's name starts with this.
@@ -128,23 +128,17 @@ pub fn install(
     let sql = format!(
         "CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql
            SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS {body_lit};
-         DROP TRIGGER IF EXISTS {trigger} ON {table};
-         CREATE TRIGGER {trigger} BEFORE INSERT ON {table} FOR EACH ROW EXECUTE FUNCTION {function}();",
+         CREATE OR REPLACE TRIGGER {trigger} BEFORE INSERT ON {table} FOR EACH ROW EXECUTE FUNCTION {function}();",
         function = function_name(repair),
         body_lit = lit(&body),
         trigger = q(&trigger_name(repair)),
     );
-    with_lock_retry(
+    execute_with_lock_retry(
         client,
         policy,
         &format!("installing the guard on {}", spec.table),
         std::slice::from_ref(&spec.table),
-        |c| {
-            let mut tx = c.transaction()?;
-            tx.batch_execute(&policy.set_local_sql())?;
-            tx.batch_execute(&sql)?;
-            tx.commit()
-        },
+        &sql,
     )
 }
 
@@ -171,17 +165,12 @@ pub fn remove_all(client: &mut postgres::Client, policy: &LockPolicy) -> Result<
             q(trigger),
             q(trigger)
         );
-        with_lock_retry(
+        execute_with_lock_retry(
             client,
             policy,
             &format!("dropping the guard on {table}"),
             std::slice::from_ref(table),
-            |c| {
-                let mut tx = c.transaction()?;
-                tx.batch_execute(&policy.set_local_sql())?;
-                tx.batch_execute(&sql)?;
-                tx.commit()
-            },
+            &sql,
         )?;
     }
     Ok(found

@@ -13,7 +13,7 @@ use super::definition::{Repair, Spec};
 use super::store::{self, Run};
 use super::void::VoidEngine;
 use crate::config::format_duration;
-use crate::db::retry::{with_lock_retry, LockPolicy};
+use crate::db::retry::{execute_with_lock_retry, with_lock_retry, LockPolicy};
 use crate::error::{PgContext, Stopped};
 
 /// Set by the Ctrl-C handler: finish the current batch, then stop cleanly.
@@ -89,17 +89,12 @@ pub fn ensure_schema(client: &mut postgres::Client, policy: &LockPolicy) -> Resu
     if store::exists(client)? {
         return Ok(());
     }
-    with_lock_retry(
+    execute_with_lock_retry(
         client,
         policy,
         "creating pgmend's tables (schema pgmend)",
         &[],
-        |c| {
-            let mut tx = c.transaction()?;
-            tx.batch_execute(&policy.set_local_sql())?;
-            tx.batch_execute(store::SCHEMA_SQL)?;
-            tx.commit()
-        },
+        store::SCHEMA_SQL,
     )
 }
 
