@@ -109,6 +109,9 @@ pub fn evaluate(
     let mut savepoint = tx
         .transaction()
         .doing("opening a savepoint for the census")?;
+    savepoint
+        .batch_execute(crate::db::connect::RAISE_WORK_MEM)
+        .doing("raising work_mem for the census")?;
     let counted = savepoint.query_one(&count_sql, &[]);
     let finding = match counted {
         Ok(row) => {

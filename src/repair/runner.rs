@@ -294,6 +294,7 @@ fn freeze(
         |c| {
             let mut tx = c.transaction()?;
             tx.batch_execute(&freeze_policy.set_local_sql())?;
+            tx.batch_execute(crate::db::connect::RAISE_WORK_MEM)?;
             let run_id: i64 = tx
             .query_one(
                 "INSERT INTO pgmend.repair_runs (repair, kind, definition_checksum, state) VALUES ($1, $2, $3, 'running') RETURNING run_id",
@@ -325,11 +326,20 @@ fn freeze(
 }
 
 fn reconcile(client: &mut postgres::Client, engine: &Engine, run_id: i64) -> Result<i64> {
+    let mut tx = client
+        .build_transaction()
+        .read_only(true)
+        .start()
+        .doing("opening a transaction to reconcile the run")?;
+    tx.batch_execute(crate::db::connect::RAISE_WORK_MEM)
+        .doing("raising work_mem to reconcile the run")?;
     let row = match engine {
-        Engine::Void(e) => client.query_one(&e.reconcile_sql(), &[&run_id]),
-        Engine::Counter(e) => client.query_one(&e.drift_sql(), &[]),
+        Engine::Void(e) => tx.query_one(&e.reconcile_sql(), &[&run_id]),
+        Engine::Counter(e) => tx.query_one(&e.drift_sql(), &[]),
     };
-    Ok(row.doing("reconciling the run")?.get(0))
+    let left_over = row.doing("reconciling the run")?.get(0);
+    tx.commit().doing("closing the reconciliation")?;
+    Ok(left_over)
 }
 
 /// Waits while any streaming replica replays more than `max_lag` behind.
