@@ -446,7 +446,7 @@ struct Activity {
 fn activity(monitor: &mut postgres::Client, dbname: &str) -> Vec<Activity> {
     monitor
         .query(
-            "SELECT xact_start IS NOT NULL, state = 'active', left(query, 80) FROM pg_stat_activity
+            "SELECT xact_start IS NOT NULL, coalesce(state = 'active', false), left(query, 80) FROM pg_stat_activity
               WHERE datname = $1 AND application_name = 'pgmend' AND pid <> pg_backend_pid()",
             &[&dbname],
         )
