@@ -260,9 +260,9 @@ impl CounterEngine {
         Ok((row.get(0), row.get(1)))
     }
 
-    /// The true value per key of `keys` (SQL yielding the key columns) from `source` (a
-    /// table or subquery): key text array, truth, whether any source row exists.
-    fn truth_sql(&self, keys: &str, source: &str) -> String {
+    /// The true value per key of `keys` (SQL yielding the key columns): key text array,
+    /// truth, whether any source row exists.
+    fn truth_sql(&self, keys: &str) -> String {
         let s = &self.spec;
         let g_cols = self.cols("g");
         let first = q(&s.key[0]);
@@ -272,6 +272,7 @@ impl CounterEngine {
               GROUP BY {g_cols}",
             gk = self.keys_text("g"),
             agg = self.aggregate(),
+            source = q(&s.source_table),
             m = self.keys_match("s", "g"),
         )
     }
@@ -465,10 +466,7 @@ impl CounterEngine {
         let current: std::collections::HashMap<Vec<String>, i64> =
             locked.iter().map(|r| (r.get(0), r.get(1))).collect();
         // ... then sum, in a new statement.
-        let truths = tx.query(
-            &self.truth_sql(&differing_keys, &q(&s.source_table)),
-            &params,
-        )?;
+        let truths = tx.query(&self.truth_sql(&differing_keys), &params)?;
         let (min, max) = self.range();
         let mut updates: Vec<(Vec<String>, i64, i64)> = Vec::new();
         for row in &truths {
