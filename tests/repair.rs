@@ -291,6 +291,59 @@ fn a_coupon_redeemed_after_planning_is_the_one_kept() {
 }
 
 #[test]
+fn a_coupon_redeemed_while_its_batch_waits_for_the_lock_is_the_one_kept() {
+    let db = edge_cases();
+    // The member redeems the later twin in a transaction that commits while the batch
+    // waits for that row's lock: the batch must rank the redeemed version it then locks,
+    // not the unredeemed one of its snapshot.
+    let (r, took, _) = common::run_while_held(
+        &db,
+        "UPDATE issued_coupons SET redeemed_at = now() WHERE coupon_id = '00000000-0000-0000-0000-0000000000d3'",
+        std::time::Duration::from_millis(1500),
+        "SELECT 1",
+        &[
+            "repair",
+            "apply",
+            "void-duplicate-coupons",
+            "--yes",
+            "--lock-timeout",
+            "30s",
+        ],
+    );
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(
+        took >= std::time::Duration::from_millis(1000),
+        "the batch waited for the redemption to commit: {took:?}"
+    );
+    let state = |id: &str| -> (bool, bool, bool) {
+        let row = db
+            .client()
+            .query_one("SELECT legacy_duplicate, voided_at IS NOT NULL, redeemed_at IS NOT NULL FROM issued_coupons WHERE coupon_id = $1::text::uuid", &[&id])
+            .unwrap();
+        (row.get(0), row.get(1), row.get(2))
+    };
+    assert_eq!(
+        state("00000000-0000-0000-0000-0000000000d3"),
+        (false, false, true),
+        "the coupon redeemed during the wait is kept"
+    );
+    assert_eq!(
+        state("00000000-0000-0000-0000-0000000000d2"),
+        (true, true, false),
+        "its unredeemed twin is voided"
+    );
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) FROM pgmend.repair_ledger
+              WHERE row_key->>'coupon_id' = '00000000-0000-0000-0000-0000000000d2'
+                AND reason LIKE '%00000000-0000-0000-0000-0000000000d3 is kept'"
+        ),
+        1,
+        "the ledger names the redeemed coupon as the one kept"
+    );
+}
+
+#[test]
 fn undo_restores_exactly_what_a_run_changed_and_refuses_what_it_cannot() {
     let db = edge_cases();
     let before = checksum_all(&db);

@@ -298,6 +298,8 @@ impl CounterEngine {
         let counter = q(&s.counter_table);
         let mut result = BatchResult::default();
         let (first, last) = self.batch_bounds(tx, run_id, lo, hi)?;
+        // The first ledger record of the rows this batch creates, if it creates any.
+        let mut first_insert_record: Option<i64> = None;
         if s.when_no_source == WhenNoSource::Zero {
             let (copy_to, copy_from, join) = if s.copy_on_create.is_empty() {
                 (String::new(), String::new(), String::new())
@@ -371,7 +373,7 @@ impl CounterEngine {
                 self.keys_match("c", "g"),
                 self.in_batch_range("c")
             );
-            let inserted = tx.execute(
+            let inserted = tx.query_one(
                 &format!(
                     "WITH i AS (
                        INSERT INTO {counter} ({keys_cols}{copy_to}, {cn})
@@ -381,11 +383,14 @@ impl CounterEngine {
                                  FROM ({keys}) g LEFT JOIN {source} s ON {sm} AND {range}
                                 WHERE NOT {counter_exists}
                                 GROUP BY {g_cols}) g{join}
-                       ON CONFLICT DO NOTHING RETURNING *)
-                     INSERT INTO pgmend.repair_ledger (run_id, target_table, row_key, action, before, after, reason)
-                     SELECT $1, {tl}, jsonb_build_object({key_obj}), 'insert', NULL, to_jsonb(i),
-                            'the key had no counter row; created with the sum of its source rows'
-                       FROM i",
+                       ON CONFLICT DO NOTHING RETURNING *),
+                     l AS (
+                       INSERT INTO pgmend.repair_ledger (run_id, target_table, row_key, action, before, after, reason)
+                       SELECT $1, {tl}, jsonb_build_object({key_obj}), 'insert', NULL, to_jsonb(i),
+                              'the key had no counter row; created with the sum of its source rows'
+                         FROM i
+                       RETURNING ledger_id)
+                     SELECT count(*), min(ledger_id) FROM l",
                     cn = q(&s.counter),
                     keys = self.batch_keys(),
                     agg = self.aggregate(),
@@ -396,7 +401,8 @@ impl CounterEngine {
                 ),
                 &[&run_id, &lo, &hi, &first, &last],
             )?;
-            result.changed += inserted as i64;
+            result.changed += inserted.get::<_, i64>(0);
+            first_insert_record = inserted.get(1);
         }
         // The frozen keys differed from their source when the run began; the application,
         // which keeps counter and source in step, cannot make them agree again, so every one
@@ -506,7 +512,7 @@ impl CounterEngine {
             updates = kept;
         }
         if !updates.is_empty() {
-            result.changed += self.write(tx, run_id, &updates)? as i64;
+            result.changed += self.write(tx, run_id, first_insert_record, &updates)? as i64;
         }
         Ok(result)
     }
@@ -593,14 +599,19 @@ impl CounterEngine {
             .collect())
     }
 
+    /// Writes the true values and their ledger records; returns how many rows it changed
+    /// that this batch had not created. A row this batch created already has its 'insert'
+    /// record (from `first_insert_record` on): that record takes the final value, so a run
+    /// keeps one record per row.
     fn write(
         &self,
         tx: &mut postgres::Transaction<'_>,
         run_id: i64,
+        first_insert_record: Option<i64>,
         updates: &[(Vec<String>, i64, i64)],
     ) -> Result<u64, postgres::Error> {
         let s = &self.spec;
-        let (unnest, cols, befores, afters) = self.unnest(updates, 2);
+        let (unnest, cols, befores, afters) = self.unnest(updates, 3);
         let key_obj = s
             .key
             .iter()
@@ -610,34 +621,33 @@ impl CounterEngine {
             .collect::<Vec<_>>()
             .join(", ");
         let sql = format!(
-            "WITH u AS (SELECT * FROM {unnest}),
-             upd AS (UPDATE {counter} c SET {cn} = u.after FROM u WHERE {m} RETURNING u.*)
+            "WITH u AS (SELECT *, jsonb_build_object({key_obj}) AS row_key FROM {unnest}),
+             upd AS (UPDATE {counter} c SET {cn} = u.after FROM u WHERE {m} RETURNING u.*),
+             created AS (
+               UPDATE pgmend.repair_ledger l
+                  SET after = l.after || jsonb_build_object({cl}, u.after),
+                      reason = 'the key had no counter row; ' || format('counter was %s; the source sums to %s', u.before, u.after)
+                 FROM upd u
+                WHERE $2::bigint IS NOT NULL AND l.run_id = $1 AND l.ledger_id >= $2
+                  AND l.target_table = {tl} AND l.action = 'insert' AND l.row_key = u.row_key
+               RETURNING l.row_key)
              INSERT INTO pgmend.repair_ledger (run_id, target_table, row_key, action, before, after, reason)
-             SELECT $1, {tl}, jsonb_build_object({key_obj}), 'update',
+             SELECT $1, {tl}, u.row_key, 'update',
                     jsonb_build_object({cl}, u.before), jsonb_build_object({cl}, u.after),
                     format('counter was %s; the source sums to %s', u.before, u.after)
-               FROM upd u
-             -- A row this batch created has its 'insert' record; it takes the final value.
-             ON CONFLICT (run_id, target_table, row_key) DO UPDATE
-               SET after = pgmend.repair_ledger.after || excluded.after,
-                   reason = 'the key had no counter row; ' || excluded.reason
-             RETURNING (xmax = 0) AS new_record",
+               FROM upd u WHERE u.row_key NOT IN (SELECT row_key FROM created)",
             counter = q(&s.counter_table),
             cn = q(&s.counter),
             m = self.u_match(),
             tl = lit(&s.counter_table),
             cl = lit(&s.counter),
         );
-        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&run_id];
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&run_id, &first_insert_record];
         params.extend(cols.iter().map(|c| c as &(dyn ToSql + Sync)));
         params.push(&befores);
         params.push(&afters);
         // Rows created earlier in this batch already count as changed.
-        Ok(tx
-            .query(&sql, &params)?
-            .iter()
-            .filter(|r| r.get::<_, bool>(0))
-            .count() as u64)
+        tx.execute(&sql, &params)
     }
 
     /// For the dry run: every key whose counter would change. Columns: key (text), the

@@ -57,8 +57,7 @@ impl Engine {
     ) -> Result<BatchResult, postgres::Error> {
         match self {
             Engine::Void(e) => {
-                tx.execute(&e.lock_sql(), &[&run_id, &lo, &hi])?;
-                let changed = tx.execute(&e.apply_sql(), &[&run_id, &lo, &hi])?;
+                let changed = tx.execute(&e.batch_sql(), &[&run_id, &lo, &hi])?;
                 Ok(BatchResult {
                     changed: changed as i64,
                     skipped: Vec::new(),

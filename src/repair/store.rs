@@ -39,8 +39,13 @@ CREATE TABLE IF NOT EXISTS pgmend.repair_targets (
   key    text[] NOT NULL,
   PRIMARY KEY (run_id, seq)
 );
+-- One index only, (run_id, ledger_id): what `repair log` and `undo` read a run's records by.
+-- A run writes at most one record per row (its batches are disjoint, each record commits with
+-- its checkpoint, and a counter row a batch creates and then corrects keeps its one record).
+-- A unique index on (run_id, target_table, row_key) enforced that too, at about a fifth of a
+-- void batch's time.
 CREATE TABLE IF NOT EXISTS pgmend.repair_ledger (
-  ledger_id    bigserial PRIMARY KEY,
+  ledger_id    bigserial,
   run_id       bigint NOT NULL,
   target_table text NOT NULL,
   row_key      jsonb NOT NULL,
@@ -49,7 +54,7 @@ CREATE TABLE IF NOT EXISTS pgmend.repair_ledger (
   after        jsonb,
   reason       text NOT NULL,
   at           timestamptz NOT NULL DEFAULT now(),
-  UNIQUE (run_id, target_table, row_key)
+  PRIMARY KEY (run_id, ledger_id)
 );
 CREATE TABLE IF NOT EXISTS pgmend.gates (
   gate         text PRIMARY KEY,

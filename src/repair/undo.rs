@@ -273,7 +273,7 @@ pub fn undo(
                 };
                 let r = tx.execute(
                 &format!(
-                    "WITH l AS (SELECT * FROM pgmend.repair_ledger WHERE ledger_id = ANY ($2) AND action = 'update'),
+                    "WITH l AS (SELECT * FROM pgmend.repair_ledger WHERE run_id = $3 AND ledger_id = ANY ($2) AND action = 'update'),
                      upd AS (UPDATE {table} t SET {sets} FROM l WHERE {join} RETURNING l.row_key, l.after, {cmp} AS now)
                      INSERT INTO pgmend.repair_ledger (run_id, target_table, row_key, action, before, after, reason)
                      SELECT $1, {tl}, row_key, 'restore', after, now, 'undo of run ' || $3::bigint FROM upd",
@@ -286,7 +286,7 @@ pub fn undo(
             )?;
                 let d = tx.execute(
                 &format!(
-                    "WITH l AS (SELECT * FROM pgmend.repair_ledger WHERE ledger_id = ANY ($2) AND action = 'insert'),
+                    "WITH l AS (SELECT * FROM pgmend.repair_ledger WHERE run_id = $3 AND ledger_id = ANY ($2) AND action = 'insert'),
                      del AS (DELETE FROM {table} t USING l WHERE {join} RETURNING l.row_key, l.after)
                      INSERT INTO pgmend.repair_ledger (run_id, target_table, row_key, action, before, after, reason)
                      SELECT $1, {tl}, row_key, 'delete', after, NULL, 'undo of run ' || $3::bigint || ': the run created this row' FROM del",

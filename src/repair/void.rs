@@ -88,18 +88,6 @@ impl VoidEngine {
             .join(" AND ")
     }
 
-    /// Statement 1 of a batch: lock every unmarked row of the batch's groups.
-    pub fn lock_sql(&self) -> String {
-        format!(
-            "SELECT 1 FROM {table} t JOIN ({groups}) g ON {on} WHERE NOT t.{mark} ORDER BY t.{key} FOR UPDATE OF t",
-            table = q(&self.spec.table),
-            groups = self.batch_groups(),
-            on = self.join_on(),
-            mark = q(&self.spec.mark),
-            key = q(&self.spec.row_key),
-        )
-    }
-
     /// The ranked unmarked rows of `groups`: rn 1 is kept.
     fn ranked(&self, groups: &str) -> String {
         let s = &self.spec;
@@ -124,12 +112,31 @@ impl VoidEngine {
         )
     }
 
-    /// Statement 2 of a batch: rank by current values, mark and void, write the ledger.
-    /// Returns the number of rows changed.
-    pub fn apply_sql(&self) -> String {
+    /// One batch, in one statement: lock every unmarked row of the batch's groups, rank
+    /// them by the values the locks return, mark and void, write the ledger. Returns the
+    /// number of rows changed.
+    ///
+    /// In READ COMMITTED, `FOR UPDATE` returns a row's latest committed version after
+    /// waiting for its lock (a coupon redeemed meanwhile is ranked as redeemed), and the
+    /// `UPDATE`, which finds the version of the statement's snapshot, follows it to that
+    /// same locked version. Locking in ranking order lets the window reuse the order.
+    pub fn batch_sql(&self) -> String {
         let s = &self.spec;
+        let keep = s
+            .keep_when_not_null
+            .as_ref()
+            .map(|k| format!("l.{}", q(k)))
+            .unwrap_or_else(|| "NULL".into());
         format!(
-            "WITH ranked AS ({ranked}),
+            "WITH locked AS (
+               SELECT t.* FROM {table} t JOIN ({groups}) g ON {on}
+                WHERE NOT t.{mark}
+                ORDER BY {cols}, {order} FOR UPDATE OF t),
+             ranked AS (
+               SELECT l.{key} AS k, l.{mark} AS before_mark, l.{void} AS before_void, {keep} AS keep_value,
+                      row_number() OVER w AS rn, first_value(l.{key}) OVER w AS kept
+                 FROM locked l
+               WINDOW w AS (PARTITION BY {lcols} ORDER BY {lorder})),
              changed AS (
                UPDATE {table} t SET {mark} = true,
                       {void} = CASE WHEN r.keep_value IS NULL THEN coalesce(t.{void}, now()) ELSE t.{void} END
@@ -141,7 +148,12 @@ impl VoidEngine {
                     jsonb_build_object({mark_lit}, after_mark, {void_lit}, after_void{keep_obj}),
                     format('rank %s in its group; %s %s is kept', rn, {key_lit}, kept)
                FROM changed",
-            ranked = self.ranked(&self.batch_groups()),
+            groups = self.batch_groups(),
+            on = self.join_on(),
+            cols = self.group_cols("t"),
+            order = self.rank_order(),
+            lcols = self.group_cols("l"),
+            lorder = rank_order(s, "l"),
             table = q(&s.table),
             mark = q(&s.mark),
             void = q(&s.void),
