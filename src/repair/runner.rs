@@ -136,7 +136,10 @@ pub fn apply(
         None => (freeze(client, &engine, repair, &options.policy, progress)?, false),
     };
 
-    let mut size: i64 = 200;
+    // The first batch is one target: what one target costs is unknown until then (a
+    // campaign's counter sums 370,000 coupons where a member-month's sums four), and a
+    // first batch of 200 campaigns would hold their locks for as long as that takes.
+    let mut size: i64 = 1;
     let mut times: Vec<u64> = Vec::new();
     let started = Instant::now();
     let mut last_line = Instant::now();
@@ -189,7 +192,7 @@ pub fn apply(
         // Aim the next batch at the target duration, changing by at most 2x at a time.
         let ratio =
             (options.batch_target.as_secs_f64() / took.as_secs_f64().max(0.001)).clamp(0.5, 2.0);
-        size = ((size as f64 * ratio) as i64).clamp(10, 50_000);
+        size = ((size as f64 * ratio) as i64).clamp(1, 50_000);
         if let Some(bar) = &bar {
             bar.set_position(run.checkpoint as u64);
             bar.set_message(format!(
