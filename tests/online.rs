@@ -170,6 +170,28 @@ fn an_invalid_or_different_index_of_the_same_name_is_rebuilt_and_a_valid_one_ado
     assert_eq!(r.code, 1, "status reports the INVALID index: {}", r.both());
     let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
     assert_eq!(doc["invalid_indexes"][0]["index"], "one_coupon_per_member");
+    // The plan says what apply will do about it, in both formats.
+    let r = db.run(&["migrate", "plan", "--target", "4"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(
+        r.stdout.contains("index one_coupon_per_member exists but is INVALID (a failed earlier build): apply drops it CONCURRENTLY, then builds it again"),
+        "{}",
+        r.stdout
+    );
+    let r = db.run(&["migrate", "plan", "--target", "4", "--format", "json"]);
+    let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    let v4 = doc["pending"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["version"] == 4)
+        .unwrap();
+    assert_eq!(v4["existing_indexes"].as_array().unwrap().len(), 1, "{v4}");
+    assert_eq!(
+        db.invalid_indexes(),
+        1,
+        "the plan changed nothing: the index is still there"
+    );
 
     let r = db.run(&["migrate", "apply", "--yes", "--target", "4"]);
     assert_eq!(r.code, 0, "{}", r.both());
@@ -183,6 +205,12 @@ fn an_invalid_or_different_index_of_the_same_name_is_rebuilt_and_a_valid_one_ado
         .batch_execute("CREATE UNIQUE INDEX one_coupon_per_member ON issued_coupons (campaign_id, member_id) WHERE NOT legacy_duplicate")
         .unwrap();
     let oid = db.scalar_i64("SELECT 'one_coupon_per_member'::regclass::oid::bigint");
+    let r = db.run(&["migrate", "plan", "--target", "4"]);
+    assert!(
+        r.stdout.contains("index one_coupon_per_member already exists, valid and as defined: apply skips this build"),
+        "{}",
+        r.stdout
+    );
     let r = db.run(&["migrate", "apply", "--yes", "--target", "4"]);
     assert_eq!(r.code, 0, "{}", r.both());
     assert_eq!(
@@ -199,6 +227,12 @@ fn an_invalid_or_different_index_of_the_same_name_is_rebuilt_and_a_valid_one_ado
             "CREATE INDEX one_coupon_per_member ON issued_coupons (campaign_id, member_id)",
         )
         .unwrap();
+    let r = db.run(&["migrate", "plan", "--target", "4"]);
+    assert!(
+        r.stdout.contains("index one_coupon_per_member exists but is defined differently (CREATE INDEX one_coupon_per_member ON public.issued_coupons USING btree (campaign_id, member_id)): apply drops it CONCURRENTLY, then builds it as this file says"),
+        "{}",
+        r.stdout
+    );
     let r = db.run(&["migrate", "apply", "--yes", "--target", "4"]);
     assert_eq!(r.code, 0, "{}", r.both());
     assert!(index_is_valid(&db), "rebuilt unique, with its predicate");

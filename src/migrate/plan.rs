@@ -38,6 +38,9 @@ pub struct PlannedMigration {
     /// Each census the step takes first, counted now (columns an earlier pending step
     /// adds read as the value that step gives them).
     pub censuses: Vec<Finding>,
+    /// What apply does first about indexes this step builds that already exist (an INVALID
+    /// one left by a failed build is dropped CONCURRENTLY before the build).
+    pub existing_indexes: Vec<String>,
     pub sql: String,
 }
 
@@ -124,8 +127,15 @@ pub fn build_with(
             censuses.push(evaluate(&mut tx, census, &shadows)?);
         }
         shadows.extend(m.statements.iter().filter_map(added_column));
+        let mut existing_indexes = Vec::new();
+        if m.mode == Mode::Online {
+            for s in &m.statements {
+                existing_indexes.extend(crate::online::index::existing_note(&mut tx, s)?);
+            }
+        }
         pending.push(PlannedMigration {
             censuses,
+            existing_indexes,
             version: m.version,
             name: m.name.clone(),
             origin: m.origin.clone(),
@@ -230,6 +240,9 @@ pub fn render_migration(m: &PlannedMigration, out: &mut impl Write) -> std::io::
                 ""
             }
         )?;
+    }
+    for note in &m.existing_indexes {
+        writeln!(out, "   {note}")?;
     }
     if let Some(mode) = m.strongest_lock {
         writeln!(

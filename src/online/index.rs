@@ -70,6 +70,32 @@ pub fn apply(
     Ok(())
 }
 
+/// What `apply` will do first about an index that `statement` builds and that already exists
+/// (for the plan): nothing when it is valid and as defined (the build is skipped), else a
+/// note that it is dropped CONCURRENTLY before the build. `None` when the statement builds
+/// no index or the index does not exist.
+pub fn existing_note(
+    client: &mut impl postgres::GenericClient,
+    statement: &Statement,
+) -> Result<Option<String>> {
+    let Some(c) = CREATE_INDEX.captures(&statement.sql) else {
+        return Ok(None);
+    };
+    let name = c[2].trim_matches('"').to_string();
+    Ok(existing(client, &name)?.map(|found| {
+        if found.valid && found.ready && same_definition(&found.definition, &statement.sql) {
+            format!("index {name} already exists, valid and as defined: apply skips this build")
+        } else if !found.valid || !found.ready {
+            format!("index {name} exists but is INVALID (a failed earlier build): apply drops it CONCURRENTLY, then builds it again")
+        } else {
+            format!(
+                "index {name} exists but is defined differently ({}): apply drops it CONCURRENTLY, then builds it as this file says",
+                found.definition
+            )
+        }
+    }))
+}
+
 /// An index's state in the catalog.
 struct Existing {
     valid: bool,
@@ -77,7 +103,7 @@ struct Existing {
     definition: String,
 }
 
-fn existing(main: &mut postgres::Client, name: &str) -> Result<Option<Existing>> {
+fn existing(main: &mut impl postgres::GenericClient, name: &str) -> Result<Option<Existing>> {
     let row = main
         .query_opt(
             "SELECT i.indisvalid, i.indisready, pg_get_indexdef(i.indexrelid)
