@@ -275,7 +275,7 @@ fn progress_bar(name: &str, targets: i64, done: i64) -> Option<indicatif::Progre
     Some(bar)
 }
 
-/// Creates the run and freezes its targets in one transaction, then ANALYZEs them.
+/// Creates the run and freezes its targets in one transaction, then ANALYZEs them (if any).
 fn freeze(
     client: &mut postgres::Client,
     engine: &Engine,
@@ -312,10 +312,13 @@ fn freeze(
             Ok(run_id)
         },
     )?;
-    client
-        .batch_execute("ANALYZE pgmend.repair_targets")
-        .doing("analyzing the frozen targets")?;
     let run = store::run(client, run_id)?.expect("the run was just created");
+    // The batches' plans read the frozen keys; a run that froze none has no batch to plan.
+    if run.targets > 0 {
+        client
+            .batch_execute("ANALYZE pgmend.repair_targets")
+            .doing("analyzing the frozen targets")?;
+    }
     progress(&format!(
         "run {} of {}: froze {} targets as of {} in {}",
         run.run_id,
