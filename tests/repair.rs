@@ -293,12 +293,14 @@ fn a_coupon_redeemed_after_planning_is_the_one_kept() {
 #[test]
 fn a_coupon_redeemed_while_its_batch_waits_for_the_lock_is_the_one_kept() {
     let db = edge_cases();
-    // The member redeems the later twin in a transaction that commits while the batch
-    // waits for that row's lock: the batch must rank the redeemed version it then locks,
-    // not the unredeemed one of its snapshot.
+    // The member redeems the later twin, and the application touches the earlier one, in a
+    // transaction that commits while the batch waits for their locks: the batch must rank
+    // the redeemed version it then locks, not the unredeemed one of its snapshot, and void
+    // the earlier twin's new version (which its snapshot does not see).
     let (r, took, _) = common::run_while_held(
         &db,
-        "UPDATE issued_coupons SET redeemed_at = now() WHERE coupon_id = '00000000-0000-0000-0000-0000000000d3'",
+        "UPDATE issued_coupons SET redeemed_at = now() WHERE coupon_id = '00000000-0000-0000-0000-0000000000d3';
+         UPDATE issued_coupons SET amount_yen = amount_yen WHERE coupon_id = '00000000-0000-0000-0000-0000000000d2'",
         std::time::Duration::from_millis(1500),
         "SELECT 1",
         &[

@@ -110,7 +110,9 @@ pub fn for_pgmend_schema(why: &str) -> Vec<Need> {
     for (table, privileges) in [
         ("pgmend.repair_runs", &["SELECT", "INSERT", "UPDATE"][..]),
         ("pgmend.repair_targets", &["SELECT", "INSERT"][..]),
-        ("pgmend.repair_ledger", &["SELECT", "INSERT"][..]),
+        // UPDATE: a counter row a batch creates and then corrects has its 'insert' record
+        // updated (the server checks the privilege even when no record is).
+        ("pgmend.repair_ledger", &["SELECT", "INSERT", "UPDATE"][..]),
         ("pgmend.gates", &["SELECT", "INSERT"][..]),
         ("pgmend.release_steps", &["SELECT", "INSERT"][..]),
     ] {

@@ -189,10 +189,7 @@ pub fn apply(
         if let serde_json::Value::Array(list) = &mut run.skipped {
             list.extend(result.skipped);
         }
-        // Aim the next batch at the target duration, changing by at most 2x at a time.
-        let ratio =
-            (options.batch_target.as_secs_f64() / took.as_secs_f64().max(0.001)).clamp(0.5, 2.0);
-        size = ((size as f64 * ratio) as i64).clamp(1, 50_000);
+        size = next_batch_size(size, options.batch_target, took);
         if let Some(bar) = &bar {
             bar.set_position(run.checkpoint as u64);
             bar.set_message(format!(
@@ -378,5 +375,43 @@ fn wait_for_replicas(
             announced = true;
         }
         std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// The size of the next batch: aimed at `target` from how long `size` targets took, changing
+/// by at most 2x at a time, between 1 and 50,000. Rounded up when growing: from one target,
+/// rounding down would never grow again once a batch's fixed cost passes half the target.
+fn next_batch_size(size: i64, target: Duration, took: Duration) -> i64 {
+    let ratio = (target.as_secs_f64() / took.as_secs_f64().max(0.001)).clamp(0.5, 2.0);
+    let next = size as f64 * ratio;
+    let next = if ratio > 1.0 {
+        next.ceil()
+    } else {
+        next.floor()
+    };
+    (next as i64).clamp(1, 50_000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::next_batch_size;
+    use std::time::Duration;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn a_batch_of_one_grows_while_it_is_under_the_target() {
+        // 150 ms of fixed cost against a 200 ms target: 1 * 1.33 must not round back to 1.
+        assert_eq!(next_batch_size(1, ms(200), ms(150)), 2);
+        assert_eq!(next_batch_size(2, ms(200), ms(160)), 3);
+        // Fast batches double, slow ones halve, and the size stays between 1 and 50,000.
+        assert_eq!(next_batch_size(100, ms(200), ms(10)), 200);
+        assert_eq!(next_batch_size(100, ms(200), ms(2000)), 50);
+        assert_eq!(next_batch_size(1, ms(200), ms(2000)), 1);
+        assert_eq!(next_batch_size(40_000, ms(200), ms(1)), 50_000);
+        // On target: unchanged.
+        assert_eq!(next_batch_size(300, ms(200), ms(200)), 300);
     }
 }

@@ -119,7 +119,10 @@ impl VoidEngine {
     /// In READ COMMITTED, `FOR UPDATE` returns a row's latest committed version after
     /// waiting for its lock (a coupon redeemed meanwhile is ranked as redeemed), and the
     /// `UPDATE`, which finds the version of the statement's snapshot, follows it to that
-    /// same locked version. Locking in ranking order lets the window reuse the order.
+    /// same locked version. Rows are locked in `row_key` order (one order for every batch);
+    /// the window sorts them again, as locking does not keep an order. The `UPDATE` finds
+    /// rows by `row_key` as the snapshot saw it: a row whose key changed while the batch
+    /// waited is left unchanged, and reconciliation reports its group.
     pub fn batch_sql(&self) -> String {
         let s = &self.spec;
         let keep = s
@@ -131,7 +134,7 @@ impl VoidEngine {
             "WITH locked AS (
                SELECT t.* FROM {table} t JOIN ({groups}) g ON {on}
                 WHERE NOT t.{mark}
-                ORDER BY {cols}, {order} FOR UPDATE OF t),
+                ORDER BY t.{key} FOR UPDATE OF t),
              ranked AS (
                SELECT l.{key} AS k, l.{mark} AS before_mark, l.{void} AS before_void, {keep} AS keep_value,
                       row_number() OVER w AS rn, first_value(l.{key}) OVER w AS kept
@@ -150,8 +153,6 @@ impl VoidEngine {
                FROM changed",
             groups = self.batch_groups(),
             on = self.join_on(),
-            cols = self.group_cols("t"),
-            order = self.rank_order(),
             lcols = self.group_cols("l"),
             lorder = rank_order(s, "l"),
             table = q(&s.table),
