@@ -83,14 +83,14 @@ pub fn existing_note(
     };
     let name = c[2].trim_matches('"').to_string();
     Ok(existing(client, &name)?.map(|found| {
-        if found.valid && found.ready && same_definition(&found.definition, &statement.sql) {
+        if found.adoptable(&statement.sql) {
             format!("index {name} already exists, valid and as defined: apply skips this build")
-        } else if !found.valid || !found.ready {
-            format!("index {name} exists but is INVALID (a failed earlier build): apply drops it CONCURRENTLY, then builds it again")
+        } else if found.broken() {
+            format!("index {name} exists but is {}: apply drops it CONCURRENTLY, then builds it again", found.why_rebuilt())
         } else {
             format!(
-                "index {name} exists but is defined differently ({}): apply drops it CONCURRENTLY, then builds it as this file says",
-                found.definition
+                "index {name} exists but is {}: apply drops it CONCURRENTLY, then builds it as this file says",
+                found.why_rebuilt()
             )
         }
     }))
@@ -101,6 +101,27 @@ struct Existing {
     valid: bool,
     ready: bool,
     definition: String,
+}
+
+impl Existing {
+    /// Valid, ready and as `sql` defines it: kept, not built again.
+    fn adoptable(&self, sql: &str) -> bool {
+        !self.broken() && same_definition(&self.definition, sql)
+    }
+
+    /// Left INVALID or not ready by a failed build.
+    fn broken(&self) -> bool {
+        !self.valid || !self.ready
+    }
+
+    /// Why an index that is not adoptable is dropped and built again.
+    fn why_rebuilt(&self) -> String {
+        if self.broken() {
+            "INVALID (a failed earlier build)".to_string()
+        } else {
+            format!("defined differently ({})", self.definition)
+        }
+    }
 }
 
 fn existing(main: &mut impl postgres::GenericClient, name: &str) -> Result<Option<Existing>> {
@@ -148,7 +169,7 @@ fn build_index(
 ) -> Result<()> {
     let label = migration.label();
     if let Some(found) = existing(main, name)? {
-        if found.valid && found.ready && same_definition(&found.definition, &statement.sql) {
+        if found.adoptable(&statement.sql) {
             progress(&format!(
                 "index {name} already exists, valid and as defined; nothing to build"
             ));
@@ -156,11 +177,7 @@ fn build_index(
         }
         progress(&format!(
             "index {name} exists but is {}; dropping it concurrently before building it again",
-            if !found.valid || !found.ready {
-                "INVALID (a failed earlier build)".to_string()
-            } else {
-                format!("defined differently ({})", found.definition)
-            }
+            found.why_rebuilt()
         ));
         drop_index(main, params, name, build_wait, progress)?;
     }
