@@ -292,6 +292,25 @@ pub struct ConnectionArgs {
     /// PGCONNECT_TIMEOUT, PGAPPNAME) fill in what it leaves out.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true, value_name = "URL")]
     pub database_url: Option<String>,
+    /// The schema that holds the legacy tables (campaigns, issued_coupons), and so the one the
+    /// release changes: pgmend sets search_path to it alone. Without it, the search_path the
+    /// connection has decides (the server's default finds `public`).
+    #[arg(long, env = "PGMEND_SCHEMA", value_name = "SCHEMA")]
+    pub schema: Option<String>,
+    /// What stands between pgmend and the server. `none` (the default): pgmend refuses when it
+    /// finds something in between (the server sees another port or socket than pgmend
+    /// connected to), since a transaction-mode pooler loses session state. `session`: a
+    /// pooler in session mode, a port forward or a TCP proxy, which keeps one server session
+    /// per connection; pgmend checks that its server backend never changes.
+    #[arg(long, env = "PGMEND_POOLER", value_enum, default_value_t = Pooler::None, value_name = "MODE")]
+    pub pooler: Pooler,
+}
+
+/// What `--pooler` says stands between pgmend and the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Pooler {
+    None,
+    Session,
 }
 
 #[derive(Debug, Args)]

@@ -78,6 +78,65 @@ pub fn steps() -> Result<Vec<Step>> {
         .collect()
 }
 
+/// Checks, before pgmend connects, that every step resolves: each migration step to a file of
+/// the migration set, each repair step (and each `retry_with`) to a definition. Returns a
+/// note for each migration of the set that no step names: the release never applies it.
+pub fn resolve(
+    steps: &[Step],
+    migrations: &[crate::migrate::source::Migration],
+    repairs: &[crate::repair::definition::Repair],
+) -> Result<Vec<String>> {
+    let mut missing = Vec::new();
+    let has_repair = |name: &str| repairs.iter().any(|r| r.name == name);
+    for (i, step) in steps.iter().enumerate() {
+        match step {
+            Step::Migrate {
+                version,
+                retry_with,
+            } => {
+                if !migrations.iter().any(|m| m.version == *version) {
+                    missing.push(format!(
+                        "step {} (migration V{version}): the migration set has no V{version} file (V{version}__NAME.sql)",
+                        i + 1
+                    ));
+                }
+                if let Some(name) = retry_with.as_deref().filter(|n| !has_repair(n)) {
+                    missing.push(format!(
+                        "step {} (migration V{version}) retries with repair {name:?}, which has no definition ({name}.toml)",
+                        i + 1
+                    ));
+                }
+            }
+            Step::Repair { name } if !has_repair(name) => missing.push(format!(
+                "step {} (repair {name}): the repair set has no definition {name}.toml",
+                i + 1
+            )),
+            _ => {}
+        }
+    }
+    if !missing.is_empty() {
+        bail!(
+            "the release (release.toml) names steps that the migration and repair sets do not have; nothing was changed:\n  - {}\nPoint --migrations-dir and --repairs-dir (PGMEND_MIGRATIONS_DIR, PGMEND_REPAIRS_DIR) at the release's files, or leave them out for the ones built into pgmend",
+            missing.join("\n  - ")
+        );
+    }
+    Ok(migrations
+        .iter()
+        .filter(|m| {
+            !steps
+                .iter()
+                .any(|s| matches!(s, Step::Migrate { version, .. } if *version == m.version))
+        })
+        .map(|m| {
+            format!(
+                "migration {} ({}) is in the migration set but no step of the release names it: `pgmend apply` does not apply it (`pgmend migrate apply` would)",
+                m.label(),
+                m.origin
+            )
+        })
+        .collect())
+}
+
 /// Which steps are done: migrations by the history, repair steps by pgmend.release_steps,
 /// gates by pgmend.gates.
 pub struct Progress {

@@ -12,13 +12,43 @@ use std::io::{IsTerminal, Write};
 
 use anyhow::{bail, Result};
 
-use crate::cli::ConnectionArgs;
+use crate::cli::{ConnectionArgs, Pooler};
 use crate::db::{self, conninfo, Session};
 
-/// Opens a session from `--database-url` / `DATABASE_URL` and the PG* variables.
+/// Opens a session from `--database-url` / `DATABASE_URL` and the PG* variables, in the
+/// schema `--schema` names, and runs the pre-flight of the environment on it
+/// ([`db::preflight`]): every command goes through here before its first statement.
 pub fn open(conn: &ConnectionArgs) -> Result<Session> {
-    let params = conninfo::resolve(conn.database_url.as_deref(), &|k| std::env::var(k).ok())?;
-    db::connect(&params)
+    let mut params = conninfo::resolve(conn.database_url.as_deref(), &|k| std::env::var(k).ok())?;
+    if let Some(schema) = &conn.schema {
+        params.options = Some(with_search_path(params.options.as_deref(), schema)?);
+    }
+    let mut session = db::connect(&params)?;
+    let environment = db::preflight::check(&mut session, conn.pooler == Pooler::Session)?;
+    session.environment = Some(environment);
+    Ok(session)
+}
+
+/// The connection's `options` with `-c search_path=SCHEMA` added last, so that every
+/// connection pgmend opens (an online build's too) works in that schema alone. The schema is
+/// quoted as an identifier, and blanks and backslashes escaped as the options string needs.
+fn with_search_path(options: Option<&str>, schema: &str) -> Result<String> {
+    if schema.is_empty() || schema.contains('\0') {
+        bail!("--schema {schema:?}: give the name of the schema that holds the legacy tables");
+    }
+    let quoted = format!("\"{}\"", schema.replace('"', "\"\""));
+    let escaped: String = quoted
+        .chars()
+        .flat_map(|c| match c {
+            ' ' | '\\' | '\t' => vec!['\\', c],
+            c => vec![c],
+        })
+        .collect();
+    let set = format!("-c search_path={escaped}");
+    Ok(match options {
+        Some(o) if !o.trim().is_empty() => format!("{o} {set}"),
+        _ => set,
+    })
 }
 
 /// A READ ONLY transaction: the server refuses any write made in it.

@@ -36,6 +36,10 @@ pub fn plan(args: &ReleasePlanArgs, format: Format) -> Result<Outcome> {
     let files = load(&args.migrations)?;
     let repairs = source(&args.repairs).load()?;
     let steps = release::steps()?;
+    let unreleased = release::resolve(&steps, &files, &repairs)?;
+    for note in &unreleased {
+        eprintln!("note: {note}");
+    }
     let mut session = open(&args.conn)?;
     let migrations = migrate_plan::build(&mut session.client, files.clone(), None)?;
     let mut tx = super::read_only(&mut session.client)?;
@@ -51,6 +55,9 @@ pub fn plan(args: &ReleasePlanArgs, format: Format) -> Result<Outcome> {
             "The release on {} (dry run in read-only transactions; nothing is changed):",
             session.params
         )?;
+        if let Some(environment) = &session.environment {
+            writeln!(out, "{environment}")?;
+        }
     }
     for (i, step) in steps.iter().enumerate() {
         let done = progress.done(i, step);
@@ -130,21 +137,40 @@ pub fn plan(args: &ReleasePlanArgs, format: Format) -> Result<Outcome> {
         docs.push(doc);
     }
     tx.rollback().doing("closing the read-only transaction")?;
+    drop(out);
+    // What `apply` (with every gate confirmed) would be refused for by the connected role.
+    let gates: Vec<String> = steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Gate { name, .. } => Some(name.clone()),
+            _ => None,
+        })
+        .collect();
+    let needs = privileges::for_release(&steps, &progress, &files, &repairs, &gates);
+    let (role, lacking) = privileges::missing(&mut session.client, &needs)?;
+    let mut blockers = migrations.blockers.clone();
+    blockers.extend(
+        lacking
+            .iter()
+            .map(|l| format!("role {role} lacks a privilege apply needs: {l}")),
+    );
     if format == Format::Json {
         #[derive(Serialize)]
         struct Doc<'a> {
             steps: Vec<StepPlan<'a>>,
             blockers: &'a [String],
+            unreleased_migrations: &'a [String],
         }
         print_json(&Doc {
             steps: docs,
-            blockers: &migrations.blockers,
+            blockers: &blockers,
+            unreleased_migrations: &unreleased,
         })?;
     }
-    if !migrations.blockers.is_empty() {
+    if !blockers.is_empty() {
         bail!(
             "apply would stop before changing anything:\n  - {}",
-            migrations.blockers.join("\n  - ")
+            blockers.join("\n  - ")
         );
     }
     Ok(Outcome::Done)
@@ -166,6 +192,9 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
     let files = load(&args.migrations)?;
     let repairs = source(&args.repairs).load()?;
     let steps = release::steps()?;
+    for note in release::resolve(&steps, &files, &repairs)? {
+        eprintln!("note: {note}");
+    }
     let gates: Vec<&str> = steps
         .iter()
         .filter_map(|s| {
@@ -206,6 +235,12 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
             &format!("Apply the pending release to {params} (review it first with `pgmend plan`)?"),
         )?;
     }
+    // With --pooler session: the server backend is checked before every step.
+    let keep_backend = session
+        .environment
+        .as_ref()
+        .is_some_and(|e| e.intermediary.is_some())
+        .then_some(session.backend_pid);
     let client = &mut session.client;
     // A guard that a killed pgmend left on a table would mark the new application's rows;
     // the step that needs one installs it again.
@@ -224,6 +259,9 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
                     i + 1,
                     step.label()
                 )));
+            }
+            if let Some(pid) = keep_backend {
+                crate::db::preflight::ensure_backend(client, pid)?;
             }
             let applied: Vec<i32> = history::read(client)?.iter().map(|a| a.version).collect();
             let progress = release::progress(client, applied)?;

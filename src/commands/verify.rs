@@ -45,6 +45,9 @@ pub fn run(args: &VerifyArgs, format: Format) -> Result<Outcome> {
                 "{} (PostgreSQL {})",
                 session.params, session.server_version
             )?;
+            if let Some(environment) = &session.environment {
+                writeln!(out, "{environment}")?;
+            }
             writeln!(out, "{}", Table::new(rows).with(Style::psql()))?;
             writeln!(
                 out,

@@ -23,6 +23,42 @@ pub const MIN_SERVER_VERSION: i32 = 140_004;
 pub const RAISE_WORK_MEM: &str = "SELECT set_config('work_mem', '64MB', true)
   WHERE pg_size_bytes(current_setting('work_mem')) < pg_size_bytes('64MB')";
 
+/// What every pgmend session sets for itself, so that nothing a role or database brings
+/// (`ALTER ROLE ... SET`, `ALTER DATABASE ... SET`, PGOPTIONS) changes what its statements do:
+///
+/// - `row_security = off`: a table whose row-level security would hide rows from pgmend makes
+///   the server raise an error instead of filtering them, so no sum, census or report is
+///   ever computed over the visible rows only (the pre-flight names such tables first).
+/// - `statement_timeout = 10min`: the bound for statements outside a lock policy (reads,
+///   freezes, ANALYZE, reconciliations); DDL and batches set their own with `SET LOCAL`
+///   (`--statement-timeout`), and an online build sets 0 on its own connection, watched and
+///   cancelled by pgmend (`--build-wait`). A role's `statement_timeout = '1s'` made the
+///   freeze's ANALYZE fail on every rerun.
+/// - `lock_timeout = 1min`: outside a lock policy, pgmend's statements take only the locks
+///   of reads and of its own tables; a minute bounds a wait behind someone else's DDL.
+/// - `idle_in_transaction_session_timeout = 0` (and `transaction_timeout = 0` from
+///   PostgreSQL 17): a read-only transaction streams its output, which a pager can hold up
+///   for as long as a person reads; write transactions are bounded per statement.
+/// - `default_transaction_isolation = 'read committed'`, `default_transaction_deferrable =
+///   off`: what the batches are written for; snapshots ask for REPEATABLE READ themselves.
+/// - `client_connection_check_interval = 1s`: a backend whose client died (kill -9, a lost
+///   network) notices within a second and rolls back, instead of holding its locks until the
+///   current statement ends.
+/// - `jit = off`: pgmend's statements are short batches whose estimated cost can still pass
+///   jit_above_cost (a correlated lookup per key inflates it), and compiling them took
+///   300-400 ms per batch against 40 ms of work, measured on a member-month batch of 5,000
+///   keys. That time is spent holding the batch's row locks.
+pub const SESSION_SETTINGS: &[&str] = &[
+    "SET statement_timeout = '10min'",
+    "SET row_security = off",
+    "SET lock_timeout = '1min'",
+    "SET idle_in_transaction_session_timeout = 0",
+    "SET default_transaction_isolation = 'read committed'",
+    "SET default_transaction_deferrable = off",
+    "SET client_connection_check_interval = '1s'",
+    "SET jit = off",
+];
+
 /// An open session and what pgmend learned about the server when it opened it.
 pub struct Session {
     pub client: Client,
@@ -31,6 +67,11 @@ pub struct Session {
     pub params: ConnParams,
     pub server_version_num: i32,
     pub server_version: String,
+    /// The server backend the session started on (`pg_backend_pid()`): a session that keeps
+    /// it has kept its session state (see [`super::preflight::ensure_session_kept`]).
+    pub backend_pid: i32,
+    /// What the pre-flight found, once it ran ([`super::preflight::check`]).
+    pub environment: Option<super::preflight::Environment>,
 }
 
 /// The runner lock is a session lock: it goes when the session ends, but the server ends a
@@ -114,31 +155,53 @@ pub fn connect(params: &ConnParams) -> Result<Session> {
         anyhow::Error::new(failure).context(format!("could not connect to {params}; {advice}"))
     })?;
 
-    let row = client
-        .query_one(
-            "SELECT current_setting('server_version_num')::int, current_setting('server_version')",
-            &[],
-        )
-        .doing("reading the server version")?;
-    let (server_version_num, server_version): (i32, String) = (row.get(0), row.get(1));
+    // The settings come first, each statement on its own, so that a role's timeout of a
+    // millisecond cannot cancel even the next one. These and the version query use the
+    // simple protocol: through a pooler in transaction mode a prepared statement can vanish
+    // before it runs, and the pre-flight must get to say so.
+    for set in SESSION_SETTINGS {
+        client
+            .batch_execute(set)
+            .doing(&format!("setting pgmend's session settings ({set})"))?;
+    }
+    let [server_version_num, server_version, backend_pid] = simple_row(
+        &mut client,
+        "SELECT current_setting('server_version_num'), current_setting('server_version'), pg_backend_pid()",
+    )
+    .doing("reading the server version")?;
+    let server_version_num: i32 = server_version_num.parse().unwrap_or_default();
+    let backend_pid: i32 = backend_pid.parse().unwrap_or_default();
     check_server_version(params, server_version_num, &server_version)?;
-    // A backend whose client died (kill -9, a lost network) notices within a second and
-    // rolls back, instead of holding its locks until the current statement ends.
-    //
-    // JIT off: pgmend's statements are short batches whose estimated cost can still pass
-    // jit_above_cost (a correlated lookup per key inflates it), and compiling them took
-    // 300-400 ms per batch against 40 ms of work, measured on a member-month batch of 5,000
-    // keys. That time is spent holding the batch's row locks.
-    client
-        .batch_execute("SET client_connection_check_interval = '1s'; SET jit = off")
-        .doing("setting client_connection_check_interval and jit")?;
+    if server_version_num >= 170_000 {
+        client
+            .batch_execute("SET transaction_timeout = 0")
+            .doing("setting pgmend's session settings (SET transaction_timeout = 0)")?;
+    }
     Ok(Session {
         client,
         holds_runner_lock: false,
         params: params.clone(),
         server_version_num,
         server_version,
+        backend_pid,
+        environment: None,
     })
+}
+
+/// The one row of a query run with the simple protocol, as text (NULL as an empty string).
+pub fn simple_row<const N: usize>(
+    client: &mut Client,
+    sql: &str,
+) -> std::result::Result<[String; N], postgres::Error> {
+    let mut values: [String; N] = std::array::from_fn(|_| String::new());
+    for message in client.simple_query(sql)? {
+        if let postgres::SimpleQueryMessage::Row(row) = message {
+            for (i, value) in values.iter_mut().enumerate() {
+                *value = row.get(i).unwrap_or_default().to_string();
+            }
+        }
+    }
+    Ok(values)
 }
 
 /// The `postgres` crate bounds only the TCP connect by `connect_timeout`; a server that

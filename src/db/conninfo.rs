@@ -125,6 +125,8 @@ pub fn environment_variables() -> impl Iterator<Item = &'static str> {
         "DATABASE_URL",
         "PGMEND_MIGRATIONS_DIR",
         "PGMEND_REPAIRS_DIR",
+        "PGMEND_SCHEMA",
+        "PGMEND_POOLER",
     ]
     .into_iter()
     .chain(ENV_KEYS.iter().map(|(var, _)| *var))

@@ -201,6 +201,19 @@ pub fn for_release(
 /// Asks the server about every need and refuses, listing everything missing and how to
 /// grant it, before anything is changed. `what` names the work (`this release`).
 pub fn check(client: &mut Client, what: &str, needs: &[Need]) -> Result<()> {
+    let (me, missing) = missing(client, needs)?;
+    if !missing.is_empty() {
+        bail!(
+            "role {me} lacks privileges that {what} needs; nothing was changed:\n  - {}\nGrant them (or run pgmend as a role that has them), then rerun",
+            missing.join("\n  - ")
+        );
+    }
+    Ok(())
+}
+
+/// The connected role, and each of `needs` it lacks, said with what it is needed for and
+/// (where one exists) the GRANT that gives it.
+pub fn missing(client: &mut Client, needs: &[Need]) -> Result<(String, Vec<String>)> {
     let row = client
         .query_one(
             "SELECT current_user::text, current_database()::text, current_schema()::text",
@@ -220,13 +233,7 @@ pub fn check(client: &mut Client, what: &str, needs: &[Need]) -> Result<()> {
             missing.push(format!("{problem} (needed for {})", n.why));
         }
     }
-    if !missing.is_empty() {
-        bail!(
-            "role {me} lacks privileges that {what} needs; nothing was changed:\n  - {}\nGrant them (or run pgmend as a role that has them), then rerun",
-            missing.join("\n  - ")
-        );
-    }
-    Ok(())
+    Ok((me, missing))
 }
 
 /// One need: `None` when it is met (or cannot apply yet), else what is missing and the fix.

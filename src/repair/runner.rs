@@ -85,7 +85,7 @@ pub struct RunReport {
 }
 
 pub fn ensure_schema(client: &mut postgres::Client, policy: &LockPolicy) -> Result<()> {
-    if store::exists(client)? {
+    if store::complete(client)? {
         return Ok(());
     }
     execute_with_lock_retry(

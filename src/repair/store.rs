@@ -66,12 +66,30 @@ CREATE TABLE IF NOT EXISTS pgmend.release_steps (
   what        text NOT NULL,
   run_id      bigint REFERENCES pgmend.repair_runs,
   finished_at timestamptz NOT NULL DEFAULT now()
-);";
+);
+-- The schema whose release these records are (one row): the pre-flight refuses a session
+-- that works in another schema, whose steps would otherwise be taken as done.
+CREATE TABLE IF NOT EXISTS pgmend.released_schema (
+  only_row    boolean PRIMARY KEY DEFAULT true CHECK (only_row),
+  schema_name text NOT NULL
+);
+INSERT INTO pgmend.released_schema (schema_name) SELECT current_schema()
+  ON CONFLICT (only_row) DO NOTHING;";
 
 /// Whether pgmend's schema exists yet (read-only commands must not create it).
 pub fn exists(client: &mut impl GenericClient) -> Result<bool> {
+    exists_table(client, "pgmend.repair_runs")
+}
+
+/// Whether pgmend's schema has every table this version of pgmend keeps in it (the last one
+/// [`SCHEMA_SQL`] creates); an older pgmend's schema gets the missing ones added.
+pub fn complete(client: &mut impl GenericClient) -> Result<bool> {
+    exists_table(client, "pgmend.released_schema")
+}
+
+fn exists_table(client: &mut impl GenericClient, table: &str) -> Result<bool> {
     Ok(client
-        .query_one("SELECT to_regclass('pgmend.repair_runs') IS NOT NULL", &[])
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
         .doing("looking for pgmend's tables")?
         .get(0))
 }

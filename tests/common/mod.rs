@@ -363,3 +363,43 @@ pub fn copy_of(source: &TestDb) -> TestDb {
     params.dbname = name.clone();
     TestDb { name, params }
 }
+
+/// Everything pgmend could change, as sorted lines: compare two snapshots with `assert_eq!`.
+pub fn snapshot(db: &TestDb) -> Vec<String> {
+    let mut c = db.client();
+    let user_schemas = "n.nspname NOT LIKE 'pg\\_%' AND n.nspname <> 'information_schema'";
+    let mut lines: Vec<String> = Vec::new();
+    for sql in [
+        format!("SELECT format('schema %s %s', nspname, pg_get_userbyid(nspowner)) FROM pg_namespace n WHERE {user_schemas}"),
+        format!("SELECT format('relation %s.%s %s %s %s', n.nspname, c.relname, c.relkind, pg_get_userbyid(c.relowner), c.relacl) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE {user_schemas}"),
+        format!("SELECT format('column %s.%s.%s %s %s %s', n.nspname, c.relname, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull, pg_get_expr(d.adbin, d.adrelid)) FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum WHERE a.attnum > 0 AND NOT a.attisdropped AND {user_schemas}"),
+        format!("SELECT format('constraint %s.%s %s %s', n.nspname, co.conname, pg_get_constraintdef(co.oid), co.convalidated) FROM pg_constraint co JOIN pg_namespace n ON n.oid = co.connamespace WHERE {user_schemas}"),
+        format!("SELECT format('index %s %s', pg_get_indexdef(i.indexrelid), i.indisvalid) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_namespace n ON n.oid = c.relnamespace WHERE {user_schemas}"),
+        "SELECT format('setting %s', setconfig) FROM pg_db_role_setting WHERE setdatabase = (SELECT oid FROM pg_database WHERE datname = current_database())".to_string(),
+    ] {
+        for row in c.query(&sql, &[]).unwrap() {
+            lines.push(row.get(0));
+        }
+    }
+    let tables: Vec<String> = c
+        .query(
+            &format!("SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.relkind IN ('r', 'p') AND {user_schemas}"),
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    for t in tables {
+        let row = c
+            .query_one(
+                &format!("SELECT count(*), md5(coalesce(string_agg(t::text, '|' ORDER BY t::text), '')) FROM {t} t"),
+                &[],
+            )
+            .unwrap();
+        let (n, sum): (i64, String) = (row.get(0), row.get(1));
+        lines.push(format!("rows {t} {n} {sum}"));
+    }
+    lines.sort();
+    lines
+}

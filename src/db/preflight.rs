@@ -1,0 +1,247 @@
+//! The pre-flight of the environment, run on every session pgmend opens for a command, before
+//! the command reads or changes anything: what stands between pgmend and the server, which
+//! schema the release is about, whether row-level security could hide rows from pgmend, and
+//! the session settings that would change what its statements mean. Each problem is an error
+//! (exit 2) that says what was found and what to do; nothing has been changed at that point,
+//! not even pgmend's own tables.
+//!
+//! What the session sets for itself (row_security, the timeouts) is in [`super::connect`].
+
+use std::fmt;
+
+use anyhow::{bail, Result};
+
+use super::Session;
+use crate::error::PgContext;
+
+/// The tables of the legacy schema (V1). The schema that holds them is the one released.
+pub const LEGACY_TABLES: &[&str] = &["campaigns", "issued_coupons"];
+
+/// What the pre-flight found, for the summaries of `plan` and `verify`.
+#[derive(Debug, Clone)]
+pub struct Environment {
+    /// The schema the release is about (`current_schema()`).
+    pub schema: String,
+    pub role: String,
+    /// Whether something stands between pgmend and the server (then `--pooler session`
+    /// was given).
+    pub intermediary: Option<String>,
+    /// The role bypasses row-level security (superuser or BYPASSRLS).
+    pub bypasses_rls: bool,
+}
+
+impl fmt::Display for Environment {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "pre-flight: schema {}, role {}{}; {}; no row-level security hides rows from pgmend; session settings set by pgmend (row_security off, its own timeouts)",
+            self.schema,
+            self.role,
+            if self.bypasses_rls {
+                " (bypasses row-level security)"
+            } else {
+                ""
+            },
+            match &self.intermediary {
+                None => "connected to the server directly".to_string(),
+                Some(what) => format!(
+                    "{what}, taken to keep sessions (--pooler session); the server backend is checked at every step"
+                ),
+            }
+        )
+    }
+}
+
+/// Runs every check on a fresh session. `pooler_keeps_sessions` is `--pooler session`.
+pub fn check(session: &mut Session, pooler_keeps_sessions: bool) -> Result<Environment> {
+    let intermediary = intermediary(session)?;
+    if let Some(what) = &intermediary {
+        if !pooler_keeps_sessions {
+            bail!(
+                "{what}: something stands between pgmend and the server (a connection pooler such as PgBouncer, a proxy or a port forward). A pooler in transaction or statement mode hands each transaction to whichever server connection is free, which loses pgmend's runner lock and its prepared statements in the middle of a release. Connect to the server itself (its host and port, or its unix socket), or, if what is in between keeps each client on one server session for the whole connection (PgBouncer's pool_mode = session, a TCP proxy, a port forward), say so with --pooler session (PGMEND_POOLER=session); nothing was changed"
+            );
+        }
+        ensure_session_kept(session)?;
+    }
+    let row = session
+        .client
+        .query_one(
+            "SELECT current_user::text, current_schema()::text,
+                    current_setting('session_replication_role'),
+                    (SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = current_user)",
+            &[],
+        )
+        .doing("reading the session's role, schema and settings")?;
+    let (role, schema, replication_role, bypasses_rls): (String, Option<String>, String, bool) =
+        (row.get(0), row.get(1), row.get(2), row.get(3));
+    if replication_role != "origin" {
+        bail!(
+            "session_replication_role is {replication_role:?} for role {role} on {}: triggers and foreign keys do not fire in such a session, so pgmend's guard and the schema's own checks would be skipped. Remove the setting (ALTER ROLE {role} RESET session_replication_role, or the database's), then rerun; nothing was changed",
+            session.params
+        );
+    }
+    let Some(schema) = schema else {
+        bail!(
+            "the search_path of this session names no schema that exists, so pgmend cannot tell which schema holds the legacy tables. Name it with --schema SCHEMA (PGMEND_SCHEMA); nothing was changed"
+        );
+    };
+    check_schema(session, &schema)?;
+    if !bypasses_rls {
+        check_row_security(session, &schema, &role)?;
+    }
+    Ok(Environment {
+        schema,
+        role,
+        intermediary,
+        bypasses_rls,
+    })
+}
+
+/// Something in between shows as a difference between where pgmend connected and where the
+/// server says the connection arrived: another port, or TCP on one side and a unix socket on
+/// the other. (The server cannot report a pooler's mode, and one client alone often keeps
+/// its server backend, so comparing `pg_backend_pid()` across transactions proves nothing.)
+fn intermediary(session: &mut Session) -> Result<Option<String>> {
+    let [server_tcp_port, server_port] = super::connect::simple_row(
+        &mut session.client,
+        "SELECT inet_server_port(), current_setting('port')",
+    )
+    .doing("comparing the server's end of the connection with pgmend's")?;
+    let server_tcp_port: Option<i32> = server_tcp_port.parse().ok();
+    let server_port: i32 = server_port.parse().unwrap_or_default();
+    let params = &session.params;
+    let ours = i32::from(params.port);
+    let found = if params.is_unix_socket() {
+        match server_tcp_port {
+            Some(port) => Some(format!(
+                "pgmend connected through the unix socket {}/.s.PGSQL.{ours}, but the server received the connection over TCP on port {port}",
+                params.host
+            )),
+            None if server_port != ours => Some(format!(
+                "pgmend connected through the unix socket {}/.s.PGSQL.{ours}, but the server listens on port {server_port}",
+                params.host
+            )),
+            None => None,
+        }
+    } else {
+        match server_tcp_port {
+            None => Some(format!(
+                "pgmend connected to {}:{ours} over TCP, but the server received the connection through a unix socket",
+                params.host
+            )),
+            Some(port) if port != ours => Some(format!(
+                "pgmend connected to {}:{ours}, but the server received the connection on port {port}",
+                params.host
+            )),
+            Some(_) => None,
+        }
+    };
+    Ok(found)
+}
+
+/// With `--pooler session`: the server backend must be the one the session started on, in
+/// every transaction. A pooler in transaction mode that the user took for session mode is
+/// caught here at the latest, before the runner lock or a step relies on the session.
+pub fn ensure_session_kept(session: &mut Session) -> Result<()> {
+    ensure_backend(&mut session.client, session.backend_pid)
+}
+
+/// [`ensure_session_kept`] for a client already borrowed away from its session.
+pub fn ensure_backend(client: &mut postgres::Client, backend_pid: i32) -> Result<()> {
+    for _ in 0..2 {
+        let [pid] = super::connect::simple_row(client, "SELECT pg_backend_pid()")
+            .doing("checking that the server session is still the same")?;
+        let pid: i32 = pid.parse().unwrap_or_default();
+        if pid != backend_pid {
+            bail!(
+                "the server session changed under pgmend (backend {backend_pid} at the start, {pid} now): what stands between pgmend and the server does not keep sessions (a pooler in transaction or statement mode), so pgmend's runner lock and prepared statements would be lost. If pgmend took its runner lock, backend {backend_pid} keeps it until that server connection closes: restart the pool, or run SELECT pg_terminate_backend({backend_pid}) once no client uses it. Then connect to the server directly, or through a pool in session mode. Every step committed so far is complete; a rerun continues from there"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The release is tied to the schema that holds the legacy tables: refuses a session whose
+/// schema lacks them while another schema has them, and a session on another schema than
+/// the one pgmend's own records were made for.
+fn check_schema(session: &mut Session, schema: &str) -> Result<()> {
+    let tables: Vec<String> = LEGACY_TABLES.iter().map(|t| t.to_string()).collect();
+    let row = session
+        .client
+        .query_one(
+            "SELECT (SELECT count(DISTINCT c.relname) FROM pg_class c
+                      WHERE c.relnamespace = $1::text::regnamespace AND c.relname::text = ANY($2::text[])
+                        AND c.relkind IN ('r', 'p')),
+                    (SELECT coalesce(array_agg(DISTINCT n.nspname::text ORDER BY n.nspname::text), '{}')
+                       FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                      WHERE c.relname::text = ANY($2::text[]) AND c.relkind IN ('r', 'p')
+                        AND n.nspname::text <> $1::text AND n.nspname <> 'pgmend'),
+                    to_regclass('pgmend.released_schema') IS NOT NULL",
+            &[&schema, &tables],
+        )
+        .doing("finding the schema that holds the legacy tables")?;
+    let (here, elsewhere, recorded): (i64, Vec<String>, bool) =
+        (row.get(0), row.get(1), row.get(2));
+    if here == 0 && !elsewhere.is_empty() {
+        bail!(
+            "the legacy tables ({}) are in schema {}, not in {schema}, the schema this session works in (the first existing schema of its search_path): a release here would create new, empty tables in {schema} and repair those. Name the schema with --schema {} (PGMEND_SCHEMA), then rerun; nothing was changed",
+            LEGACY_TABLES.join(", "),
+            elsewhere.join(", "),
+            elsewhere[0]
+        );
+    }
+    if recorded {
+        let released: Option<String> = session
+            .client
+            .query_opt("SELECT schema_name FROM pgmend.released_schema", &[])
+            .doing("reading which schema pgmend's records belong to")?
+            .map(|r| r.get(0));
+        if let Some(released) = released.filter(|r| r != schema) {
+            bail!(
+                "pgmend's records in this database (schema pgmend: the release's steps, gates and repair runs) belong to the release of schema {released}, and this session works in schema {schema}: their steps would be taken as done here. Run pgmend with --schema {released} to continue that release; nothing was changed"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Refuses when row-level security applies to pgmend's role on any table of the released
+/// schema or of pgmend's own: the server would filter rows out of every sum, census and
+/// report (with `row_security = off` it raises an error instead, but only when a statement
+/// reaches the table, possibly after earlier steps changed things).
+fn check_row_security(session: &mut Session, schema: &str, role: &str) -> Result<()> {
+    let rows = session
+        .client
+        .query(
+            "SELECT format('%I.%I', n.nspname, c.relname), c.relforcerowsecurity,
+                    (SELECT count(*) FROM pg_policy p WHERE p.polrelid = c.oid)
+               FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+              WHERE n.nspname::text IN ($1::text, 'pgmend') AND c.relkind IN ('r', 'p')
+                AND c.relrowsecurity AND row_security_active(c.oid)
+              ORDER BY 1",
+            &[&schema],
+        )
+        .doing("checking for row-level security that applies to pgmend's role")?;
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let tables: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            let (name, forced, policies): (String, bool, i64) = (r.get(0), r.get(1), r.get(2));
+            format!(
+                "{name} (row level security enabled{}, {policies} polic{})",
+                if forced {
+                    " and forced for its owner"
+                } else {
+                    ""
+                },
+                if policies == 1 { "y" } else { "ies" }
+            )
+        })
+        .collect();
+    bail!(
+        "row-level security applies to role {role} on {}: its policies would hide rows from pgmend, so counters, censuses and reports would be computed over the visible rows only. Run pgmend as a role that bypasses row-level security (ALTER ROLE {role} BYPASSRLS, as a superuser), or as a superuser; nothing was changed",
+        tables.join(", ")
+    )
+}
