@@ -162,7 +162,7 @@ pub fn connect(params: &ConnParams) -> Result<Session> {
     for set in SESSION_SETTINGS {
         client
             .batch_execute(set)
-            .doing(&format!("setting pgmend's session settings ({set})"))?;
+            .doing(format!("setting pgmend's session settings ({set})"))?;
     }
     let [server_version_num, server_version, backend_pid] = simple_row(
         &mut client,
