@@ -95,6 +95,9 @@ pub fn describe(error: &postgres::Error) -> DbFailure {
         if let Some(constraint) = db.constraint() {
             text.push_str(&format!("; constraint: {constraint}"));
         }
+        if db.code().code() == "57014" && db.message().contains("statement timeout") {
+            text.push_str("; the statement_timeout in force was pgmend's own, never a role's or database's: --statement-timeout (default 1m) for DDL and repair batches (at least 10 min for batches), 10 min for every other statement");
+        }
         if db.code().code() == "26000" && db.message().starts_with("prepared statement") {
             text.push_str("; the server lost a statement pgmend prepared on this session: a pooler in transaction or statement mode stands between pgmend and the server (was --pooler session given for a pool that does not keep sessions?). pgmend's runner lock may stay with a pooled server connection: restart the pool, then connect to the server directly or through a pool in session mode");
         }
