@@ -444,8 +444,9 @@ fn run_watched(
             }
             return Err(Stopped::error(match on_stop {
                 OnStop::Cancel => format!(
-                    "{} received: the online statement was cancelled ({report})",
-                    signal.name()
+                    "{} received: the online statement was cancelled ({report}). Continue with: {}",
+                    signal.name(),
+                    crate::signals::resume_command()
                 ),
                 OnStop::FinishInTime => format!(
                     "{} received: `{sql}` did not end in time for the clean-up limit and was cancelled ({report})",
