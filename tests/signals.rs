@@ -424,3 +424,30 @@ fn a_second_sighup_during_a_build_exits_129_naming_the_index() {
     assert_same(&expected, &end_state(&exe(), &db.conninfo()).unwrap());
     assert_eq!(db.invalid_indexes(), 0);
 }
+
+/// `migrate apply` stops the same way, naming its own command.
+#[test]
+fn sigterm_during_migrate_apply_cancels_the_build_and_names_migrate_apply() {
+    let db = fresh_db();
+    db.make_legacy_baselined(500);
+    let (child, mut reader, _pid) = hold_the_concurrent_build(&db, &["migrate", "apply", "--yes"]);
+    send(&child, "TERM");
+    thread::sleep(Duration::from_millis(1500));
+    reader.batch_execute("COMMIT").unwrap();
+    let r = finish(child, Duration::from_secs(60), "migrate apply");
+    assert_eq!(r.code, 1, "{}", r.both());
+    assert!(
+        r.stderr
+            .contains("Continue with: pgmend migrate apply --yes"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(db.invalid_indexes(), 0);
+    assert!(!db.exists("issued_coupons_by_member"));
+    assert_eq!(db.history().len(), 2, "V3 was not recorded");
+    let r = db.run(&["migrate", "apply", "--yes", "--target", "3"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(db.exists("issued_coupons_by_member"));
+    assert_eq!(db.invalid_indexes(), 0);
+    assert_eq!(db.history().len(), 3);
+}

@@ -223,9 +223,10 @@ fn build_index(
                     progress(&format!(
                         "dropping the INVALID index {name} the cancelled build left"
                     ));
+                    // The drop's own error decides the exit code, as before the build.
                     if let Err(e) = drop_index(main, params, name, build_wait, progress) {
-                        return Err(stopped.context(format!(
-                            "{label}: the build was cancelled, but its INVALID index {name} could not be dropped ({e:#}); `{}` drops it and builds it again",
+                        return Err(e.context(format!(
+                            "{label}: the build was cancelled ({stopped:#}), but its INVALID index {name} could not be dropped; `{}` drops it and builds it again",
                             crate::signals::resume_command()
                         )));
                     }
