@@ -3,8 +3,9 @@
 //! window and during an online build stop the release cleanly with exit 1: the batch in
 //! flight commits whole, the build is cancelled and its INVALID index dropped, the guard
 //! trigger dropped, and stderr names the command that continues, which then reaches the end
-//! state of an uninterrupted run. A clean-up that cannot finish within the limit, a second
-//! signal (130, 143, 129) and a closed stderr are each a test of their own.
+//! state of an uninterrupted run. A clean-up that cannot finish within its time (an index
+//! drop given up at 17 s, a batch cut off at 20 s), a second signal (130, 143, 129), a closed
+//! stderr and `migrate apply` are each a test of their own.
 
 mod common;
 
@@ -338,6 +339,35 @@ fn a_clean_up_past_its_time_limit_stops_naming_what_is_left_and_the_rerun_remove
         rerun.contains("index issued_coupons_by_member exists but is INVALID"),
         "{rerun}"
     );
+}
+
+/// The batch in flight waits on a lock that is never let go (under `--lock-timeout 60s`):
+/// 20 s after the signal pgmend stops waiting, says so, and exits 1; the server rolls the
+/// batch back, and the rerun resumes from the last committed one.
+#[test]
+fn a_batch_that_cannot_end_is_cut_off_at_the_limit_and_rolled_back() {
+    let (_source, expected, db) = legacy(1000);
+    let (child, holder, _pid, run_id, checkpoint) = hold_in_the_middle_of_a_batch(&db.conninfo());
+    let signalled = Instant::now();
+    send(&child, "TERM");
+    let r = finish(child, Duration::from_secs(60), "apply");
+    let took = signalled.elapsed();
+    drop(holder);
+    eprintln!("after SIGTERM, the batch held:\n{}", r.stderr);
+    assert_eq!(r.code, 1, "{}", r.both());
+    assert!(
+        took >= Duration::from_secs(19) && took < Duration::from_secs(22),
+        "cut off at the 20 s limit ({took:?})"
+    );
+    assert!(
+        r.stderr.contains(
+            "pgmend: stopped: the clean-up after SIGTERM did not end within 20 s; stopping now"
+        ) && r.stderr.contains(&format!("Continue with: {CONTINUE}")),
+        "{}",
+        r.stderr
+    );
+    assert_whole_batches(&db.conninfo(), run_id, checkpoint, true);
+    assert_clean_and_rerun_completes(&db, &expected);
 }
 
 // ---------------------------------------------------------------------------------------
