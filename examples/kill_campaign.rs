@@ -8,10 +8,15 @@
 //! One throwaway server (`LocalPg`). A source database gets the legacy schema (V1), the demo's
 //! dirty data (`generate_dirty_data`) and `migrate baseline`; every other database is a
 //! `CREATE DATABASE ... TEMPLATE` copy of it, so all copies share coupon ids. One copy runs
-//! `pgmend apply --yes --confirm deploy-new-application` uninterrupted: the reference. Then,
-//! per iteration, a fresh copy runs the same command, which is SIGKILLed after a random delay
-//! (5 ms up to 1.2 times the reference's duration, so kills land in migrations, concurrent
-//! index builds, freezes, batches and between them) and started again, until a run exits 0.
+//! `pgmend apply --yes --confirm deploy-new-application` uninterrupted: the reference, whose
+//! stderr lines are timed. Then, per iteration, a fresh copy runs the same command, which is
+//! SIGKILLed at a random moment of the reference (5 ms up to its duration for the first run
+//! of an iteration, up to 1.2 times it for the later ones, so kills land in migrations,
+//! concurrent index builds, freezes, batches and between them) and started again, until a
+//! run exits 0. The moment is taken as a point of progress (as many stderr lines as the
+//! reference had printed by then, and as long after the last one), so that a loaded machine
+//! moves the kill with the run rather than past its end; the same seed (`--seed`, or
+//! `PGMEND_KILL_SEED`) draws the same points.
 //! A run that exits 1 or 2 by itself is read and rerun, as the runbooks say; five such exits
 //! in a row stop the campaign as a finding. The end state must equal the reference's: every
 //! coupon's `legacy_duplicate` and voided-or-not, every `campaign_budgets` row, every
@@ -70,6 +75,81 @@ pub fn run_pgmend(exe: &Path, conninfo: &str, args: &[&str]) -> Result<Outcome> 
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     })
+}
+
+/// When each line of a run's stderr appeared, in ms from its start, and how long it took:
+/// the kill schedule's map from moments of the reference run to points of progress.
+#[derive(Debug, Clone, Default)]
+pub struct Timeline {
+    pub lines_ms: Vec<u64>,
+    pub total_ms: u64,
+}
+
+/// A kill point: once the run has printed `lines` lines of stderr, `after_ms` later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KillPoint {
+    pub lines: usize,
+    pub after_ms: u64,
+}
+
+impl Timeline {
+    /// Where the reference was `t` ms after its start: the lines it had printed by then and
+    /// how long after the last of them.
+    pub fn at(&self, t: u64) -> KillPoint {
+        let lines = self.lines_ms.iter().take_while(|&&m| m <= t).count();
+        let last = lines.checked_sub(1).map_or(0, |i| self.lines_ms[i]);
+        KillPoint {
+            lines,
+            after_ms: t - last,
+        }
+    }
+}
+
+/// Runs pgmend to its end like [`run_pgmend`], noting when each stderr line appeared.
+pub fn run_pgmend_timed(exe: &Path, conninfo: &str, args: &[&str]) -> Result<(Outcome, Timeline)> {
+    use std::io::{BufRead, Read};
+    let started = Instant::now();
+    let mut child = pgmend(exe, conninfo)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("running {}", exe.display()))?;
+    let mut stdout_pipe = child.stdout.take().expect("piped");
+    let stdout = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stdout_pipe.read_to_string(&mut text);
+        text
+    });
+    let mut stderr = String::new();
+    let mut lines_ms = Vec::new();
+    for line in std::io::BufReader::new(child.stderr.take().expect("piped")).lines() {
+        lines_ms.push(started.elapsed().as_millis() as u64);
+        stderr.push_str(&line?);
+        stderr.push('\n');
+    }
+    let status = child.wait()?;
+    let outcome = Outcome {
+        code: status.code().unwrap_or(-1),
+        stdout: stdout.join().unwrap_or_default(),
+        stderr,
+    };
+    let total_ms = started.elapsed().as_millis() as u64;
+    Ok((outcome, Timeline { lines_ms, total_ms }))
+}
+
+/// The kill campaign's seed: `PGMEND_KILL_SEED` when set (to replay a run), else a new one.
+pub fn seed_from_env() -> Result<u64> {
+    match std::env::var("PGMEND_KILL_SEED") {
+        Ok(s) => s
+            .trim()
+            .parse()
+            .with_context(|| format!("PGMEND_KILL_SEED={s:?} is not a number")),
+        Err(_) => Ok(std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_nanos() as u64
+            ^ u64::from(std::process::id())),
+    }
 }
 
 pub fn connect(conninfo: &str) -> Result<postgres::Client> {
@@ -559,8 +639,12 @@ pub struct IterationOptions<'a> {
     pub conninfo: &'a str,
     pub dbname: &'a str,
     pub batch_target: &'a str,
-    /// Kill after a delay in this range (ms), drawn anew for every run.
-    pub delay_ms: (u64, u64),
+    /// The reference run's stderr lines over time. Every run is killed at a moment of the
+    /// reference drawn anew (within its run time for an iteration's first run, up to 1.2
+    /// times it after that), taken as a point of progress: once the run has printed as many
+    /// lines as the reference had by then, that much later than the reference's last one.
+    /// On a loaded machine the kill so lands where it would have landed on an idle one.
+    pub reference: &'a Timeline,
 }
 
 /// Runs the release on `dbname`, killing it at random, until a run exits 0. Non-zero exits
@@ -591,12 +675,40 @@ pub fn kill_until_done(
             .stderr(std::fs::File::create(&err_path)?)
             .spawn()
             .context("starting pgmend")?;
-        let delay = Duration::from_millis(rng.between(o.delay_ms.0, o.delay_ms.1));
-        let started = Instant::now();
+        let last = if runs == 1 {
+            o.reference.total_ms.max(5)
+        } else {
+            o.reference.total_ms * 6 / 5 + 20
+        };
+        // Drawn as a fraction of the reference's run time, so that a replay on a faster or
+        // slower machine (or under another load) picks the same points of progress.
+        let fraction = rng.between(0, 1_000_000) as f64 / 1_000_000.0;
+        let point = o
+            .reference
+            .at(5 + (fraction * last.saturating_sub(5) as f64) as u64);
         let mut status = None;
-        while started.elapsed() < delay {
+        let mut stderr_so_far = std::fs::File::open(&err_path)?;
+        let (mut lines, mut buf) = (0usize, [0u8; 8192]);
+        let mut reached = (point.lines == 0).then(Instant::now);
+        loop {
             if let Some(s) = child.try_wait()? {
                 status = Some(s);
+                break;
+            }
+            if reached.is_none() {
+                use std::io::Read;
+                loop {
+                    let n = stderr_so_far.read(&mut buf)?;
+                    if n == 0 {
+                        break;
+                    }
+                    lines += buf[..n].iter().filter(|&&b| b == b'\n').count();
+                }
+                if lines >= point.lines {
+                    reached = Some(Instant::now());
+                }
+            }
+            if reached.is_some_and(|at| at.elapsed() >= Duration::from_millis(point.after_ms)) {
                 break;
             }
             std::thread::sleep(Duration::from_millis(1));
@@ -686,8 +798,7 @@ pub fn campaign(o: &CampaignOptions, conn: Conn, log: &mut dyn FnMut(&str)) -> R
     );
     create_legacy_source(&o.exe, conn, &source, o.members)?;
     copy_database(conn, &source, &reference)?;
-    let t = Instant::now();
-    let r = run_pgmend(
+    let (r, timeline) = run_pgmend_timed(
         &o.exe,
         &conn(&reference),
         &[
@@ -699,7 +810,7 @@ pub fn campaign(o: &CampaignOptions, conn: Conn, log: &mut dyn FnMut(&str)) -> R
             &o.batch_target,
         ],
     )?;
-    let reference_ms = t.elapsed().as_millis() as u64;
+    let reference_ms = timeline.total_ms;
     if r.code != 0 {
         bail!(
             "the reference run exited {}:\n{}{}",
@@ -716,20 +827,20 @@ pub fn campaign(o: &CampaignOptions, conn: Conn, log: &mut dyn FnMut(&str)) -> R
         );
     }
     log(&format!(
-        "reference: {} members, {} coupons, {} marked, {} ledger records, {reference_ms} ms; seed {}",
+        "reference: {} members, {} coupons, {} marked, {} ledger records, {reference_ms} ms, {} stderr lines; seed {} (replay with PGMEND_KILL_SEED={})",
         o.members,
         expected.coupons.len(),
         expected.coupons.iter().filter(|c| c.1).count(),
         expected.ledger.values().map(Vec::len).sum::<usize>(),
+        timeline.lines_ms.len(),
+        o.seed,
         o.seed
     ));
     let mut tally = Tally {
         reference_ms,
         ..Tally::default()
     };
-    let mut rng = Rng::new(o.seed);
     let mut monitor = connect(&conn("postgres"))?;
-    let delay_ms = (5, reference_ms * 6 / 5 + 20);
     for i in 1..=o.iterations {
         if o.max_time.is_some_and(|m| started.elapsed() >= m) {
             log(&format!(
@@ -741,13 +852,16 @@ pub fn campaign(o: &CampaignOptions, conn: Conn, log: &mut dyn FnMut(&str)) -> R
         copy_database(conn, &source, &copy)?;
         let t = Instant::now();
         let kills_before = tally.kills;
+        // One generator per iteration: an iteration that took more runs (kills land a little
+        // differently from one machine to the next) does not shift the later ones' draws.
+        let mut rng = Rng::new(o.seed ^ i.wrapping_mul(0xd1b5_4a32_d192_ed03));
         let runs = kill_until_done(
             &IterationOptions {
                 exe: &o.exe,
                 conninfo: &conn(&copy),
                 dbname: &copy,
                 batch_target: &o.batch_target,
-                delay_ms,
+                reference: &timeline,
             },
             &mut monitor,
             &mut rng,
@@ -804,9 +918,7 @@ fn main() -> Result<()> {
     );
     let seed = match value("--seed") {
         Some(s) => s.parse().context("--seed")?,
-        None => std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)?
-            .as_nanos() as u64,
+        None => seed_from_env()?,
     };
     let options = CampaignOptions {
         exe,

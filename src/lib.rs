@@ -12,4 +12,5 @@ pub mod online;
 pub mod release;
 pub mod repair;
 pub mod report;
+pub mod signals;
 pub mod verify;

@@ -22,7 +22,7 @@ fn main() -> ExitCode {
     if (format == Format::Csv && !csv_ok)
         || (matches!(format, Format::Markdown | Format::Html) && !report)
     {
-        eprintln!(
+        pgmend::say!(
             "pgmend: error: --format {} is only for {}; use human or json",
             format
                 .to_possible_value()
@@ -74,10 +74,13 @@ fn main() -> ExitCode {
         Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             let code = exit_code_for(&e);
-            eprintln!(
+            pgmend::say!(
                 "pgmend: {}: {e:#}",
                 if code == 1 { "stopped" } else { "error" }
             );
+            if let Some(left) = pgmend::signals::leftovers() {
+                pgmend::say!("pgmend: {left}");
+            }
             ExitCode::from(code)
         }
     }

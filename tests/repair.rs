@@ -4,6 +4,10 @@
 
 mod common;
 
+#[allow(dead_code)]
+#[path = "../examples/kill_campaign.rs"]
+mod kill_campaign;
+
 use std::process::Stdio;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -732,13 +736,9 @@ fn killed_at_random_the_release_resumes_to_the_same_state_and_ledger() {
     let db = fresh_db();
     db.make_legacy_baselined(3000);
     remember_expected(&db);
-    let mut rng_state: u64 = 0x9e37_79b9_7f4a_7c15 ^ u64::from(std::process::id());
-    let mut next = || {
-        rng_state ^= rng_state << 13;
-        rng_state ^= rng_state >> 7;
-        rng_state ^= rng_state << 17;
-        rng_state
-    };
+    let seed = kill_campaign::seed_from_env().unwrap();
+    eprintln!("kill seed {seed}; replay with PGMEND_KILL_SEED={seed}");
+    let mut rng = kill_campaign::Rng::new(seed);
     let mut kills = 0;
     let mut completed = false;
     for attempt in 0..60 {
@@ -761,7 +761,7 @@ fn killed_at_random_the_release_resumes_to_the_same_state_and_ledger() {
         // Eight kills at random moments, then a run left to finish: on a loaded machine a
         // run may never get through in the random window, and the point is the resume.
         let delay = if kills < 8 {
-            Duration::from_millis(30 + next() % 400)
+            Duration::from_millis(rng.between(30, 430))
         } else {
             Duration::from_secs(600)
         };
@@ -778,7 +778,11 @@ fn killed_at_random_the_release_resumes_to_the_same_state_and_ledger() {
             Some(status) => {
                 let mut err = String::new();
                 std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
-                assert_eq!(status.code(), Some(0), "attempt {attempt}: {err}");
+                assert_eq!(
+                    status.code(),
+                    Some(0),
+                    "attempt {attempt} (seed {seed}): {err}"
+                );
                 completed = true;
                 break;
             }
@@ -789,7 +793,10 @@ fn killed_at_random_the_release_resumes_to_the_same_state_and_ledger() {
             }
         }
     }
-    assert!(kills >= 3, "the run was interrupted only {kills} times");
+    assert!(
+        kills >= 3,
+        "the run was interrupted only {kills} times (seed {seed}; replay with PGMEND_KILL_SEED={seed})"
+    );
     assert!(completed, "no run finished");
     assert_eq!(differences(&db), Vec::<String>::new());
     assert_eq!(db.history().len(), 5);

@@ -191,12 +191,12 @@ pub fn generate_dirty_data_shaped(
 }
 
 fn say(line: &str) {
-    eprintln!("\n>>> {line}");
+    crate::say!("\n>>> {line}");
 }
 
 fn step(url: &str, explanation: &str, args: &[&str]) -> Result<()> {
     say(explanation);
-    eprintln!("$ pgmend {}", args.join(" "));
+    crate::say!("$ pgmend {}", args.join(" "));
     let exe = std::env::current_exe().context("finding the pgmend binary")?;
     let status = Command::new(exe)
         .args(args)

@@ -190,13 +190,17 @@ pub fn apply(args: &ApplyArgs, format: Format) -> Result<Outcome> {
         )?;
     }
     let params = session.params.clone();
+    crate::signals::install(&match args.plan.target {
+        Some(v) => format!("pgmend migrate apply --yes --target {v}"),
+        None => "pgmend migrate apply --yes".to_string(),
+    });
     let applied = apply::execute(
         &mut session.client,
         &params,
         &plan,
         &policy,
         args.safety.build_wait,
-        &mut |line| eprintln!("{line}"),
+        &mut |line| crate::say!("{line}"),
     )?;
     let now_at = applied.last().map(|a| a.version).or(plan.current_version);
     match format {

@@ -38,7 +38,7 @@ pub fn plan(args: &ReleasePlanArgs, format: Format) -> Result<Outcome> {
     let steps = release::steps()?;
     let unreleased = release::resolve(&steps, &files, &repairs)?;
     for note in &unreleased {
-        eprintln!("note: {note}");
+        crate::say!("note: {note}");
     }
     let mut session = open(&args.conn)?;
     let migrations = migrate_plan::build(&mut session.client, files.clone(), None)?;
@@ -193,7 +193,7 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
     let repairs = source(&args.repairs).load()?;
     let steps = release::steps()?;
     for note in release::resolve(&steps, &files, &repairs)? {
-        eprintln!("note: {note}");
+        crate::say!("note: {note}");
     }
     let gates: Vec<&str> = steps
         .iter()
@@ -241,11 +241,12 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
         .as_ref()
         .is_some_and(|e| e.intermediary.is_some())
         .then_some(session.backend_pid);
+    crate::signals::install(&continue_command(&args.confirm));
     let client = &mut session.client;
     // A guard that a killed pgmend left on a table would mark the new application's rows;
     // the step that needs one installs it again.
     for dropped in guard::remove_all(client, &policy)? {
-        eprintln!("dropped the guard trigger {dropped}, left by an interrupted release");
+        crate::say!("dropped the guard trigger {dropped}, left by an interrupted release");
     }
     let mut report: Vec<Applied> = Vec::new();
     let mut stopped_at: Option<String> = None;
@@ -253,11 +254,13 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
     let mut current: Option<(usize, String)> = None;
     let walked = (|| -> Result<()> {
         for (i, step) in steps.iter().enumerate() {
-            if crate::repair::runner::INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst) {
+            if let Some(signal) = crate::signals::requested() {
                 return Err(Stopped::error(format!(
-                    "interrupted before step {} ({}); every step before it is complete. Continue with: pgmend apply --yes",
+                    "{} received; stopped before step {} ({}); every step before it is complete. Continue with: {}",
+                    signal.name(),
                     i + 1,
-                    step.label()
+                    step.label(),
+                    crate::signals::resume_command()
                 )));
             }
             if let Some(pid) = keep_backend {
@@ -274,7 +277,7 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
                 });
                 continue;
             }
-            eprintln!("\n== step {}: {}", i + 1, step.label());
+            crate::say!("\n== step {}: {}", i + 1, step.label());
             current = Some((i + 1, step.label()));
             let mut run_report = None;
             let step_started = std::time::Instant::now();
@@ -294,17 +297,18 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
                             &plan,
                             &policy,
                             args.safety.build_wait,
-                            &mut |l| eprintln!("{l}"),
+                            &mut |l| crate::say!("{l}"),
                         ) {
                             Ok(_) => break Ok(()),
                             Err(e)
                                 if retry_with.is_some()
                                     && passes < 3
+                                    && crate::signals::requested().is_none()
                                     && e.chain().any(|c| c.is::<Violators>()) =>
                             {
                                 passes += 1;
                                 let name = retry_with.as_deref().unwrap();
-                                eprintln!("{e:#}\nrunning {name} again for what arrived meanwhile (pass {passes} of 3)");
+                                crate::say!("{e:#}\nrunning {name} again for what arrived meanwhile (pass {passes} of 3)");
                                 let repair = repairs.iter().find(|r| r.name == name).ok_or_else(|| anyhow::anyhow!("release.toml names repair {name:?}, which has no definition"))?;
                                 if !guarded {
                                     match install_guard(client, &policy, repair) {
@@ -324,13 +328,18 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
                     if guarded {
                         let dropped = guard::remove_all(client, &policy);
                         match (&outcome, dropped) {
-                            (_, Ok(dropped)) => {
+                            (Ok(()), Ok(dropped)) => {
                                 for d in dropped {
-                                    eprintln!("dropped the guard trigger {d}: the unique index refuses duplicates from here on");
+                                    crate::say!("dropped the guard trigger {d}: the unique index refuses duplicates from here on");
+                                }
+                            }
+                            (Err(_), Ok(dropped)) => {
+                                for d in dropped {
+                                    crate::say!("dropped the guard trigger {d}: the step stopped before the unique index was built");
                                 }
                             }
                             (Ok(()), Err(e)) => return Err(e),
-                            (Err(_), Err(e)) => eprintln!("pgmend: could not drop the guard trigger ({e:#}); the next `pgmend apply` drops it, and `pgmend verify` fails while it exists"),
+                            (Err(_), Err(e)) => crate::say!("pgmend: could not drop the guard trigger ({e:#}); the next `pgmend apply` drops it, and `pgmend verify` fails while it exists"),
                         }
                     }
                     outcome?;
@@ -349,7 +358,7 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
                             &[&(i as i32 + 1), &step.label(), &run.run.run_id],
                         )
                         .doing("recording the finished step")?;
-                    eprintln!("run {}: {} rows changed", run.run.run_id, run.run.changed);
+                    crate::say!("run {}: {} rows changed", run.run.run_id, run.run.changed);
                     run_report = Some(run);
                 }
                 Step::Gate { name, explain } => {
@@ -375,10 +384,10 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
                             &[name, &who],
                         )
                         .doing("recording the gate")?;
-                    eprintln!("gate {name} confirmed by {who}");
+                    crate::say!("gate {name} confirmed by {who}");
                 }
             }
-            eprintln!(
+            crate::say!(
                 "step {} done in {}",
                 i + 1,
                 crate::config::format_duration(std::time::Duration::from_millis(
@@ -440,13 +449,19 @@ fn step_failed(
     {
         return error;
     }
+    error.context(format!(
+        "step {n} ({label}) did not finish; the steps before it are complete, and what it committed stays committed (a migration either applied and recorded or not at all, repair batches with their ledger and checkpoint). Once the cause is fixed, continue with: {}",
+        continue_command(confirm)
+    ))
+}
+
+/// The command that continues the release, with the gates this one was given.
+fn continue_command(confirm: &[String]) -> String {
     let mut again = String::from("pgmend apply --yes");
     for gate in confirm {
         again.push_str(&format!(" --confirm {gate}"));
     }
-    error.context(format!(
-        "step {n} ({label}) did not finish; the steps before it are complete, and what it committed stays committed (a migration either applied and recorded or not at all, repair batches with their ledger and checkpoint). Once the cause is fixed, continue with: {again}"
-    ))
+    again
 }
 
 fn stop_if_unfinished(
@@ -503,7 +518,7 @@ fn install_guard(
         return Ok(false);
     };
     guard::install(client, policy, &repair.name, spec, run_id)?;
-    eprintln!(
+    crate::say!(
         "installed a guard trigger on {}: until the unique index is valid, a duplicate the old application inserts is marked as it arrives (recorded in the ledger of run {run_id})",
         spec.table
     );

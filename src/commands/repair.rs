@@ -160,39 +160,33 @@ pub fn apply(args: &RepairApplyArgs, format: Format) -> Result<Outcome> {
             &format!("Run {} on {}?", repair.name, session.params),
         )?;
     }
+    crate::signals::install(&format!("pgmend repair apply {} --yes", repair.name));
     let report = run_repair(&mut session.client, &repair, &options)?;
     print_report(&report, format)?;
     finish(&report, &repair)
 }
 
-/// Runs a repair with Ctrl-C handling.
+/// Runs a repair, progress lines to stderr. The caller has installed the signal handler
+/// (`signals::install`): a signal stops the run after its current batch.
 pub fn run_repair(
     client: &mut postgres::Client,
     repair: &Repair,
     options: &RunOptions,
 ) -> Result<RunReport> {
-    install_interrupt_handler();
-    runner::apply(client, repair, options, &mut |line| eprintln!("{line}"))
-}
-
-pub fn install_interrupt_handler() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let _ = ctrlc::set_handler(|| {
-            if runner::INTERRUPTED.swap(true, std::sync::atomic::Ordering::SeqCst) {
-                std::process::exit(130);
-            }
-            eprintln!("interrupted: finishing the current batch, then stopping (Ctrl-C again to quit at once)");
-        });
-    });
+    runner::apply(client, repair, options, &mut |line| crate::say!("{line}"))
 }
 
 /// Exit 1 when the run stopped early or skipped keys; the run's state says the rest.
 pub fn finish(report: &RunReport, repair: &Repair) -> Result<Outcome> {
     if report.interrupted {
         return Err(Stopped::error(format!(
-            "run {} of {} stopped after its current batch ({} of {} targets done). Resume it with: pgmend repair apply {} --yes",
-            report.run.run_id, repair.name, report.run.checkpoint, report.run.targets, repair.name
+            "{}: run {} of {} stopped after its current batch ({} of {} targets done). Resume it with: {}",
+            crate::signals::requested().map_or("interrupted", |s| s.name()),
+            report.run.run_id,
+            repair.name,
+            report.run.checkpoint,
+            report.run.targets,
+            crate::signals::resume_command()
         )));
     }
     let skipped = report.run.skipped.as_array().map_or(0, Vec::len);
@@ -402,7 +396,7 @@ pub fn undo(args: &RepairRunArgs, format: Format) -> Result<Outcome> {
         ),
     )?;
     let report = undo::undo(&mut session.client, &repair, &run, &policy, &mut |l| {
-        eprintln!("{l}")
+        crate::say!("{l}")
     })?;
     match format {
         Format::Json => print_json(&report)?,

@@ -60,7 +60,7 @@ pub fn overruns(args: &OverrunsArgs, format: Format) -> Result<Outcome> {
                     path.display()
                 )
             })?;
-            eprintln!(
+            crate::say!(
                 "pgmend: wrote {} (state {}; {} campaigns, campaign overruns {} yen; {} member-months over the cap, {} yen)",
                 path.display(),
                 summary.state.as_str(),

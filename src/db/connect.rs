@@ -143,7 +143,7 @@ pub fn connect(params: &ConnParams) -> Result<Session> {
         config.options(options);
     }
     config.notice_callback(|notice| {
-        eprintln!("server {}: {}", notice.severity(), notice.message());
+        crate::say!("server {}: {}", notice.severity(), notice.message());
     });
 
     let tls = tls_connector(params)?;

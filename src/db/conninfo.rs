@@ -238,7 +238,7 @@ fn password_from_file(
         _ => return Ok(None),
     };
     if meta.permissions().mode() & 0o077 != 0 {
-        eprintln!(
+        crate::say!(
             "warning: password file {path} has group or world access and is ignored; run chmod 600 {path}"
         );
         return Ok(None);

@@ -82,19 +82,26 @@ pub fn with_lock_retry<T>(
         let pause =
             Duration::from_millis(rand::thread_rng().gen_range(0..=ceiling.as_millis() as u64));
         let elapsed = started.elapsed();
-        if elapsed + pause + policy.lock_timeout > policy.retry_for {
+        // After a stop was requested, the clean-up's time limit is the budget too.
+        let past_cleanup = crate::signals::cleanup_deadline()
+            .is_some_and(|d| Instant::now() + pause + policy.lock_timeout > d);
+        if elapsed + pause + policy.lock_timeout > policy.retry_for || past_cleanup {
             let blockers = lock_holders(client, tables)
                 .unwrap_or_else(|e| format!("(could not list them: {e:#})"));
             return Err(Stopped::error(format!(
-                "{what}: gave up after {tries} attempts in {} (--lock-retry-for {}); each waited at most {} for its lock (last: {}). Nothing of this step was changed. Sessions holding locks on {}: {blockers}. Let them finish or end them, then rerun; or rerun with a longer --lock-retry-for",
+                "{what}: gave up after {tries} attempts in {} ({}); each waited at most {} for its lock (last: {}). Nothing of this step was changed. Sessions holding locks on {}: {blockers}. Let them finish or end them, then rerun; or rerun with a longer --lock-retry-for",
                 crate::config::format_duration(elapsed),
-                crate::config::format_duration(policy.retry_for),
+                if past_cleanup {
+                    format!("the clean-up limit of {} s after the signal", crate::signals::CLEANUP_LIMIT.as_secs())
+                } else {
+                    format!("--lock-retry-for {}", crate::config::format_duration(policy.retry_for))
+                },
                 crate::config::format_duration(policy.lock_timeout),
                 describe(&error),
                 if tables.is_empty() { "its tables".to_string() } else { tables.join(", ") },
             )));
         }
-        eprintln!(
+        crate::say!(
             "{what}: {} (attempt {tries}); retrying in {}",
             describe(&error),
             crate::config::format_duration(pause)

@@ -46,7 +46,7 @@ pub fn acquire(session: &mut Session, wait: Duration) -> Result<RunnerLock> {
             )));
         }
         if !announced {
-            eprintln!(
+            crate::say!(
                 "waiting up to {} for another pgmend to finish ({holder})",
                 crate::config::format_duration(wait)
             );

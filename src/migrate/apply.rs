@@ -50,6 +50,7 @@ pub fn execute(
             .find(|m| m.version == planned.version)
             .expect("planned migrations come from the plan's files");
         let label = migration.label();
+        crate::signals::check(&format!("{label}; the migrations before it are applied"))?;
         let tables: Vec<String> = planned
             .statements
             .iter()

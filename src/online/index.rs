@@ -45,7 +45,15 @@ pub fn apply(
             }
             None => {
                 progress(&format!("running {} (online)", statement.summary));
-                run_watched(main, params, &statement.sql, build_wait, progress)?.map_err(|e| {
+                run_watched(
+                    main,
+                    params,
+                    &statement.sql,
+                    build_wait,
+                    OnStop::Cancel,
+                    progress,
+                )?
+                .map_err(|e| {
                     anyhow::Error::new(describe(&e)).context(format!(
                         "{} line {}: {}",
                         migration.origin, statement.line, statement.summary
@@ -182,7 +190,9 @@ fn build_index(
         drop_index(main, params, name, build_wait, progress)?;
     }
     preflight(main, table, progress)?;
+    let leftover = format!("index {name}");
     for attempt in 1..=BUILD_ATTEMPTS {
+        crate::signals::check(&format!("building {name} ({label})"))?;
         for finding in evaluate::check_before(main, &label, &migration.censuses)? {
             progress(&finding.describe());
         }
@@ -190,16 +200,39 @@ fn build_index(
             "building {name} concurrently (attempt {attempt} of {BUILD_ATTEMPTS})"
         ));
         let started = Instant::now();
-        let outcome = match run_watched(main, params, &statement.sql, build_wait, progress) {
+        crate::signals::leave(
+            &leftover,
+            format!(
+                "the index {name} of {label}, whose CONCURRENTLY build was under way, may remain INVALID; `{}` drops it and builds it again",
+                crate::signals::resume_command()
+            ),
+        );
+        let outcome = match run_watched(
+            main,
+            params,
+            &statement.sql,
+            build_wait,
+            OnStop::Cancel,
+            progress,
+        ) {
             Ok(outcome) => outcome,
             Err(stopped) => {
-                // Cancelled after --build-wait: the build left an INVALID index behind.
+                // Cancelled after --build-wait or on a signal: the build left an INVALID
+                // index behind.
                 if existing(main, name)?.is_some() {
                     progress(&format!(
                         "dropping the INVALID index {name} the cancelled build left"
                     ));
-                    drop_index(main, params, name, build_wait, progress)?;
+                    // The drop's own error decides the exit code, as before the build.
+                    if let Err(e) = drop_index(main, params, name, build_wait, progress) {
+                        return Err(e.context(format!(
+                            "{label}: the build was cancelled ({stopped:#}), but its INVALID index {name} could not be dropped; `{}` drops it and builds it again",
+                            crate::signals::resume_command()
+                        )));
+                    }
+                    progress(&format!("dropped the INVALID index {name}"));
                 }
+                crate::signals::cleaned(&leftover);
                 return Err(stopped.context(format!(
                     "{label}: the INVALID index was dropped; nothing of this step remains"
                 )));
@@ -208,6 +241,7 @@ fn build_index(
         match outcome {
             Ok(()) => match existing(main, name)? {
                 Some(e) if e.valid && e.ready => {
+                    crate::signals::cleaned(&leftover);
                     progress(&format!(
                         "built {name} in {}; it is valid",
                         crate::config::format_duration(Duration::from_millis(
@@ -219,6 +253,7 @@ fn build_index(
                 _ => {
                     progress(&format!("{name} finished but is not valid; dropping it"));
                     drop_index(main, params, name, build_wait, progress)?;
+                    crate::signals::cleaned(&leftover);
                 }
             },
             Err(e) => {
@@ -230,6 +265,7 @@ fn build_index(
                     ));
                     drop_index(main, params, name, build_wait, progress)?;
                 }
+                crate::signals::cleaned(&leftover);
                 // 57014 here is someone else's cancel (pgmend's own, after --build-wait, is
                 // handled above): a person stopped the build, so pgmend does not retry it.
                 if !matches!(code.as_str(), "23505" | "40P01" | "55P03") {
@@ -257,7 +293,15 @@ pub fn drop_index(
     progress: &mut dyn FnMut(&str),
 ) -> Result<()> {
     let sql = format!("DROP INDEX CONCURRENTLY IF EXISTS {}", quote_ident(name));
-    run_watched(main, params, &sql, build_wait, progress)?.map_err(|e| {
+    run_watched(
+        main,
+        params,
+        &sql,
+        build_wait,
+        OnStop::FinishInTime,
+        progress,
+    )?
+    .map_err(|e| {
         anyhow::Error::new(describe(&e)).context(format!(
             "dropping index {name} concurrently; drop it by hand with: {sql}"
         ))
@@ -316,15 +360,26 @@ fn session_line(r: &postgres::Row) -> String {
     )
 }
 
+/// What a stop request (`crate::signals`) does to a watched statement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OnStop {
+    /// The work itself (a build): cancelled at once.
+    Cancel,
+    /// A clean-up (dropping an INVALID index): left to finish until the clean-up deadline,
+    /// cancelled then.
+    FinishInTime,
+}
+
 /// Runs `sql` on a fresh connection with no lock_timeout or statement_timeout, watching
 /// it from `main`. Time spent waiting on other sessions counts against `build_wait`; past
-/// it the statement is cancelled and pgmend stops (exit 1). Returns the statement's own
-/// result otherwise.
+/// it the statement is cancelled and pgmend stops (exit 1); so it is on a stop request, as
+/// `on_stop` says. Returns the statement's own result otherwise.
 fn run_watched(
     main: &mut postgres::Client,
     params: &ConnParams,
     sql: &str,
     build_wait: Duration,
+    on_stop: OnStop,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Result<(), postgres::Error>> {
     let mut worker = crate::db::connect(params)?;
@@ -369,6 +424,36 @@ fn run_watched(
             ));
             last_report = report.clone();
             last_report_at = Instant::now();
+        }
+        let stop = match (crate::signals::requested(), on_stop) {
+            (None, _) => None,
+            (Some(signal), OnStop::Cancel) => Some(signal),
+            (Some(signal), OnStop::FinishInTime) => crate::signals::cleanup_deadline()
+                .filter(|d| Instant::now() >= *d)
+                .map(|_| signal),
+        };
+        if let Some(signal) = stop {
+            main.execute("SELECT pg_cancel_backend($1)", &[&pid])
+                .doing("cancelling the online statement")?;
+            // A cancelled statement ends at once; a thread that does not answer is left
+            // behind rather than waited for past the clean-up limit.
+            if let Ok(result) = receiver.recv_timeout(Duration::from_secs(2)) {
+                let _ = handle.join();
+                if result.is_ok() {
+                    return Ok(Ok(()));
+                }
+            }
+            return Err(Stopped::error(match on_stop {
+                OnStop::Cancel => format!(
+                    "{} received: the online statement was cancelled ({report}). Continue with: {}",
+                    signal.name(),
+                    crate::signals::resume_command()
+                ),
+                OnStop::FinishInTime => format!(
+                    "{} received: `{sql}` did not end in time for the clean-up limit and was cancelled ({report})",
+                    signal.name()
+                ),
+            }));
         }
         if waited > build_wait {
             main.execute("SELECT pg_cancel_backend($1)", &[&pid])

@@ -133,6 +133,11 @@ pub fn install(
         body_lit = lit(&body),
         trigger = q(&trigger_name(repair)),
     );
+    let trigger = trigger_name(repair);
+    crate::signals::leave(
+        &format!("guard {trigger}"),
+        format!("the guard trigger {trigger:?} may remain on {table} (it marks new rows as duplicates, and `pgmend verify` fails while it exists); `pgmend apply --yes` drops it"),
+    );
     execute_with_lock_retry(
         client,
         policy,
@@ -172,6 +177,7 @@ pub fn remove_all(client: &mut postgres::Client, policy: &LockPolicy) -> Result<
             std::slice::from_ref(table),
             &sql,
         )?;
+        crate::signals::cleaned(&format!("guard {trigger}"));
     }
     Ok(found
         .into_iter()

@@ -2,7 +2,6 @@
 //! OFFSET), one short transaction per batch that changes the rows, writes the ledger and
 //! advances the checkpoint together. Resumes an unfinished run from its checkpoint.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
@@ -15,9 +14,6 @@ use super::void::VoidEngine;
 use crate::config::format_duration;
 use crate::db::retry::{execute_with_lock_retry, with_lock_retry, LockPolicy};
 use crate::error::{PgContext, Stopped};
-
-/// Set by the Ctrl-C handler: finish the current batch, then stop cleanly.
-pub static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 #[derive(Debug, Clone, Copy)]
 pub struct RunOptions {
@@ -146,7 +142,7 @@ pub fn apply(
     let mut interrupted = false;
     let bar = progress_bar(&repair.name, run.targets, run.checkpoint);
     while run.checkpoint < run.targets {
-        if INTERRUPTED.load(Ordering::SeqCst) {
+        if crate::signals::requested().is_some() {
             interrupted = true;
             break;
         }
@@ -364,7 +360,7 @@ fn wait_for_replicas(
         if lag_ms <= max_lag.as_millis() as i64 {
             return Ok(());
         }
-        if INTERRUPTED.load(Ordering::SeqCst) {
+        if crate::signals::requested().is_some() {
             return Ok(());
         }
         if !announced {

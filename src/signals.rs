@@ -1,0 +1,237 @@
+//! Stop requests: SIGINT (Ctrl-C), SIGTERM and SIGHUP ask a writing command to stop cleanly.
+//!
+//! The first signal only records the request: the batch loop, the release's step loop and
+//! the watcher of an online statement look at [`requested`] and wind down (the batch in
+//! flight commits or rolls back whole, an online build is cancelled and its INVALID index
+//! dropped, the guard trigger dropped), each clean-up statement giving up at
+//! [`cleanup_deadline`]. Whatever is still under way [`CLEANUP_LIMIT`] after the signal is
+//! cut short: pgmend says what may be left and exits 1. A second signal ends pgmend at once
+//! with 128 + its number (130, 143, 129) after the same report. Parts of pgmend that leave
+//! something behind if the process ends mid-way ([`leave`]) say so here, and say when it is
+//! gone ([`cleaned`]), so that the report names exactly what is left.
+//!
+//! Every line written here goes through [`say`]: after SIGHUP from a closed terminal stderr
+//! fails, and the stop must go on regardless.
+
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// From the first signal to pgmend's exit, at most (Kubernetes waits 30 s before SIGKILL).
+pub const CLEANUP_LIMIT: Duration = Duration::from_secs(20);
+/// Clean-up statements give up this long before [`CLEANUP_LIMIT`], leaving time to report.
+const REPORT_MARGIN: Duration = Duration::from_secs(3);
+
+/// Writes one line to stderr, ignoring a closed or failing stderr.
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// The signals that ask for a stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    Interrupt,
+    Terminate,
+    Hangup,
+}
+
+impl Signal {
+    fn from_raw(raw: i32) -> Option<Signal> {
+        match raw {
+            signal_hook::consts::SIGINT => Some(Signal::Interrupt),
+            signal_hook::consts::SIGTERM => Some(Signal::Terminate),
+            signal_hook::consts::SIGHUP => Some(Signal::Hangup),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Signal::Interrupt => "SIGINT",
+            Signal::Terminate => "SIGTERM",
+            Signal::Hangup => "SIGHUP",
+        }
+    }
+
+    /// The shell's code for a process ended by this signal: 128 + its number.
+    pub fn exit_code(self) -> i32 {
+        128 + match self {
+            Signal::Interrupt => signal_hook::consts::SIGINT,
+            Signal::Terminate => signal_hook::consts::SIGTERM,
+            Signal::Hangup => signal_hook::consts::SIGHUP,
+        }
+    }
+}
+
+#[derive(Default)]
+struct State {
+    first: Option<(Signal, Instant)>,
+    /// The command that continues the work, for the messages.
+    resume: String,
+    /// What a process ending now would leave: (key, description), in the order it arose.
+    leftovers: Vec<(String, String)>,
+}
+
+static STATE: Mutex<State> = Mutex::new(State {
+    first: None,
+    resume: String::new(),
+    leftovers: Vec::new(),
+});
+
+fn state() -> MutexGuard<'static, State> {
+    STATE
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Handles SIGINT, SIGTERM and SIGHUP from now on (once per process; a later call only
+/// changes `resume`, the command that continues the work).
+pub fn install(resume: &str) {
+    state().resume = resume.to_string();
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+        let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) {
+            Ok(s) => s,
+            Err(e) => {
+                say!("pgmend: could not install the signal handler ({e}); a signal ends pgmend at once");
+                return;
+            }
+        };
+        std::thread::spawn(move || {
+            for raw in signals.forever() {
+                if let Some(signal) = Signal::from_raw(raw) {
+                    received(signal);
+                }
+            }
+        });
+    });
+}
+
+fn received(signal: Signal) {
+    let first = {
+        let mut s = state();
+        if s.first.is_none() {
+            s.first = Some((signal, Instant::now()));
+            true
+        } else {
+            false
+        }
+    };
+    if !first {
+        say!(
+            "pgmend: {} again: stopping at once; a batch in flight is rolled back by the server. {}",
+            signal.name(),
+            left_behind()
+        );
+        std::process::exit(signal.exit_code());
+    }
+    say!(
+        "pgmend: {}: stopping cleanly: the current batch commits or rolls back whole, an online build is cancelled and its INVALID index dropped, a guard trigger is dropped (at most {} s; a second signal stops at once)",
+        signal.name(),
+        CLEANUP_LIMIT.as_secs()
+    );
+    std::thread::spawn(move || {
+        std::thread::sleep(CLEANUP_LIMIT);
+        say!(
+            "pgmend: stopped: the clean-up after {} did not end within {} s; stopping now (a batch in flight is rolled back by the server). {}",
+            signal.name(),
+            CLEANUP_LIMIT.as_secs(),
+            left_behind()
+        );
+        std::process::exit(1);
+    });
+}
+
+/// The signal that asked for a stop, if one did.
+pub fn requested() -> Option<Signal> {
+    state().first.map(|(signal, _)| signal)
+}
+
+/// When clean-up statements give up, once a stop was requested.
+pub fn cleanup_deadline() -> Option<Instant> {
+    state()
+        .first
+        .map(|(_, at)| at + CLEANUP_LIMIT - REPORT_MARGIN)
+}
+
+impl State {
+    /// The command that continues the work (`pgmend apply --yes` before any command
+    /// installed the handler).
+    fn resume(&self) -> String {
+        if self.resume.is_empty() {
+            "pgmend apply --yes".to_string()
+        } else {
+            self.resume.clone()
+        }
+    }
+
+    fn leftovers(&self) -> Option<String> {
+        if self.leftovers.is_empty() {
+            return None;
+        }
+        let list: Vec<&str> = self.leftovers.iter().map(|(_, w)| w.as_str()).collect();
+        Some(list.join("; "))
+    }
+}
+
+/// The command that continues the work.
+pub fn resume_command() -> String {
+    state().resume()
+}
+
+/// A stop error when a stop was requested: "SIGTERM received before {what}".
+pub fn check(what: &str) -> anyhow::Result<()> {
+    match requested() {
+        Some(signal) => Err(crate::error::Stopped::error(format!(
+            "{} received; stopped before {what}. Continue with: {}",
+            signal.name(),
+            resume_command()
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Records that ending the process now would leave `what` behind (under `key`, for
+/// [`cleaned`]).
+pub fn leave(key: &str, what: String) {
+    let mut s = state();
+    s.leftovers.retain(|(k, _)| k != key);
+    s.leftovers.push((key.to_string(), what));
+}
+
+/// `key` no longer needs cleaning.
+pub fn cleaned(key: &str) {
+    state().leftovers.retain(|(k, _)| k != key);
+}
+
+/// What ending the process now leaves and how it is cleaned, and the command that continues.
+fn left_behind() -> String {
+    let s = state();
+    match s.leftovers() {
+        Some(list) => format!("Left behind: {list}. Continue with: {}", s.resume()),
+        None => format!("Nothing else is left behind. Continue with: {}", s.resume()),
+    }
+}
+
+/// What is still left behind, for the end of a stop: `None` when nothing is.
+pub fn leftovers() -> Option<String> {
+    state()
+        .leftovers()
+        .map(|list| format!("left behind: {list}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Signal;
+
+    #[test]
+    fn exit_codes_are_the_shells() {
+        assert_eq!(Signal::Interrupt.exit_code(), 130);
+        assert_eq!(Signal::Terminate.exit_code(), 143);
+        assert_eq!(Signal::Hangup.exit_code(), 129);
+    }
+}
