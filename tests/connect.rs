@@ -39,6 +39,69 @@ fn a_malformed_url_exits_2_without_echoing_it() {
     );
 }
 
+/// Every way the parser refuses a string, through the binary: exit 2, a message that says
+/// what is wrong and how to write it, and no piece of the password (`Sup3r` + `Secret`),
+/// wherever the mistake put it.
+#[test]
+fn every_string_the_parser_refuses_exits_2_saying_why_without_the_password() {
+    let pw = "Sup3rSecret";
+    for (conninfo, expect) in [
+        // URLs.
+        ("postgresql//u:Sup3rSecret@h/x", "does not start with postgresql://"),
+        ("postgresql:/u:Sup3rSecret@h/x", "does not start with postgresql://"),
+        ("postgres:u:Sup3rSecret@h/x", "does not start with postgresql://"),
+        ("jdbc:postgresql://h/x?password=Sup3rSecret", "does not start with postgresql://"),
+        ("postgresql://u:Sup3rSecret/x", "an '@' and the host must follow it"),
+        ("postgresql://u:Sup3r%zzSecret@h/x", "the password has a '%' that does not start a %XX escape"),
+        ("postgresql://u:Sup3r%ffSecret@h/x", "the password decodes to bytes that are not valid UTF-8"),
+        ("postgresql://u%e9:Sup3rSecret@h/x", "the user name decodes to bytes"),
+        ("postgresql://u:Sup3rSecret@h%/x", "the host has a '%'"),
+        ("postgresql://u:Sup3rSecret@h/x%4", "the database name has a '%'"),
+        ("postgresql://u:Sup3r/Secret@h/x", "percent-encode them"),
+        ("postgresql://u:Sup3r?Secret@h/x", "percent-encode them"),
+        ("postgresql://u:Sup3rSecret@h:5432,h2:5432/x", "several hosts"),
+        ("postgresql://u:Sup3rSecret@[::1/x", "missing its closing ']'"),
+        ("postgresql://u:Sup3rSecret@h:notaport/x", "port \"notaport\" is not a number between 1 and 65535"),
+        ("postgresql://u:Sup3rSecret@h:0/x", "port \"0\" is not a number"),
+        ("postgresql://u:Sup3rSecret@h:65536/x", "port \"65536\" is not a number"),
+        ("postgresql://u:Sup3rSecret@h/x?sslmode=verify", "sslmode \"verify\" is not one of disable, allow, prefer, require, verify-ca, verify-full"),
+        ("postgresql://u:Sup3rSecret@h/x?sslmode=Sup3rSecret", "the sslmode in the connection string is not one of"),
+        ("postgresql://u:Sup3rSecret@h/x?connect_timeout=soon", "connect_timeout \"soon\" is not a whole number"),
+        ("postgresql://u:Sup3rSecret@h/x?sslmod=require", "unknown connection parameter \"sslmod\" (did you mean sslmode?)"),
+        ("postgresql://u:Sup3rSecret@h/x?sslmode", "URL parameter number 1 has no '='"),
+        ("postgresql://u@h/x?password=Sup3r&Secret", "has no '='"),
+        ("postgresql://u@h/x?password=Sup3r&Secret=1", "the parameter after password is not a known key"),
+        ("postgresql://u:Sup3rSecret@h/x%00", "the value of dbname contains a NUL character"),
+        // key=value strings.
+        ("host=h user=u password=Sup3rSecret dbnme=x", "the parameter after password is not a known key (did you mean dbname?)"),
+        ("host=h user=u passwort=Sup3rSecret", "unknown connection parameter \"passwort\" (did you mean password?)"),
+        ("host=h user=u Sup3rSecret=x", "parameter number 3 is not a known key"),
+        ("host=h user=u password=Sup3r Secret", "quote that value: password='...'"),
+        ("host=h user=u password=Sup3r Secret=x", "quote that value (password='...'"),
+        ("host=h user=u password='Sup3rSecret", "the quoted value of password has no closing quote"),
+        ("host=h user=u password='Sup3r'Secret' dbname=x", "quote that value"),
+        ("host=h user=u password=Sup3rSecret\\", "a backslash ends the string"),
+        ("host=h user=u password=Sup3rSecret dbname", "dbname is missing its '='"),
+        ("host=h user=u password=Sup3rSecret port=65536", "port \"65536\" is not a number between 1 and 65535"),
+        ("host=h user=u password=Sup3rSecret port=Sup3rSecret", "the port in the connection string is not a number"),
+        ("host=h user=u password=Sup3rSecret sslmode=on", "sslmode \"on\" is not one of"),
+        ("host=h user=u password=Sup3rSecret connect_timeout=-1", "connect_timeout \"-1\" is not a whole number"),
+    ] {
+        let r = run(
+            pgmend_command()
+                .env("PGCONNECT_TIMEOUT", "2")
+                .args(["migrate", "status", "--database-url", conninfo]),
+            "",
+        );
+        assert_eq!(r.code, 2, "{conninfo}: {}", r.both());
+        assert!(r.stderr.contains(expect), "{conninfo}: expected {expect:?} in {}", r.stderr);
+        for piece in ["Sup3r", "Secret", pw] {
+            assert!(!r.both().contains(piece), "{conninfo}: {piece} shows in {}", r.both());
+        }
+        assert!(!r.stderr.contains("could not connect"), "{conninfo}: {}", r.stderr);
+    }
+}
+
 #[test]
 fn a_wrong_password_exits_2_and_says_what_to_check() {
     let db = fresh_db();
