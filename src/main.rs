@@ -7,6 +7,7 @@ use clap::{CommandFactory, Parser, ValueEnum};
 use pgmend::cli::{Cli, Command, Format, MigrateCommand, RepairCommand, ReportCommand};
 use pgmend::commands::{demo, migrate, release, repair, report, verify};
 use pgmend::error::{exit_code_for, Outcome};
+use pgmend::output;
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -54,24 +55,28 @@ fn main() -> ExitCode {
         Command::Verify(a) => verify::run(a, format),
         Command::Report(ReportCommand::Overruns(a)) => report::overruns(a, format),
         Command::Demo(a) => demo::run(a),
+        // Both write through `output::stdout`, which a closed pipe cannot fail (clap_complete
+        // panics on a failed write).
         Command::Completions(a) => {
             clap_complete::generate(
                 a.shell,
                 &mut Cli::command(),
                 "pgmend",
-                &mut std::io::stdout(),
+                &mut output::stdout(),
             );
             Ok(Outcome::Done)
         }
         Command::Man => clap_mangen::Man::new(Cli::command())
-            .render(&mut std::io::stdout())
+            .render(&mut output::stdout())
             .map(|()| Outcome::Done)
             .map_err(Into::into),
     };
+    // A closed stdout is no error: `output::stdout` swallowed it, and the command ran to its
+    // own outcome. (An EPIPE that still arrives here is from elsewhere, such as the server's
+    // socket, and is an error like any other.)
     match result {
         Ok(Outcome::Done) => ExitCode::SUCCESS,
         Ok(Outcome::Findings) => ExitCode::from(1),
-        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             let code = exit_code_for(&e);
             eprintln!(
@@ -81,10 +86,4 @@ fn main() -> ExitCode {
             ExitCode::from(code)
         }
     }
-}
-
-fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain()
-        .filter_map(|c| c.downcast_ref::<std::io::Error>())
-        .any(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
 }

@@ -108,7 +108,7 @@ pub fn status(args: &StatusArgs, format: Format) -> Result<Outcome> {
                         .unwrap_or_default(),
                 })
                 .collect();
-            let mut out = std::io::stdout().lock();
+            let mut out = crate::output::stdout();
             writeln!(
                 out,
                 "{} (PostgreSQL {})",
@@ -150,7 +150,7 @@ pub fn plan(args: &PlanArgs, format: Format) -> Result<Outcome> {
 fn render_plan(plan: &plan::Plan, format: Format) -> Result<()> {
     match format {
         Format::Json => print_json(plan),
-        _ => Ok(plan::render_human(plan, &mut std::io::stdout().lock())?),
+        _ => Ok(plan::render_human(plan, &mut crate::output::stdout())?),
     }
 }
 
@@ -214,7 +214,7 @@ pub fn apply(args: &ApplyArgs, format: Format) -> Result<Outcome> {
             })?;
         }
         _ => {
-            let mut out = std::io::stdout().lock();
+            let mut out = crate::output::stdout();
             if applied.is_empty() {
                 writeln!(
                     out,
@@ -323,7 +323,7 @@ fn report_baseline(
             })
         }
         _ => {
-            let mut out = std::io::stdout().lock();
+            let mut out = crate::output::stdout();
             if already {
                 writeln!(
                     out,
@@ -360,7 +360,7 @@ pub fn validate(args: &ValidateArgs, format: Format) -> Result<Outcome> {
     match format {
         Format::Json => print_json(&result)?,
         _ => {
-            let mut out = std::io::stdout().lock();
+            let mut out = crate::output::stdout();
             if result.already_valid {
                 writeln!(
                     out,

@@ -64,7 +64,7 @@ pub fn confirm(yes: bool, question: &str) -> Result<()> {
 
 /// Writes a JSON document to stdout, followed by a newline.
 pub fn print_json(value: &impl serde::Serialize) -> Result<()> {
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     serde_json::to_writer_pretty(&mut out, value)?;
     writeln!(out)?;
     Ok(())

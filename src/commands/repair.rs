@@ -53,7 +53,7 @@ pub fn list(args: &RepairListArgs, format: Format) -> Result<Outcome> {
     match format {
         Format::Json => print_json(&rows)?,
         _ => writeln!(
-            std::io::stdout().lock(),
+            crate::output::stdout(),
             "{}",
             Table::new(&rows).with(Style::psql())
         )?,
@@ -92,7 +92,7 @@ pub fn plan(args: &RepairPlanArgs, format: Format) -> Result<Outcome> {
     let mut tx = super::read_only(&mut session.client)?;
     let colour = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let sample = if args.all { None } else { Some(args.sample) };
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     let preview = match format {
         Format::Json => {
             let mut changes: Vec<Change> = Vec::new();
@@ -216,7 +216,7 @@ pub fn print_report(report: &RunReport, format: Format) -> Result<()> {
         Format::Json => print_json(report),
         _ => {
             let r = &report.run;
-            let mut out = std::io::stdout().lock();
+            let mut out = crate::output::stdout();
             writeln!(
                 out,
                 "run {} of {}{}: {}/{} targets, {} rows changed in {} batches (p50 {} ms, p99 {} ms, max {} ms), state {}",
@@ -280,7 +280,7 @@ pub fn status(args: &RepairStatusArgs, format: Format) -> Result<Outcome> {
                     },
                 })
                 .collect();
-            let mut out = std::io::stdout().lock();
+            let mut out = crate::output::stdout();
             if rows.is_empty() {
                 writeln!(out, "No repair has run on this database.")?;
             } else {
@@ -300,7 +300,7 @@ pub fn log(args: &RepairLogArgs, format: Format) -> Result<Outcome> {
             args.run_id
         );
     }
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     let sql = "SELECT ledger_id, target_table, row_key::text, action, coalesce(before::text, ''), coalesce(after::text, ''), reason,
                       to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')
                  FROM pgmend.repair_ledger WHERE run_id = $1 ORDER BY ledger_id";
@@ -309,7 +309,7 @@ pub fn log(args: &RepairLogArgs, format: Format) -> Result<Outcome> {
         .doing("reading the ledger")?;
     use fallible_iterator::FallibleIterator;
     let mut csv_writer =
-        (format == Format::Csv).then(|| csv::Writer::from_writer(std::io::stdout()));
+        (format == Format::Csv).then(|| csv::Writer::from_writer(crate::output::stdout()));
     if let Some(w) = csv_writer.as_mut() {
         w.write_record([
             "ledger_id",
@@ -328,6 +328,9 @@ pub fn log(args: &RepairLogArgs, format: Format) -> Result<Outcome> {
         write!(out, "[")?;
     }
     while let Some(r) = rows.next().doing("reading the ledger")? {
+        if crate::output::closed() {
+            break; // nobody reads the rest (`| head`)
+        }
         let fields: (i64, String, String, String, String, String, String, String) = (
             r.get(0),
             r.get(1),
@@ -407,7 +410,7 @@ pub fn undo(args: &RepairRunArgs, format: Format) -> Result<Outcome> {
     match format {
         Format::Json => print_json(&report)?,
         _ => writeln!(
-            std::io::stdout().lock(),
+            crate::output::stdout(),
             "run {} undid run {}: {} rows restored, {} created rows deleted",
             report.undo_run,
             report.undone_run,
@@ -444,7 +447,7 @@ pub fn abandon(args: &RepairRunArgs, format: Format) -> Result<Outcome> {
     match format {
         Format::Json => print_json(&store::run(&mut session.client, run.run_id)?)?,
         _ => writeln!(
-            std::io::stdout().lock(),
+            crate::output::stdout(),
             "run {} abandoned; its {} changed rows stay (pgmend repair undo {} --yes restores them)",
             run.run_id, run.changed, run.run_id
         )?,

@@ -24,7 +24,7 @@ pub fn overruns(args: &OverrunsArgs, format: Format) -> Result<Outcome> {
 
     match &args.output {
         None => {
-            let stdout = std::io::stdout().lock();
+            let stdout = crate::output::stdout();
             write(&mut tx, database, args, format, BufWriter::new(stdout))?;
         }
         Some(path) => {
