@@ -125,6 +125,38 @@ fn a_wrong_password_exits_2_and_says_what_to_check() {
     assert!(!r.stderr.contains(&db.password()));
 }
 
+/// The server asks for a password and none was given: say where one goes, not that the
+/// network may be down.
+#[test]
+fn without_a_password_the_advice_says_where_to_give_one() {
+    let db = fresh_db();
+    let p = &db.params;
+    let url = format!(
+        "postgresql://{}@{}:{}/{}?sslmode=disable",
+        p.user, p.host, p.port, p.dbname
+    );
+    let r = run(
+        pgmend_command()
+            .env("HOME", "/nonexistent")
+            .args(["migrate", "status", "--database-url", &url]),
+        &db.password(),
+    );
+    assert_eq!(r.code, 2, "{}", r.both());
+    for says in [
+        "no password was given",
+        "postgresql://user:PASSWORD@host",
+        "PGPASSWORD",
+        "~/.pgpass",
+    ] {
+        assert!(r.stderr.contains(says), "expected {says:?} in {}", r.stderr);
+    }
+    assert!(
+        !r.stderr.contains("check that the server is running"),
+        "{}",
+        r.stderr
+    );
+}
+
 #[test]
 fn the_pg_variables_are_honoured_and_application_name_defaults_to_pgmend() {
     let db = fresh_db();
