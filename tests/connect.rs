@@ -136,9 +136,12 @@ fn without_a_password_the_advice_says_where_to_give_one() {
         p.user, p.host, p.port, p.dbname
     );
     let r = run(
-        pgmend_command()
-            .env("HOME", "/nonexistent")
-            .args(["migrate", "status", "--database-url", &url]),
+        pgmend_command().env("HOME", "/nonexistent").args([
+            "migrate",
+            "status",
+            "--database-url",
+            &url,
+        ]),
         &db.password(),
     );
     assert_eq!(r.code, 2, "{}", r.both());

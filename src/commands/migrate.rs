@@ -187,6 +187,7 @@ pub fn apply(args: &ApplyArgs, format: Format) -> Result<Outcome> {
                 plan.pending.len(),
                 session.params
             ),
+            "review its plan first (`pgmend migrate plan`)",
         )?;
     }
     let params = session.params.clone();
@@ -293,6 +294,7 @@ pub fn baseline(args: &BaselineArgs, format: Format) -> Result<Outcome> {
             v1.label(),
             session.params
         ),
+        "check what is applied first (`pgmend migrate status`)",
     )?;
     baseline::record(&mut session.client, &v1, &policy)?;
     report_baseline(format, &session.params, &v1, Some(&comparison), false)?;
@@ -355,6 +357,7 @@ pub fn validate(args: &ValidateArgs, format: Format) -> Result<Outcome> {
             "Validate constraint {} on {} (a full scan under SHARE UPDATE EXCLUSIVE)?",
             args.name, session.params
         ),
+        "it counts the rows that break the check before it validates, and stops (exit 1) while there are any",
     )?;
     let result = validate::run(&mut session.client, &args.name, &policy)?;
     match format {

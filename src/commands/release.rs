@@ -204,6 +204,7 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
         confirm(
             false,
             &format!("Apply the pending release to {params} (review it first with `pgmend plan`)?"),
+            "review its plan first (`pgmend plan`)",
         )?;
     }
     let client = &mut session.client;

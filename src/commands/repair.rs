@@ -158,6 +158,10 @@ pub fn apply(args: &RepairApplyArgs, format: Format) -> Result<Outcome> {
         confirm(
             false,
             &format!("Run {} on {}?", repair.name, session.params),
+            &format!(
+                "review its diff first (`pgmend repair plan {}`)",
+                repair.name
+            ),
         )?;
     }
     let report = run_repair(&mut session.client, &repair, &options)?;
@@ -403,6 +407,10 @@ pub fn undo(args: &RepairRunArgs, format: Format) -> Result<Outcome> {
             "Restore the {} rows run {} of {} changed?",
             run.changed, run.run_id, run.repair
         ),
+        &format!(
+            "review what the run changed first (`pgmend repair log {}`)",
+            run.run_id
+        ),
     )?;
     let report = undo::undo(&mut session.client, &repair, &run, &policy, &mut |l| {
         eprintln!("{l}")
@@ -439,6 +447,7 @@ pub fn abandon(args: &RepairRunArgs, format: Format) -> Result<Outcome> {
             "Abandon run {} of {} at {}/{}? Its changes stay (undo can restore them).",
             run.run_id, run.repair, run.checkpoint, run.targets
         ),
+        "check the run first (`pgmend repair status`)",
     )?;
     session
         .client
