@@ -18,6 +18,20 @@ fn main() -> ExitCode {
         }
     };
     let format = cli.output.format;
+    // These write one fixed thing (the tour, a script, a page); a format would mean nothing.
+    let formatless = match cli.command {
+        Command::Demo(_) => Some("demo"),
+        Command::Completions(_) => Some("completions"),
+        Command::Man => Some("man"),
+        _ => None,
+    };
+    if let Some(command) = formatless.filter(|_| format != Format::Human) {
+        eprintln!(
+            "pgmend: error: --format {} means nothing to `pgmend {command}`, which has one output; leave --format out",
+            format_name(format)
+        );
+        return ExitCode::from(2);
+    }
     let report = matches!(cli.command, Command::Report(_));
     let csv_ok = report || matches!(cli.command, Command::Repair(RepairCommand::Log(_)));
     if (format == Format::Csv && !csv_ok)
@@ -25,10 +39,7 @@ fn main() -> ExitCode {
     {
         eprintln!(
             "pgmend: error: --format {} is only for {}; use human or json",
-            format
-                .to_possible_value()
-                .map(|v| v.get_name().to_string())
-                .unwrap_or_default(),
+            format_name(format),
             if format == Format::Csv {
                 "`pgmend repair log` and `pgmend report overruns`"
             } else {
@@ -86,4 +97,11 @@ fn main() -> ExitCode {
             ExitCode::from(code)
         }
     }
+}
+
+fn format_name(format: Format) -> String {
+    format
+        .to_possible_value()
+        .map(|v| v.get_name().to_string())
+        .unwrap_or_default()
 }

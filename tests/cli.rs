@@ -52,6 +52,20 @@ fn a_format_the_command_cannot_render_is_refused_with_exit_2() {
         (&["verify", "--format", "html"][..], "report overruns"),
         (&["migrate", "status", "--format", "csv"][..], "repair log"),
         (&["plan", "--format", "markdown"][..], "report overruns"),
+        // One fixed output each: no format means anything to them.
+        (
+            // (--members 0 is refused too, after the format: so the old code ran no demo)
+            &["demo", "--members", "0", "--format", "json"][..],
+            "means nothing to `pgmend demo`",
+        ),
+        (
+            &["--format", "json", "completions", "bash"][..],
+            "means nothing to `pgmend completions`",
+        ),
+        (
+            &["man", "--format", "csv"][..],
+            "means nothing to `pgmend man`",
+        ),
     ] {
         let r = output(args);
         assert_eq!(r.code, 2, "{args:?}: {}", r.both());
