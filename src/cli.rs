@@ -326,10 +326,11 @@ pub struct SafetyArgs {
 
 #[derive(Debug, Args)]
 pub struct OutputArgs {
-    /// human (alias table) for people, json for programs (a stable, documented document);
-    /// csv for `repair log` and `report overruns`; markdown and html for `report overruns`.
-    #[arg(long, global = true, value_enum, default_value_t = Format::Human)]
-    pub format: Format,
+    /// human (alias table; the default) for people, json for programs (a stable, documented
+    /// document); csv for `repair log` and `report overruns`; markdown and html for `report
+    /// overruns`, which takes it from --output's extension when --format is not given.
+    #[arg(long, global = true, value_enum)]
+    pub format: Option<Format>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -340,4 +341,17 @@ pub enum Format {
     Csv,
     Markdown,
     Html,
+}
+
+impl Format {
+    /// As `--format` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Human => "human",
+            Format::Json => "json",
+            Format::Csv => "csv",
+            Format::Markdown => "markdown",
+            Format::Html => "html",
+        }
+    }
 }

@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use clap::{CommandFactory, Parser, ValueEnum};
+use clap::{CommandFactory, Parser};
 
 use pgmend::cli::{Cli, Command, Format, MigrateCommand, RepairCommand, ReportCommand};
 use pgmend::commands::{demo, migrate, release, repair, report, verify};
@@ -17,7 +17,9 @@ fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
         }
     };
-    let format = cli.output.format;
+    // Not given is not `human`: `report overruns --output r.csv` takes it from the file name.
+    let given = cli.output.format;
+    let format = given.unwrap_or(Format::Human);
     // These write one fixed thing (the tour, a script, a page); a format would mean nothing.
     let formatless = match cli.command {
         Command::Demo(_) => Some("demo"),
@@ -25,10 +27,10 @@ fn main() -> ExitCode {
         Command::Man => Some("man"),
         _ => None,
     };
-    if let Some(command) = formatless.filter(|_| format != Format::Human) {
+    if let Some(command) = formatless.filter(|_| given.is_some()) {
         eprintln!(
             "pgmend: error: --format {} means nothing to `pgmend {command}`, which has one output; leave --format out",
-            format_name(format)
+            format.name()
         );
         return ExitCode::from(2);
     }
@@ -39,7 +41,7 @@ fn main() -> ExitCode {
     {
         eprintln!(
             "pgmend: error: --format {} is only for {}; use human or json",
-            format_name(format),
+            format.name(),
             if format == Format::Csv {
                 "`pgmend repair log` and `pgmend report overruns`"
             } else {
@@ -64,7 +66,7 @@ fn main() -> ExitCode {
         Command::Migrate(MigrateCommand::Baseline(a)) => migrate::baseline(a, format),
         Command::Migrate(MigrateCommand::Validate(a)) => migrate::validate(a, format),
         Command::Verify(a) => verify::run(a, format),
-        Command::Report(ReportCommand::Overruns(a)) => report::overruns(a, format),
+        Command::Report(ReportCommand::Overruns(a)) => report::overruns(a, given),
         Command::Demo(a) => demo::run(a),
         // Both write through `output::stdout`, which a closed pipe cannot fail (clap_complete
         // panics on a failed write).
@@ -97,11 +99,4 @@ fn main() -> ExitCode {
             ExitCode::from(code)
         }
     }
-}
-
-fn format_name(format: Format) -> String {
-    format
-        .to_possible_value()
-        .map(|v| v.get_name().to_string())
-        .unwrap_or_default()
 }
