@@ -21,6 +21,53 @@ pub struct Cli {
     pub output: OutputArgs,
 }
 
+/// A hint for an option given to a command that does not take it, when clap has none: the
+/// commands that do take it (`pgmend migrate status --yes`: `--yes` belongs to `pgmend
+/// apply`, ...). clap already points at the subcommand when an option comes before it.
+pub fn misplaced_option_hint(argv: &[String], error: &clap::Error) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    use clap::CommandFactory;
+    if error.kind() != ErrorKind::UnknownArgument {
+        return None;
+    }
+    let Some(ContextValue::String(arg)) = error.get(ContextKind::InvalidArg) else {
+        return None;
+    };
+    let long = arg.strip_prefix("--")?.split('=').next()?;
+    let root = Cli::command();
+    let mut given = vec!["pgmend".to_string()];
+    let mut command = &root;
+    for word in argv.iter().skip(1) {
+        if let Some(sub) = command.find_subcommand(word) {
+            given.push(sub.get_name().to_string());
+            command = sub;
+        }
+    }
+    if command.get_arguments().any(|a| a.get_long() == Some(long)) {
+        return None; // in the right command, before its subcommand: clap says where it goes
+    }
+    fn takers(command: &clap::Command, path: &str, long: &str, out: &mut Vec<String>) {
+        for sub in command.get_subcommands() {
+            let path = format!("{path} {}", sub.get_name());
+            if sub.get_arguments().any(|a| a.get_long() == Some(long)) {
+                out.push(format!("`{path}`"));
+            }
+            takers(sub, &path, long, out);
+        }
+    }
+    let mut out = Vec::new();
+    takers(&root, "pgmend", long, &mut out);
+    let list = match out.len() {
+        0 => return None,
+        n if n <= 8 => out.join(", "),
+        n => format!("{} and {} more", out[..6].join(", "), n - 6),
+    };
+    Some(format!(
+        "--{long} is not an option of `{}`; it belongs to {list}",
+        given.join(" ")
+    ))
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Versioned migrations: status, plan, apply, baseline.

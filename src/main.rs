@@ -14,6 +14,10 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
+            let argv: Vec<String> = std::env::args().collect();
+            if let Some(hint) = pgmend::cli::misplaced_option_hint(&argv, &e) {
+                eprintln!("hint: {hint}");
+            }
             return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
         }
     };
