@@ -21,6 +21,31 @@ pub struct Cli {
     pub output: OutputArgs,
 }
 
+/// clap's error, with every argument that may hold a password replaced: clap repeats an
+/// unexpected argument verbatim (`pgmend verify postgresql://u:pw@h/db`, the
+/// `--database-url` forgotten), and pgmend never shows a password.
+pub fn redacted(error: &clap::Error, argv: &[String]) -> String {
+    let mut text = error.render().to_string();
+    let mut replaced = false;
+    for arg in argv.iter().skip(1) {
+        let lower = arg.to_ascii_lowercase();
+        let secret = lower.contains("password") || (arg.contains('@') && arg.contains(':'));
+        if secret && text.contains(arg.as_str()) {
+            text = text.replace(
+                arg.as_str(),
+                "<a connection string, not repeated: it may hold a password>",
+            );
+            replaced = true;
+        }
+    }
+    if replaced && error.kind() == clap::error::ErrorKind::UnknownArgument {
+        text.push_str(
+            "hint: a connection string goes after --database-url (or into DATABASE_URL)\n",
+        );
+    }
+    text
+}
+
 /// A hint for an option given to a command that does not take it, when clap has none: the
 /// commands that do take it (`pgmend migrate status --yes`: `--yes` belongs to `pgmend
 /// apply`, ...). clap already points at the subcommand when an option comes before it.

@@ -12,13 +12,21 @@ use pgmend::output;
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => {
+            let _ = e.print(); // --help, --version
+            return ExitCode::SUCCESS;
+        }
         Err(e) => {
-            let _ = e.print();
-            let argv: Vec<String> = std::env::args().collect();
+            // (Lossy: an argument that is not UTF-8 must not make this panic, and the panic
+            // would print it whole.)
+            let argv: Vec<String> = std::env::args_os()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect();
+            eprint!("{}", pgmend::cli::redacted(&e, &argv));
             if let Some(hint) = pgmend::cli::misplaced_option_hint(&argv, &e) {
                 eprintln!("hint: {hint}");
             }
-            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+            return ExitCode::from(2);
         }
     };
     // Not given is not `human`: `report overruns --output r.csv` takes it from the file name.

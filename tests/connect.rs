@@ -102,6 +102,46 @@ fn every_string_the_parser_refuses_exits_2_saying_why_without_the_password() {
     }
 }
 
+/// clap repeats an argument it does not expect: a connection string given without
+/// `--database-url` must not come back with its password, nor may an argument that is not
+/// UTF-8 make pgmend panic (the panic printed it whole).
+#[test]
+fn a_connection_string_clap_refuses_is_not_repeated() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    for args in [
+        &["verify", "postgresql://rel:Sup3rSecret@db/x"][..],
+        &["migrate", "status", "host=db password=Sup3rSecret"][..],
+        &["repair", "log", "postgresql://rel:Sup3rSecret@db/x"][..],
+    ] {
+        let r = run(pgmend_command().args(args), "Sup3rSecret");
+        assert_eq!(r.code, 2, "{args:?}: {}", r.both());
+        assert!(
+            r.stderr.contains("not repeated: it may hold a password"),
+            "{args:?}: {}",
+            r.stderr
+        );
+    }
+    let r = run(
+        pgmend_command().args(["verify", "postgresql://rel:Sup3rSecret@db/x"]),
+        "Sup3rSecret",
+    );
+    assert!(
+        r.stderr.contains("goes after --database-url"),
+        "{}",
+        r.stderr
+    );
+    let r = run(
+        pgmend_command().arg("verify").arg(OsStr::from_bytes(
+            b"--database-url=postgresql://rel:Sup3rSecret\xff@db/x",
+        )),
+        "Sup3rSecret",
+    );
+    assert_eq!(r.code, 2, "{}", r.both());
+    assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
+    assert!(r.stderr.contains("invalid UTF-8"), "{}", r.stderr);
+}
+
 #[test]
 fn a_wrong_password_exits_2_and_says_what_to_check() {
     let db = fresh_db();
