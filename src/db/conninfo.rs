@@ -372,15 +372,15 @@ fn looks_like_a_url(s: &str) -> bool {
         .is_some_and(|i| first.as_bytes()[i] != b'=')
 }
 
-/// Refuses an unknown key. It is named only when [`shown`] allows and it does not follow
-/// `after` (the pair before it when that may have run into it: a password with a space, or a
-/// value whose closing quote the key is glued to); the known key it most likely misspells is
-/// suggested.
-fn check_key(key: &str, number: usize, after: Option<&str>) -> Result<()> {
+/// Refuses an unknown key. It is named only when [`shown`] allows (given the `password`
+/// read so far) and it does not follow `after` (the pair before it when that may have run
+/// into it: a password with a space, or a value whose closing quote the key is glued to); the
+/// known key it most likely misspells is suggested.
+fn check_key(key: &str, number: usize, after: Option<&str>, password: Option<&str>) -> Result<()> {
     if KNOWN_KEYS.contains(&key) {
         return Ok(());
     }
-    let which = match (after, shown(key, None)) {
+    let which = match (after, shown(key, password)) {
         (Some(before), _) => format!("the parameter after {before} is not a known key"),
         (None, Some(key)) => format!("unknown connection parameter {key}"),
         (None, None) => format!("parameter number {number} is not a known key"),
@@ -494,7 +494,12 @@ fn parse_url(s: &str) -> Result<BTreeMap<String, String>> {
         })?;
         let key = decode(k, &format!("the key of URL parameter number {}", n + 1))?;
         // After `password=a&b=c`, "b" may be the rest of the password: never repeat it.
-        check_key(&key, n + 1, after_password.then_some("password"))?;
+        check_key(
+            &key,
+            n + 1,
+            after_password.then_some("password"),
+            out.get("password").map(String::as_str),
+        )?;
         after_password = key == "password";
         let what = format!("the value of {key}");
         out.insert(key, decode(&v.replace('+', " "), &what)?);
@@ -545,7 +550,12 @@ fn parse_keyword_value(s: &str) -> Result<BTreeMap<String, String>> {
             };
             bail!("{which} is missing its '=' (expected key=value){hint}");
         }
-        check_key(&key, number, after.as_deref())?;
+        check_key(
+            &key,
+            number,
+            after.as_deref(),
+            out.get("password").map(String::as_str),
+        )?;
         while chars.peek().is_some_and(|c| c.is_whitespace()) {
             chars.next();
         }
@@ -747,6 +757,9 @@ mod tests {
             "host=h password=hunter2 port=hunter2",
             "host=h password='hun'ter2 x=1",
             "host=h password='hun'ter2",
+            // The password itself as a key, later on.
+            "host=h password=hunter2 port=1 hunter2=x",
+            "postgresql://u:hunter2@h/d?sslmode=disable&hunter2=x",
         ] {
             let err = resolve(Some(bad), &no_env).unwrap_err();
             let text = format!("{err:#} {err:?}");
