@@ -21,6 +21,78 @@ pub struct Cli {
     pub output: OutputArgs,
 }
 
+/// clap's error, with every argument that may hold a password replaced: clap repeats an
+/// unexpected argument verbatim (`pgmend verify postgresql://u:pw@h/db`, the
+/// `--database-url` forgotten), and pgmend never shows a password.
+pub fn redacted(error: &clap::Error, argv: &[String]) -> String {
+    let mut text = error.render().to_string();
+    let mut replaced = false;
+    for arg in argv.iter().skip(1) {
+        let lower = arg.to_ascii_lowercase();
+        let secret = lower.contains("password") || (arg.contains('@') && arg.contains(':'));
+        if secret && text.contains(arg.as_str()) {
+            text = text.replace(
+                arg.as_str(),
+                "<a connection string, not repeated: it may hold a password>",
+            );
+            replaced = true;
+        }
+    }
+    if replaced && error.kind() == clap::error::ErrorKind::UnknownArgument {
+        text.push_str(
+            "hint: a connection string goes after --database-url (or into DATABASE_URL)\n",
+        );
+    }
+    text
+}
+
+/// A hint for an option given to a command that does not take it, when clap has none: the
+/// commands that do take it (`pgmend migrate status --yes`: `--yes` belongs to `pgmend
+/// apply`, ...). clap already points at the subcommand when an option comes before it.
+pub fn misplaced_option_hint(argv: &[String], error: &clap::Error) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    use clap::CommandFactory;
+    if error.kind() != ErrorKind::UnknownArgument {
+        return None;
+    }
+    let Some(ContextValue::String(arg)) = error.get(ContextKind::InvalidArg) else {
+        return None;
+    };
+    let long = arg.strip_prefix("--")?.split('=').next()?;
+    let root = Cli::command();
+    let mut given = vec!["pgmend".to_string()];
+    let mut command = &root;
+    for word in argv.iter().skip(1) {
+        if let Some(sub) = command.find_subcommand(word) {
+            given.push(sub.get_name().to_string());
+            command = sub;
+        }
+    }
+    if command.get_arguments().any(|a| a.get_long() == Some(long)) {
+        return None; // in the right command, before its subcommand: clap says where it goes
+    }
+    fn takers(command: &clap::Command, path: &str, long: &str, out: &mut Vec<String>) {
+        for sub in command.get_subcommands() {
+            let path = format!("{path} {}", sub.get_name());
+            if sub.get_arguments().any(|a| a.get_long() == Some(long)) {
+                out.push(format!("`{path}`"));
+            }
+            takers(sub, &path, long, out);
+        }
+    }
+    let mut out = Vec::new();
+    takers(&root, "pgmend", long, &mut out);
+    let list = match out.len() {
+        0 => return None,
+        n if n <= 8 => out.join(", "),
+        n => format!("{} and {} more", out[..6].join(", "), n - 6),
+    };
+    Some(format!(
+        "--{long} is not an option of `{}`; it belongs to {list}",
+        given.join(" ")
+    ))
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Versioned migrations: status, plan, apply, baseline.
@@ -345,10 +417,11 @@ pub struct SafetyArgs {
 
 #[derive(Debug, Args)]
 pub struct OutputArgs {
-    /// human (alias table) for people, json for programs (a stable, documented document);
-    /// csv for `repair log` and `report overruns`; markdown and html for `report overruns`.
-    #[arg(long, global = true, value_enum, default_value_t = Format::Human)]
-    pub format: Format,
+    /// human (alias table; the default) for people, json for programs (a stable, documented
+    /// document); csv for `repair log` and `report overruns`; markdown and html for `report
+    /// overruns`, which takes it from --output's extension when --format is not given.
+    #[arg(long, global = true, value_enum)]
+    pub format: Option<Format>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -359,4 +432,17 @@ pub enum Format {
     Csv,
     Markdown,
     Html,
+}
+
+impl Format {
+    /// As `--format` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Human => "human",
+            Format::Json => "json",
+            Format::Csv => "csv",
+            Format::Markdown => "markdown",
+            Format::Html => "html",
+        }
+    }
 }

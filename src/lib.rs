@@ -9,6 +9,7 @@ pub mod error;
 pub mod localpg;
 pub mod migrate;
 pub mod online;
+pub mod output;
 pub mod release;
 pub mod repair;
 pub mod report;

@@ -286,16 +286,22 @@ impl LocalPg {
         Ok(())
     }
 
-    fn spawn_watchdog(&self) -> Result<()> {
-        let stop = format!(
-            "{} {} -D {} stop -m immediate",
+    /// The shell command that stops this server: its own `pg_ctl` (often not on PATH), as
+    /// the user the server runs as (`pg_ctl` refuses to run as root).
+    pub fn stop_command(&self) -> String {
+        format!(
+            "{}{} -D {} stop",
             self.run_as
                 .as_ref()
-                .map(|u| format!("runuser -u {u} --"))
+                .map(|u| format!("runuser -u {u} -- "))
                 .unwrap_or_default(),
             self.bin_dir.join("pg_ctl").display(),
             self.root.join("data").display()
-        );
+        )
+    }
+
+    fn spawn_watchdog(&self) -> Result<()> {
+        let stop = format!("{} -m immediate", self.stop_command());
         let script = format!(
             "while kill -0 {pid} 2>/dev/null; do sleep 1; done; {stop} >/dev/null 2>&1; rm -rf {root}",
             pid = std::process::id(),

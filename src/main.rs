@@ -2,21 +2,50 @@
 
 use std::process::ExitCode;
 
-use clap::{CommandFactory, Parser, ValueEnum};
+use clap::{CommandFactory, Parser};
 
 use pgmend::cli::{Cli, Command, Format, MigrateCommand, RepairCommand, ReportCommand};
 use pgmend::commands::{demo, migrate, release, repair, report, verify};
 use pgmend::error::{exit_code_for, Outcome};
+use pgmend::output;
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => {
+            let _ = e.print(); // --help, --version
+            return ExitCode::SUCCESS;
+        }
         Err(e) => {
-            let _ = e.print();
-            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+            // (Lossy: an argument that is not UTF-8 must not make this panic, and the panic
+            // would print it whole.)
+            let argv: Vec<String> = std::env::args_os()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect();
+            eprint!("{}", pgmend::cli::redacted(&e, &argv));
+            if let Some(hint) = pgmend::cli::misplaced_option_hint(&argv, &e) {
+                eprintln!("hint: {hint}");
+            }
+            return ExitCode::from(2);
         }
     };
-    let format = cli.output.format;
+    // Not given is not `human`: `report overruns --output r.csv` takes it from the file name.
+    let given = cli.output.format;
+    let format = given.unwrap_or(Format::Human);
+    // These write one fixed thing (the tour, a script, a page); a format would mean nothing.
+    let formatless = match cli.command {
+        Command::Demo(_) => Some("demo"),
+        Command::Completions(_) => Some("completions"),
+        Command::Man => Some("man"),
+        _ => None,
+    };
+    if let Some(command) = formatless.filter(|_| given.is_some()) {
+        eprintln!(
+            "pgmend: error: --format {} means nothing to `pgmend {command}`, which has one output; leave --format out",
+            format.name()
+        );
+        return ExitCode::from(2);
+    }
     let report = matches!(cli.command, Command::Report(_));
     let csv_ok = report || matches!(cli.command, Command::Repair(RepairCommand::Log(_)));
     if (format == Format::Csv && !csv_ok)
@@ -24,10 +53,7 @@ fn main() -> ExitCode {
     {
         pgmend::say!(
             "pgmend: error: --format {} is only for {}; use human or json",
-            format
-                .to_possible_value()
-                .map(|v| v.get_name().to_string())
-                .unwrap_or_default(),
+            format.name(),
             if format == Format::Csv {
                 "`pgmend repair log` and `pgmend report overruns`"
             } else {
@@ -52,26 +78,30 @@ fn main() -> ExitCode {
         Command::Migrate(MigrateCommand::Baseline(a)) => migrate::baseline(a, format),
         Command::Migrate(MigrateCommand::Validate(a)) => migrate::validate(a, format),
         Command::Verify(a) => verify::run(a, format),
-        Command::Report(ReportCommand::Overruns(a)) => report::overruns(a, format),
+        Command::Report(ReportCommand::Overruns(a)) => report::overruns(a, given),
         Command::Demo(a) => demo::run(a),
+        // Both write through `output::stdout`, which a closed pipe cannot fail (clap_complete
+        // panics on a failed write).
         Command::Completions(a) => {
             clap_complete::generate(
                 a.shell,
                 &mut Cli::command(),
                 "pgmend",
-                &mut std::io::stdout(),
+                &mut output::stdout(),
             );
             Ok(Outcome::Done)
         }
         Command::Man => clap_mangen::Man::new(Cli::command())
-            .render(&mut std::io::stdout())
+            .render(&mut output::stdout())
             .map(|()| Outcome::Done)
             .map_err(Into::into),
     };
+    // A closed stdout is no error: `output::stdout` swallowed it, and the command ran to its
+    // own outcome. (An EPIPE that still arrives here is from elsewhere, such as the server's
+    // socket, and is an error like any other.)
     match result {
         Ok(Outcome::Done) => ExitCode::SUCCESS,
         Ok(Outcome::Findings) => ExitCode::from(1),
-        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             let code = exit_code_for(&e);
             pgmend::say!(
@@ -84,10 +114,4 @@ fn main() -> ExitCode {
             ExitCode::from(code)
         }
     }
-}
-
-fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain()
-        .filter_map(|c| c.downcast_ref::<std::io::Error>())
-        .any(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
 }

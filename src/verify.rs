@@ -89,7 +89,22 @@ fn missing(name: &'static str, detail: String) -> Check {
     }
 }
 
+/// Why there is nothing to verify or report on: the connection points at another database.
+pub const NO_COUPON_TABLES: &str = "this database has no campaigns and issued_coupons tables; check --database-url (and the search_path) points at the coupon database";
+
 pub fn run(client: &mut impl GenericClient) -> Result<Verification> {
+    // Not a legacy database either: a wrong --database-url is an error (exit 2), as in the
+    // report, not a check that failed.
+    let tables: bool = client
+        .query_one(
+            "SELECT to_regclass('campaigns') IS NOT NULL AND to_regclass('issued_coupons') IS NOT NULL",
+            &[],
+        )
+        .doing("checking the schema")?
+        .get(0);
+    if !tables {
+        anyhow::bail!(NO_COUPON_TABLES);
+    }
     let released = exists(client, "issued_coupons", "legacy_duplicate")?
         && exists(client, "campaign_budgets", "issued_yen")?
         && exists(client, "member_monthly_usage", "used_yen")?;

@@ -52,9 +52,67 @@ fn a_format_the_command_cannot_render_is_refused_with_exit_2() {
         (&["verify", "--format", "html"][..], "report overruns"),
         (&["migrate", "status", "--format", "csv"][..], "repair log"),
         (&["plan", "--format", "markdown"][..], "report overruns"),
+        // One fixed output each: no format means anything to them.
+        (
+            // (--members 0 is refused too, after the format: so the old code ran no demo)
+            &["demo", "--members", "0", "--format", "json"][..],
+            "means nothing to `pgmend demo`",
+        ),
+        (
+            &["--format", "json", "completions", "bash"][..],
+            "means nothing to `pgmend completions`",
+        ),
+        (
+            &["man", "--format", "csv"][..],
+            "means nothing to `pgmend man`",
+        ),
     ] {
         let r = output(args);
         assert_eq!(r.code, 2, "{args:?}: {}", r.both());
         assert!(r.stderr.contains(what), "{args:?}: {}", r.stderr);
     }
+}
+
+/// An option given to a command that does not take it: clap says only "unexpected
+/// argument"; pgmend adds which commands take it. Before the subcommand, clap's own tip
+/// (`'verify --database-url' exists`) is enough, and no second hint is added.
+#[test]
+fn an_option_on_the_wrong_command_says_which_commands_take_it() {
+    for (args, hint) in [
+        (
+            &["migrate", "status", "--yes"][..],
+            "hint: --yes is not an option of `pgmend migrate status`; it belongs to `pgmend migrate apply`",
+        ),
+        (
+            &["report", "overruns", "--target", "3"][..],
+            "hint: --target is not an option of `pgmend report overruns`; it belongs to `pgmend migrate plan`, `pgmend migrate apply`",
+        ),
+        (
+            &["repair", "log", "1", "--repairs-dir=/tmp"][..],
+            "hint: --repairs-dir is not an option of `pgmend repair log`",
+        ),
+        (
+            &["demo", "--database-url", "x"][..],
+            "hint: --database-url is not an option of `pgmend demo`; it belongs to `pgmend migrate status`",
+        ),
+    ] {
+        let r = output(args);
+        assert_eq!(r.code, 2, "{args:?}: {}", r.both());
+        assert!(r.stderr.contains(hint), "{args:?}: {}", r.stderr);
+    }
+    for args in [
+        &["--database-url", "x", "verify"][..],
+        &["migrate", "--yes", "apply"][..],
+    ] {
+        let r = output(args);
+        assert_eq!(r.code, 2, "{args:?}: {}", r.both());
+        assert!(
+            r.stderr.contains("tip:") && !r.stderr.contains("hint:"),
+            "{args:?}: {}",
+            r.stderr
+        );
+    }
+    let r = output(&["verify", "--bogus"]);
+    assert_eq!(r.code, 2);
+    assert!(!r.stderr.contains("hint:"), "{}", r.stderr);
 }

@@ -39,6 +39,109 @@ fn a_malformed_url_exits_2_without_echoing_it() {
     );
 }
 
+/// Every way the parser refuses a string, through the binary: exit 2, a message that says
+/// what is wrong and how to write it, and no piece of the password (`Sup3r` + `Secret`),
+/// wherever the mistake put it.
+#[test]
+fn every_string_the_parser_refuses_exits_2_saying_why_without_the_password() {
+    let pw = "Sup3rSecret";
+    for (conninfo, expect) in [
+        // URLs.
+        ("postgresql//u:Sup3rSecret@h/x", "does not start with postgresql://"),
+        ("postgresql:/u:Sup3rSecret@h/x", "does not start with postgresql://"),
+        ("postgres:u:Sup3rSecret@h/x", "does not start with postgresql://"),
+        ("jdbc:postgresql://h/x?password=Sup3rSecret", "does not start with postgresql://"),
+        ("postgresql://u:Sup3rSecret/x", "an '@' and the host must follow it"),
+        ("postgresql://u:Sup3r%zzSecret@h/x", "the password has a '%' that does not start a %XX escape"),
+        ("postgresql://u:Sup3r%ffSecret@h/x", "the password decodes to bytes that are not valid UTF-8"),
+        ("postgresql://u%e9:Sup3rSecret@h/x", "the user name decodes to bytes"),
+        ("postgresql://u:Sup3rSecret@h%/x", "the host has a '%'"),
+        ("postgresql://u:Sup3rSecret@h/x%4", "the database name has a '%'"),
+        ("postgresql://u:Sup3r/Secret@h/x", "percent-encode them"),
+        ("postgresql://u:Sup3r?Secret@h/x", "percent-encode them"),
+        ("postgresql://u:Sup3rSecret@h:5432,h2:5432/x", "several hosts"),
+        ("postgresql://u:Sup3rSecret@[::1/x", "missing its closing ']'"),
+        ("postgresql://u:Sup3rSecret@h:notaport/x", "port \"notaport\" is not a number between 1 and 65535"),
+        ("postgresql://u:Sup3rSecret@h:0/x", "port \"0\" is not a number"),
+        ("postgresql://u:Sup3rSecret@h:65536/x", "port \"65536\" is not a number"),
+        ("postgresql://u:Sup3rSecret@h/x?sslmode=verify", "sslmode \"verify\" is not one of disable, allow, prefer, require, verify-ca, verify-full"),
+        ("postgresql://u:Sup3rSecret@h/x?sslmode=Sup3rSecret", "the sslmode in the connection string is not one of"),
+        ("postgresql://u:Sup3rSecret@h/x?connect_timeout=soon", "connect_timeout \"soon\" is not a whole number"),
+        ("postgresql://u:Sup3rSecret@h/x?sslmod=require", "unknown connection parameter \"sslmod\" (did you mean sslmode?)"),
+        ("postgresql://u:Sup3rSecret@h/x?sslmode", "URL parameter number 1 has no '='"),
+        ("postgresql://u@h/x?password=Sup3r&Secret", "has no '='"),
+        ("postgresql://u@h/x?password=Sup3r&Secret=1", "the parameter after password is not a known key"),
+        ("postgresql://u:Sup3rSecret@h/x%00", "the value of dbname contains a NUL character"),
+        // key=value strings.
+        ("host=h user=u password=Sup3rSecret dbnme=x", "the parameter after password is not a known key (did you mean dbname?)"),
+        ("host=h user=u passwort=Sup3rSecret", "unknown connection parameter \"passwort\" (did you mean password?)"),
+        ("host=h user=u Sup3rSecret=x", "parameter number 3 is not a known key"),
+        ("host=h user=u password=Sup3r Secret", "quote that value: password='...'"),
+        ("host=h user=u password=Sup3r Secret=x", "quote that value (password='...'"),
+        ("host=h user=u password='Sup3rSecret", "the quoted value of password has no closing quote"),
+        ("host=h user=u password='Sup3r'Secret' dbname=x", "quote that value"),
+        ("host=h user=u password=Sup3rSecret\\", "a backslash ends the string"),
+        ("host=h user=u password=Sup3rSecret dbname", "dbname is missing its '='"),
+        ("host=h user=u password=Sup3rSecret port=65536", "port \"65536\" is not a number between 1 and 65535"),
+        ("host=h user=u password=Sup3rSecret port=Sup3rSecret", "the port in the connection string is not a number"),
+        ("host=h user=u password=Sup3rSecret sslmode=on", "sslmode \"on\" is not one of"),
+        ("host=h user=u password=Sup3rSecret connect_timeout=-1", "connect_timeout \"-1\" is not a whole number"),
+    ] {
+        let r = run(
+            pgmend_command()
+                .env("PGCONNECT_TIMEOUT", "2")
+                .args(["migrate", "status", "--database-url", conninfo]),
+            "",
+        );
+        assert_eq!(r.code, 2, "{conninfo}: {}", r.both());
+        assert!(r.stderr.contains(expect), "{conninfo}: expected {expect:?} in {}", r.stderr);
+        for piece in ["Sup3r", "Secret", pw] {
+            assert!(!r.both().contains(piece), "{conninfo}: {piece} shows in {}", r.both());
+        }
+        assert!(!r.stderr.contains("could not connect"), "{conninfo}: {}", r.stderr);
+    }
+}
+
+/// clap repeats an argument it does not expect: a connection string given without
+/// `--database-url` must not come back with its password, nor may an argument that is not
+/// UTF-8 make pgmend panic (the panic printed it whole).
+#[test]
+fn a_connection_string_clap_refuses_is_not_repeated() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    for args in [
+        &["verify", "postgresql://rel:Sup3rSecret@db/x"][..],
+        &["migrate", "status", "host=db password=Sup3rSecret"][..],
+        &["repair", "log", "postgresql://rel:Sup3rSecret@db/x"][..],
+    ] {
+        let r = run(pgmend_command().args(args), "Sup3rSecret");
+        assert_eq!(r.code, 2, "{args:?}: {}", r.both());
+        assert!(
+            r.stderr.contains("not repeated: it may hold a password"),
+            "{args:?}: {}",
+            r.stderr
+        );
+    }
+    let r = run(
+        pgmend_command().args(["verify", "postgresql://rel:Sup3rSecret@db/x"]),
+        "Sup3rSecret",
+    );
+    assert!(
+        r.stderr.contains("goes after --database-url"),
+        "{}",
+        r.stderr
+    );
+    let r = run(
+        pgmend_command().arg("verify").arg(OsStr::from_bytes(
+            b"--database-url=postgresql://rel:Sup3rSecret\xff@db/x",
+        )),
+        "Sup3rSecret",
+    );
+    assert_eq!(r.code, 2, "{}", r.both());
+    assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
+    assert!(r.stderr.contains("invalid UTF-8"), "{}", r.stderr);
+}
+
 #[test]
 fn a_wrong_password_exits_2_and_says_what_to_check() {
     let db = fresh_db();
@@ -60,6 +163,41 @@ fn a_wrong_password_exits_2_and_says_what_to_check() {
     );
     assert!(r.stderr.contains("PGPASSWORD"), "{}", r.stderr);
     assert!(!r.stderr.contains(&db.password()));
+}
+
+/// The server asks for a password and none was given: say where one goes, not that the
+/// network may be down.
+#[test]
+fn without_a_password_the_advice_says_where_to_give_one() {
+    let db = fresh_db();
+    let p = &db.params;
+    let url = format!(
+        "postgresql://{}@{}:{}/{}?sslmode=disable",
+        p.user, p.host, p.port, p.dbname
+    );
+    let r = run(
+        pgmend_command().env("HOME", "/nonexistent").args([
+            "migrate",
+            "status",
+            "--database-url",
+            &url,
+        ]),
+        &db.password(),
+    );
+    assert_eq!(r.code, 2, "{}", r.both());
+    for says in [
+        "no password was given",
+        "postgresql://user:PASSWORD@host",
+        "PGPASSWORD",
+        "~/.pgpass",
+    ] {
+        assert!(r.stderr.contains(says), "expected {says:?} in {}", r.stderr);
+    }
+    assert!(
+        !r.stderr.contains("check that the server is running"),
+        "{}",
+        r.stderr
+    );
 }
 
 #[test]

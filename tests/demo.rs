@@ -168,3 +168,70 @@ fn ctrl_c_during_the_demo_removes_the_throwaway_server() {
         .collect();
     assert!(running.is_empty(), "still running: {running:?}");
 }
+
+/// `demo --keep` says where the server's files stay, and the command it prints to stop the
+/// server and remove them works as printed (as root too, where a bare `pg_ctl` refuses).
+#[test]
+fn demo_keep_prints_a_stop_command_that_works_and_says_where_the_files_are() {
+    let reports = tempfile::tempdir().unwrap();
+    let r = run(
+        pgmend_command().args([
+            "demo",
+            "--keep",
+            "--members",
+            "30",
+            "--reports-dir",
+            reports.path().to_str().unwrap(),
+        ]),
+        "",
+    );
+    let stop = r
+        .stderr
+        .lines()
+        .skip_while(|l| !l.contains("Stop the server and remove its files with:"))
+        .nth(1)
+        .map(|l| l.trim().to_string());
+    // Whatever happens below, the kept server goes.
+    struct Cleanup(Option<String>);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            if let Some(stop) = &self.0 {
+                let _ = std::process::Command::new("sh").args(["-c", stop]).status();
+            }
+        }
+    }
+    let mut cleanup = Cleanup(stop.clone());
+    assert_eq!(r.code, 0, "{}", r.both());
+    let stop = stop.unwrap_or_else(|| panic!("no stop command in {}", r.stderr));
+    let root = stop
+        .rsplit("rm -rf ")
+        .next()
+        .map(std::path::PathBuf::from)
+        .unwrap();
+    assert!(
+        r.stderr.contains(&format!(
+            "its files (data directory, socket, log) stay in {}",
+            root.display()
+        )),
+        "{}",
+        r.stderr
+    );
+    assert!(root.join("data").is_dir(), "{stop}");
+    let root_user = std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap();
+    assert_eq!(
+        stop.starts_with("runuser -u postgres -- "),
+        root_user,
+        "{stop}"
+    );
+    let status = std::process::Command::new("sh")
+        .args(["-c", &stop])
+        .status()
+        .unwrap();
+    assert!(status.success(), "{stop} failed");
+    assert!(!root.exists(), "{stop} left {}", root.display());
+    cleanup.0 = None;
+}

@@ -363,6 +363,130 @@ proptest! {
     }
 }
 
+/// One slip of the hand in a connection string.
+#[derive(Debug, Clone)]
+enum Slip {
+    /// The scheme damaged: `postgresql//`, `postgresql:/`, `postgres:`, a JDBC prefix.
+    Scheme(&'static str),
+    Delete(usize),
+    Insert(usize, char),
+    Replace(usize, char),
+    /// A key misspelt: one letter of the n-th `key=` dropped.
+    Key(usize),
+}
+
+fn slip() -> impl Strategy<Value = Slip> {
+    let hostile = prop::sample::select(vec![
+        '%', '\'', '=', '&', '?', '@', ':', '/', ' ', '\\', '[', ',',
+    ]);
+    prop_oneof![
+        prop::sample::select(vec![
+            "postgresql//",
+            "postgresql:/",
+            "postgres:",
+            "jdbc:postgresql://",
+            "postgresq://"
+        ])
+        .prop_map(Slip::Scheme),
+        any::<usize>().prop_map(Slip::Delete),
+        (any::<usize>(), hostile.clone()).prop_map(|(at, c)| Slip::Insert(at, c)),
+        (any::<usize>(), hostile).prop_map(|(at, c)| Slip::Replace(at, c)),
+        any::<usize>().prop_map(Slip::Key),
+    ]
+}
+
+fn slip_into(s: &str, slip: &Slip) -> String {
+    let chars: Vec<char> = s.chars().collect();
+    let at = |n: usize| n % (chars.len() + 1);
+    let mut out = chars.clone();
+    match slip {
+        Slip::Scheme(scheme) => {
+            return match s.split_once("://") {
+                Some((_, rest)) => format!("{scheme}{rest}"),
+                None => s.to_string(),
+            }
+        }
+        Slip::Delete(n) if !chars.is_empty() => {
+            out.remove(n % chars.len());
+        }
+        Slip::Insert(n, c) => out.insert(at(*n), *c),
+        Slip::Replace(n, c) if !chars.is_empty() => out[n % chars.len()] = *c,
+        Slip::Key(n) => {
+            let keys: Vec<usize> = s
+                .match_indices('=')
+                .map(|(i, _)| i)
+                .filter(|i| *i > 1)
+                .collect();
+            if let Some(i) = keys.get(n % keys.len().max(1)) {
+                let mut t = s.to_string();
+                t.remove(i - 2);
+                return t;
+            }
+        }
+        _ => {}
+    }
+    out.into_iter().collect()
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// Well-formed strings with a password, then one to three slips: whatever the parser
+    /// refuses, neither its error nor the binary's stdout and stderr shows any piece of the
+    /// password, and the binary exits 2 without trying to connect.
+    #[test]
+    fn malformed_strings_are_refused_without_showing_the_password(
+        (pw, segments) in password(),
+        form in 0usize..4,
+        slips in prop::collection::vec(slip(), 1..4),
+    ) {
+        let s = match form {
+            0 => format!("postgresql://u:{}@h:5432/db?sslmode=disable", utf8_percent_encode(&pw)),
+            1 => format!("postgres://h/db?sslmode=disable&password={}", utf8_percent_encode(&pw)),
+            2 => format!("host=h port=5432 user=u password='{}' dbname=db", pw.replace('\\', "\\\\").replace('\'', "\\'")),
+            _ => format!("host=h password={} dbname=db sslmode=disable", pw.replace('\\', "\\\\").replace(' ', "\\ ")),
+        };
+        prop_assume!(conninfo::resolve(Some(&s), &env_from(user_env())).is_ok());
+        let bad = slips.iter().fold(s, |s, slip| slip_into(&s, slip));
+        let Err(e) = conninfo::resolve(Some(&bad), &env_from(user_env())) else {
+            return Ok(());
+        };
+        let shown = format!("{e:#} {e:?}");
+        for seg in &segments {
+            prop_assert!(!shown.contains(seg.as_str()), "{bad:?} shows {seg}: {shown}");
+        }
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_pgmend"))
+            .env_clear()
+            .envs(user_env())
+            .args(["migrate", "status", "--database-url", &bad])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let both = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        prop_assert_eq!(out.status.code(), Some(2), "{:?}: {}", bad, both);
+        prop_assert!(both.starts_with("pgmend: error: ") && !both.contains("could not connect"), "{bad:?}: {both}");
+        for seg in &segments {
+            prop_assert!(!both.contains(seg.as_str()), "{bad:?} shows {seg}: {both}");
+        }
+    }
+}
+
+/// What the malformed-string test runs with: a user, and no password file.
+fn user_env() -> BTreeMap<String, String> {
+    [("USER", "u"), ("HOME", "/nonexistent")]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn utf8_percent_encode(s: &str) -> String {
+    percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+}
+
 #[test]
 fn the_shipped_definitions_survive_the_mutation_harness_unchanged() {
     for text in shipped_definitions() {

@@ -526,12 +526,10 @@ fn output_is_written_atomically_and_never_replaced_without_force() {
     assert!(r.stderr.contains("--force"), "{}", r.stderr);
     assert_eq!(std::fs::read_to_string(&path).unwrap(), "keep me");
 
-    let r = db.run(&[
-        "report", "overruns", "--format", "json", "--output", file, "--force",
-    ]);
+    let r = db.run(&["report", "overruns", "--output", file, "--force"]);
     assert_eq!(r.code, 0, "{}", r.both());
-    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    assert_eq!(doc["state"], "legacy");
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.starts_with("section,"), "replaced, as CSV: {text}");
     let names: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
         .map(|e| e.unwrap().file_name())
@@ -551,6 +549,81 @@ fn output_is_written_atomically_and_never_replaced_without_force() {
     );
     let r = db.run(&["verify", "--format", "html"]);
     assert_eq!(r.code, 2);
+}
+
+/// Without --format, `--output` takes the format from its extension (a text table in a .csv
+/// file was the old behaviour); a --format that contradicts it is refused before anything is
+/// written.
+#[test]
+fn the_output_format_comes_from_the_file_name_unless_they_disagree() {
+    let db = fresh_db();
+    db.make_legacy_baselined(100);
+    let dir = tempfile::tempdir().unwrap();
+    let out = |name: &str, extra: &[&str]| {
+        let path = dir.path().join(name);
+        let mut args = vec!["report", "overruns", "--output", path.to_str().unwrap()];
+        args.extend(extra);
+        let r = db.run(&args);
+        (r, std::fs::read_to_string(&path).unwrap_or_default())
+    };
+    let table = db.run(&["report", "overruns"]).stdout;
+    let json = db.run(&["report", "overruns", "--format", "json"]).stdout;
+    for (name, extra, expect) in [
+        (
+            "r.csv",
+            &[][..],
+            db.run(&["report", "overruns", "--format", "csv"]).stdout,
+        ),
+        (
+            "r.CSV",
+            &["--excel"][..],
+            db.run(&["report", "overruns", "--format", "csv", "--excel"])
+                .stdout,
+        ),
+        ("r.json", &[][..], json.clone()),
+        (
+            "r.md",
+            &[][..],
+            db.run(&["report", "overruns", "--format", "markdown"])
+                .stdout,
+        ),
+        (
+            "r.html",
+            &[][..],
+            db.run(&["report", "overruns", "--format", "html"]).stdout,
+        ),
+        ("r.txt", &[][..], table.clone()),
+        ("report", &[][..], table.clone()),
+        // An explicit format that agrees, and one the extension does not name.
+        ("s.json", &["--format", "json"][..], json.clone()),
+        ("s.txt", &["--format", "json"][..], json.clone()),
+    ] {
+        let (r, written) = out(name, extra);
+        assert_eq!(r.code, 0, "{name}: {}", r.both());
+        // The same renderer as stdout. Each run is its own snapshot, stamped with its own
+        // moment: compare with the digits masked.
+        let strip = |t: &str| {
+            t.chars()
+                .map(|c| if c.is_ascii_digit() { '0' } else { c })
+                .collect::<String>()
+        };
+        assert_eq!(strip(&written), strip(&expect), "{name}");
+    }
+    for (name, given) in [
+        ("m.csv", "json"),
+        ("m.json", "human"),
+        ("m.html", "markdown"),
+    ] {
+        let (r, written) = out(name, &["--format", given]);
+        assert_eq!(r.code, 2, "{name} --format {given}: {}", r.both());
+        assert!(
+            r.stderr
+                .contains(&format!("but --format {given} was given")),
+            "{}",
+            r.stderr
+        );
+        assert!(written.is_empty() && !dir.path().join(name).exists());
+    }
 }
 
 /// A small hand-made database whose renderings are pinned by snapshots: a Japanese

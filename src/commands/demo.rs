@@ -131,7 +131,11 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
     ));
 
     if args.keep {
-        say(&format!("The server keeps running. Connect with:\n  psql '{url}'\nStop it with: pg_ctl -D {} stop", pg.root.join("data").display()));
+        say(&format!(
+            "The server keeps running, and its files (data directory, socket, log) stay in {root} until you remove them. Connect with:\n  psql '{url}'\nStop the server and remove its files with:\n  {stop} && rm -rf {root}",
+            root = pg.root.display(),
+            stop = pg.stop_command(),
+        ));
     } else {
         say("Done; the throwaway server is being removed. On a real database, set DATABASE_URL (or PGHOST, PGUSER, ...) and run the same commands.");
     }

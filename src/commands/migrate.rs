@@ -108,7 +108,7 @@ pub fn status(args: &StatusArgs, format: Format) -> Result<Outcome> {
                         .unwrap_or_default(),
                 })
                 .collect();
-            let mut out = std::io::stdout().lock();
+            let mut out = crate::output::stdout();
             writeln!(
                 out,
                 "{} (PostgreSQL {})",
@@ -150,7 +150,7 @@ pub fn plan(args: &PlanArgs, format: Format) -> Result<Outcome> {
 fn render_plan(plan: &plan::Plan, format: Format) -> Result<()> {
     match format {
         Format::Json => print_json(plan),
-        _ => Ok(plan::render_human(plan, &mut std::io::stdout().lock())?),
+        _ => Ok(plan::render_human(plan, &mut crate::output::stdout())?),
     }
 }
 
@@ -187,6 +187,7 @@ pub fn apply(args: &ApplyArgs, format: Format) -> Result<Outcome> {
                 plan.pending.len(),
                 session.params
             ),
+            "review its plan first (`pgmend migrate plan`)",
         )?;
     }
     let params = session.params.clone();
@@ -218,7 +219,7 @@ pub fn apply(args: &ApplyArgs, format: Format) -> Result<Outcome> {
             })?;
         }
         _ => {
-            let mut out = std::io::stdout().lock();
+            let mut out = crate::output::stdout();
             if applied.is_empty() {
                 writeln!(
                     out,
@@ -297,6 +298,7 @@ pub fn baseline(args: &BaselineArgs, format: Format) -> Result<Outcome> {
             v1.label(),
             session.params
         ),
+        "check what is applied first (`pgmend migrate status`)",
     )?;
     baseline::record(&mut session.client, &v1, &policy)?;
     report_baseline(format, &session.params, &v1, Some(&comparison), false)?;
@@ -327,7 +329,7 @@ fn report_baseline(
             })
         }
         _ => {
-            let mut out = std::io::stdout().lock();
+            let mut out = crate::output::stdout();
             if already {
                 writeln!(
                     out,
@@ -359,12 +361,13 @@ pub fn validate(args: &ValidateArgs, format: Format) -> Result<Outcome> {
             "Validate constraint {} on {} (a full scan under SHARE UPDATE EXCLUSIVE)?",
             args.name, session.params
         ),
+        "it counts the rows that break the check before it validates, and stops (exit 1) while there are any",
     )?;
     let result = validate::run(&mut session.client, &args.name, &policy)?;
     match format {
         Format::Json => print_json(&result)?,
         _ => {
-            let mut out = std::io::stdout().lock();
+            let mut out = crate::output::stdout();
             if result.already_valid {
                 writeln!(
                     out,

@@ -73,13 +73,14 @@ pub fn snapshot(client: &mut postgres::Client) -> Result<postgres::Transaction<'
         .doing("opening a read-only snapshot")
 }
 
-/// Asks on the terminal before a change; refuses without one unless `--yes` was given.
-pub fn confirm(yes: bool, question: &str) -> Result<()> {
+/// Asks on the terminal before a change; refuses without one unless `--yes` was given,
+/// saying `review`: how to see first what this command would do (its own dry run).
+pub fn confirm(yes: bool, question: &str, review: &str) -> Result<()> {
     if yes {
         return Ok(());
     }
     if !std::io::stdin().is_terminal() || !std::io::stderr().is_terminal() {
-        bail!("this command changes the database and there is no terminal to ask on; review the plan (`pgmend migrate plan`), then rerun with --yes");
+        bail!("this command changes the database and there is no terminal to ask on; {review}, then rerun with --yes");
     }
     eprint!("{question} [y/N] ");
     std::io::stderr().flush()?;
@@ -94,7 +95,7 @@ pub fn confirm(yes: bool, question: &str) -> Result<()> {
 
 /// Writes a JSON document to stdout, followed by a newline.
 pub fn print_json(value: &impl serde::Serialize) -> Result<()> {
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     serde_json::to_writer_pretty(&mut out, value)?;
     writeln!(out)?;
     Ok(())

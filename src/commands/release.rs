@@ -46,7 +46,7 @@ pub fn plan(args: &ReleasePlanArgs, format: Format) -> Result<Outcome> {
     let applied: Vec<i32> = history::read(&mut tx)?.iter().map(|a| a.version).collect();
     let progress = release::progress(&mut tx, applied)?;
     let colour = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     let mut shadows: Vec<AddedColumn> = Vec::new();
     let mut docs = Vec::new();
     if format != Format::Json {
@@ -233,6 +233,7 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
         confirm(
             false,
             &format!("Apply the pending release to {params} (review it first with `pgmend plan`)?"),
+            "review its plan first (`pgmend plan`)",
         )?;
     }
     // With --pooler session: the server backend is checked before every step.
@@ -371,7 +372,7 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
                             run: None,
                         });
                         if format != Format::Json {
-                            let mut out = std::io::stdout().lock();
+                            let mut out = crate::output::stdout();
                             writeln!(out, "The release stopped at gate {name} (step {}).\n{explain}\nWhen that is done, continue with:\n  pgmend apply --yes --confirm {name}", i + 1)?;
                         }
                         break;
@@ -423,7 +424,7 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
         _ => {
             if stopped_at.is_none() {
                 writeln!(
-                    std::io::stdout().lock(),
+                    crate::output::stdout(),
                     "The release is complete on {params}. Check it with: pgmend verify"
                 )?;
             }

@@ -53,7 +53,7 @@ pub fn list(args: &RepairListArgs, format: Format) -> Result<Outcome> {
     match format {
         Format::Json => print_json(&rows)?,
         _ => writeln!(
-            std::io::stdout().lock(),
+            crate::output::stdout(),
             "{}",
             Table::new(&rows).with(Style::psql())
         )?,
@@ -92,7 +92,7 @@ pub fn plan(args: &RepairPlanArgs, format: Format) -> Result<Outcome> {
     let mut tx = super::read_only(&mut session.client)?;
     let colour = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let sample = if args.all { None } else { Some(args.sample) };
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     let preview = match format {
         Format::Json => {
             let mut changes: Vec<Change> = Vec::new();
@@ -158,6 +158,10 @@ pub fn apply(args: &RepairApplyArgs, format: Format) -> Result<Outcome> {
         confirm(
             false,
             &format!("Run {} on {}?", repair.name, session.params),
+            &format!(
+                "review its diff first (`pgmend repair plan {}`)",
+                repair.name
+            ),
         )?;
     }
     crate::signals::install(&format!("pgmend repair apply {} --yes", repair.name));
@@ -210,7 +214,7 @@ pub fn print_report(report: &RunReport, format: Format) -> Result<()> {
         Format::Json => print_json(report),
         _ => {
             let r = &report.run;
-            let mut out = std::io::stdout().lock();
+            let mut out = crate::output::stdout();
             writeln!(
                 out,
                 "run {} of {}{}: {}/{} targets, {} rows changed in {} batches (p50 {} ms, p99 {} ms, max {} ms), state {}",
@@ -274,7 +278,7 @@ pub fn status(args: &RepairStatusArgs, format: Format) -> Result<Outcome> {
                     },
                 })
                 .collect();
-            let mut out = std::io::stdout().lock();
+            let mut out = crate::output::stdout();
             if rows.is_empty() {
                 writeln!(out, "No repair has run on this database.")?;
             } else {
@@ -294,7 +298,7 @@ pub fn log(args: &RepairLogArgs, format: Format) -> Result<Outcome> {
             args.run_id
         );
     }
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     let sql = "SELECT ledger_id, target_table, row_key::text, action, coalesce(before::text, ''), coalesce(after::text, ''), reason,
                       to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')
                  FROM pgmend.repair_ledger WHERE run_id = $1 ORDER BY ledger_id";
@@ -303,7 +307,7 @@ pub fn log(args: &RepairLogArgs, format: Format) -> Result<Outcome> {
         .doing("reading the ledger")?;
     use fallible_iterator::FallibleIterator;
     let mut csv_writer =
-        (format == Format::Csv).then(|| csv::Writer::from_writer(std::io::stdout()));
+        (format == Format::Csv).then(|| csv::Writer::from_writer(crate::output::stdout()));
     if let Some(w) = csv_writer.as_mut() {
         w.write_record([
             "ledger_id",
@@ -322,6 +326,9 @@ pub fn log(args: &RepairLogArgs, format: Format) -> Result<Outcome> {
         write!(out, "[")?;
     }
     while let Some(r) = rows.next().doing("reading the ledger")? {
+        if crate::output::closed() {
+            break; // nobody reads the rest (`| head`)
+        }
         let fields: (i64, String, String, String, String, String, String, String) = (
             r.get(0),
             r.get(1),
@@ -394,6 +401,10 @@ pub fn undo(args: &RepairRunArgs, format: Format) -> Result<Outcome> {
             "Restore the {} rows run {} of {} changed?",
             run.changed, run.run_id, run.repair
         ),
+        &format!(
+            "review what the run changed first (`pgmend repair log {}`)",
+            run.run_id
+        ),
     )?;
     let report = undo::undo(&mut session.client, &repair, &run, &policy, &mut |l| {
         crate::say!("{l}")
@@ -401,7 +412,7 @@ pub fn undo(args: &RepairRunArgs, format: Format) -> Result<Outcome> {
     match format {
         Format::Json => print_json(&report)?,
         _ => writeln!(
-            std::io::stdout().lock(),
+            crate::output::stdout(),
             "run {} undid run {}: {} rows restored, {} created rows deleted",
             report.undo_run,
             report.undone_run,
@@ -430,6 +441,7 @@ pub fn abandon(args: &RepairRunArgs, format: Format) -> Result<Outcome> {
             "Abandon run {} of {} at {}/{}? Its changes stay (undo can restore them).",
             run.run_id, run.repair, run.checkpoint, run.targets
         ),
+        "check the run first (`pgmend repair status`)",
     )?;
     session
         .client
@@ -438,7 +450,7 @@ pub fn abandon(args: &RepairRunArgs, format: Format) -> Result<Outcome> {
     match format {
         Format::Json => print_json(&store::run(&mut session.client, run.run_id)?)?,
         _ => writeln!(
-            std::io::stdout().lock(),
+            crate::output::stdout(),
             "run {} abandoned; its {} changed rows stay (pgmend repair undo {} --yes restores them)",
             run.run_id, run.changed, run.run_id
         )?,

@@ -11,7 +11,8 @@ use crate::cli::{Format, OverrunsArgs};
 use crate::error::{Outcome, PgContext};
 use crate::report::{self, Csv, Database, Html, Json, Render, Summary, Text, TextStyle};
 
-pub fn overruns(args: &OverrunsArgs, format: Format) -> Result<Outcome> {
+pub fn overruns(args: &OverrunsArgs, given: Option<Format>) -> Result<Outcome> {
+    let format = format_for(args.output.as_deref(), given)?;
     if args.excel && format != Format::Csv {
         bail!("--excel only applies to --format csv (it adds the byte order mark Excel needs)");
     }
@@ -24,7 +25,7 @@ pub fn overruns(args: &OverrunsArgs, format: Format) -> Result<Outcome> {
 
     match &args.output {
         None => {
-            let stdout = std::io::stdout().lock();
+            let stdout = crate::output::stdout();
             write(&mut tx, database, args, format, BufWriter::new(stdout))?;
         }
         Some(path) => {
@@ -90,6 +91,32 @@ fn write<W: Write>(
         Format::Html => Box::new(Html::new(out)),
     };
     report::generate(tx, database, args.monthly_cap_yen, renderer.as_mut())
+}
+
+/// The format: `--format`, else the one `--output`'s extension names (`.csv`, `.json`,
+/// `.md`, `.html`), else the table. A `--format` that contradicts the extension is refused:
+/// `--output r.csv --format json` would write JSON into a file that spreadsheets open as CSV.
+fn format_for(output: Option<&Path>, given: Option<Format>) -> Result<Format> {
+    let named = output
+        .and_then(|p| p.extension())
+        .and_then(|e| e.to_str())
+        .and_then(|e| match e.to_ascii_lowercase().as_str() {
+            "csv" => Some(Format::Csv),
+            "json" => Some(Format::Json),
+            "md" | "markdown" => Some(Format::Markdown),
+            "html" | "htm" => Some(Format::Html),
+            _ => None,
+        });
+    match (given, named) {
+        (Some(given), Some(named)) if given != named => bail!(
+            "--output {} names a {} file, but --format {} was given; leave --format out (the extension decides) or make them agree",
+            output.map(|p| p.display().to_string()).unwrap_or_default(),
+            named.name(),
+            given.name(),
+        ),
+        (Some(given), _) => Ok(given),
+        (None, named) => Ok(named.unwrap_or(Format::Human)),
+    }
 }
 
 fn parent(path: &Path) -> &Path {

@@ -39,7 +39,7 @@ pub fn run(args: &VerifyArgs, format: Format) -> Result<Outcome> {
             };
             let mut rows: Vec<Row> = result.checks.iter().map(|c| row(c, "FAILED")).collect();
             rows.extend(result.anomalies.iter().map(|c| row(c, "look")));
-            let mut out = std::io::stdout().lock();
+            let mut out = crate::output::stdout();
             writeln!(
                 out,
                 "{} (PostgreSQL {})",

@@ -247,12 +247,24 @@ fn connect_advice(params: &ConnParams, failure: &crate::error::DbFailure) -> Str
             "sslmode={mode} needs TLS and the server does not offer it: turn ssl on in the server's configuration, or check that host and port point at the server you meant"
         );
     }
+    // The driver's own "password missing" (the server asked for one and none was given; it
+    // has no SQLSTATE), or the server refusing an empty one.
+    let no_password = text.contains("password missing")
+        || text.contains("no password supplied")
+        || (params.password.is_none() && failure.sqlstate.as_deref() == Some("28P01"));
+    if no_password {
+        return format!(
+            "the server asks for a password for user {:?} and no password was given: put it in the URL (postgresql://user:PASSWORD@host/dbname, percent-encoded) or password='...', set PGPASSWORD, or add a line host:port:dbname:user:PASSWORD to ~/.pgpass (or the file PGPASSFILE or passfile names; chmod 600)",
+            params.user
+        );
+    }
     match failure.sqlstate.as_deref() {
         Some("28000") if text.contains("no encryption") => format!(
             "the server's pg_hba.conf admits this connection only over TLS and sslmode={mode} did not use it: use sslmode=verify-full with PGSSLROOTCERT (or at least sslmode=require)"
         ),
         Some("28P01") | Some("28000") => {
-            "check the user and password (the URL, PGUSER, PGPASSWORD) and pg_hba.conf".into()
+            "check the user and password (the URL, PGUSER, PGPASSWORD, ~/.pgpass) and pg_hba.conf"
+                .into()
         }
         Some("3D000") => "check the database name (the URL path or PGDATABASE)".into(),
         _ => "check that the server is running and reachable, the host and port (--database-url, DATABASE_URL or PGHOST/PGPORT), and sslmode".into(),

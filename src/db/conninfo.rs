@@ -3,7 +3,10 @@
 //!
 //! The `postgres` crate ignores the environment and knows only three `sslmode`s, so pgmend
 //! parses both forms itself and sets the crate's `Config` field by field. The password is
-//! kept out of every rendering of these parameters.
+//! kept out of every rendering of these parameters, and out of every parse error: a
+//! malformed string can put (part of) a password where a key, a port or an sslmode was
+//! expected, so an error repeats a piece of the string only when it cannot be one (see
+//! [`shown`]), and otherwise says which parameter by name or by number.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -23,17 +26,17 @@ pub enum SslMode {
 }
 
 impl SslMode {
-    fn parse(value: &str) -> Result<SslMode> {
-        Ok(match value {
+    /// `None` for anything else; the caller says what was wrong, without repeating a value
+    /// that may not be safe to show.
+    fn parse(value: &str) -> Option<SslMode> {
+        Some(match value {
             "disable" => SslMode::Disable,
             "allow" => SslMode::Allow,
             "prefer" => SslMode::Prefer,
             "require" => SslMode::Require,
             "verify-ca" => SslMode::VerifyCa,
             "verify-full" => SslMode::VerifyFull,
-            other => bail!(
-                "sslmode {other:?} is not one of disable, allow, prefer, require, verify-ca, verify-full"
-            ),
+            _ => return None,
         })
     }
 
@@ -144,16 +147,33 @@ pub fn resolve(conninfo: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> 
         Some(s) if s.starts_with("postgres://") || s.starts_with("postgresql://") => {
             parse_url(s).context("the connection URL is malformed (it is not repeated here because it may hold a password); expected postgresql://user@host:port/dbname?sslmode=...")?
         }
+        Some(s) if looks_like_a_url(s) => bail!(
+            "the connection string looks like a URL but does not start with postgresql:// or postgres:// (it is not repeated here because it may hold a password); check the scheme's colon and two slashes: postgresql://user@host:port/dbname?sslmode=..."
+        ),
         Some(s) => parse_keyword_value(s)
             .context("the connection string is malformed (it is not repeated here because it may hold a password); expected key=value pairs such as \"host=db port=5432 dbname=app\"")?,
     };
+    // Where each value came from, for messages: a value from a variable is safe to repeat
+    // (none but PGPASSWORD holds a password, and it is never repeated).
+    let mut from_env: BTreeMap<&str, &str> = BTreeMap::new();
     for (var, key) in ENV_KEYS {
         if !given.contains_key(*key) {
             if let Some(value) = env(var).filter(|v| !v.is_empty()) {
                 given.insert((*key).to_string(), value);
+                from_env.insert(key, var);
             }
         }
     }
+    let password = given.get("password").cloned();
+    // How a bad value is named in a message: `port "x"` when it is safe to repeat, else
+    // `the port in the connection string` (or `in PGPORT`).
+    let named = |key: &str, value: &str| match from_env.get(key) {
+        Some(var) if *var != "PGPASSWORD" => format!("{key} {value:?} (from {var})"),
+        _ => match shown(value, password.as_deref()) {
+            Some(value) => format!("{key} {value}"),
+            None => format!("the {key} in the connection string"),
+        },
+    };
     // A NUL cannot travel in the startup packet; say so here rather than fail obscurely.
     // (The value is not repeated: it may be the password.)
     if let Some((key, _)) = given.iter().find(|(_, v)| v.contains('\0')) {
@@ -167,7 +187,9 @@ pub fn resolve(conninfo: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> 
             .parse::<u16>()
             .ok()
             .filter(|n| *n != 0 && p.chars().all(|c| c.is_ascii_digit()))
-            .with_context(|| format!("port {p:?} is not a number between 1 and 65535"))?,
+            .with_context(|| {
+                format!("{} is not a number between 1 and 65535", named("port", &p))
+            })?,
         None => 5432,
     };
     let user = match get("user") {
@@ -178,13 +200,21 @@ pub fn resolve(conninfo: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> 
     };
     let dbname = get("dbname").unwrap_or_else(|| user.clone());
     let sslmode = match get("sslmode") {
-        Some(mode) => SslMode::parse(&mode)?,
+        Some(mode) => SslMode::parse(&mode).with_context(|| {
+            format!(
+                "{} is not one of disable, allow, prefer, require, verify-ca, verify-full",
+                named("sslmode", &mode)
+            )
+        })?,
         None => SslMode::Prefer,
     };
     let connect_timeout = match get("connect_timeout") {
         Some(t) => {
             let seconds: u64 = t.parse().with_context(|| {
-                format!("connect_timeout {t:?} is not a whole number of seconds")
+                format!(
+                    "{} is not a whole number of seconds",
+                    named("connect_timeout", &t)
+                )
             })?;
             // libpq: 0 means wait forever. pgmend never waits forever; a day at most.
             Duration::from_secs(if seconds == 0 {
@@ -195,7 +225,7 @@ pub fn resolve(conninfo: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> 
         }
         None => Duration::from_secs(10),
     };
-    let password = match get("password") {
+    let password = match password {
         Some(p) => Some(p),
         None => password_from_file(
             get("passfile").or_else(|| env("HOME").map(|h| format!("{h}/.pgpass"))),
@@ -293,26 +323,102 @@ fn default_host() -> String {
         .unwrap_or_else(|| "localhost".to_string())
 }
 
-fn check_key(key: &str) -> Result<()> {
-    if KNOWN_KEYS.contains(&key) {
-        Ok(())
-    } else {
-        bail!(
-            "unknown connection parameter {key:?}; pgmend understands {}",
-            KNOWN_KEYS.join(", ")
-        )
+/// A piece of the connection string, quoted for a message, or `None` when it could be (part
+/// of) a password: only short pieces made of the characters of a key, an sslmode or a number
+/// (lower case, digits, `_`, `-`, `.`), and none that overlaps the password given.
+fn shown(piece: &str, password: Option<&str>) -> Option<String> {
+    let plain = !piece.is_empty()
+        && piece.len() <= 32
+        && piece
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "_-.".contains(c));
+    // A piece of three characters or more that the password holds, or one that holds it.
+    let overlaps = password
+        .filter(|p| !p.is_empty())
+        .is_some_and(|p| (piece.len() >= 3 && p.contains(piece)) || piece.contains(p));
+    (plain && !overlaps).then(|| format!("{piece:?}"))
+}
+
+/// The known key `key` is most likely a misspelling of: one or two letters away.
+fn closest_key(key: &str) -> Option<&'static str> {
+    fn distance(a: &str, b: &str) -> usize {
+        let b: Vec<char> = b.chars().collect();
+        let mut row: Vec<usize> = (0..=b.len()).collect();
+        for (i, ca) in a.chars().enumerate() {
+            let mut previous = row[0];
+            row[0] = i + 1;
+            for (j, cb) in b.iter().enumerate() {
+                let substitute = previous + usize::from(ca != *cb);
+                previous = row[j + 1];
+                row[j + 1] = substitute.min(row[j] + 1).min(previous + 1);
+            }
+        }
+        row[b.len()]
     }
+    let lower = key.to_ascii_lowercase();
+    KNOWN_KEYS
+        .iter()
+        .map(|k| (distance(&lower, k), *k))
+        .filter(|(d, k)| *d <= 2 && *d < k.len() / 2 + 1)
+        .min()
+        .map(|(_, k)| k)
+}
+
+/// A string that is meant as a URL but lacks the scheme's `://`: `postgresql//u:pw@h/db`,
+/// `postgresql:/...`, `jdbc:postgresql://...`. Its first word has a ':', '/' or '@' before
+/// any '=', which no `key=value` pair has.
+fn looks_like_a_url(s: &str) -> bool {
+    let first = s.split_whitespace().next().unwrap_or("");
+    first
+        .find([':', '/', '@', '='])
+        .is_some_and(|i| first.as_bytes()[i] != b'=')
+}
+
+/// Refuses an unknown key. It is named only when [`shown`] allows (given the `password`
+/// read so far) and it does not follow `after` (the pair before it when that may have run
+/// into it: a password with a space, or a value whose closing quote the key is glued to); the
+/// known key it most likely misspells is suggested.
+fn check_key(key: &str, number: usize, after: Option<&str>, password: Option<&str>) -> Result<()> {
+    if KNOWN_KEYS.contains(&key) {
+        return Ok(());
+    }
+    let which = match (after, shown(key, password)) {
+        (Some(before), _) => format!("the parameter after {before} is not a known key"),
+        (None, Some(key)) => format!("unknown connection parameter {key}"),
+        (None, None) => format!("parameter number {number} is not a known key"),
+    };
+    let hint = closest_key(key).map_or(String::new(), |k| format!(" (did you mean {k}?)"));
+    let quoting = match after {
+        Some(before) => format!(" If it is the rest of the value of {before} instead, quote that value ({before}='...', a quote inside it written \\') or, in a URL, percent-encode it (%20 for a space, %26 for '&')."),
+        None => String::new(),
+    };
+    bail!(
+        "{which}{hint}.{quoting} pgmend understands {}",
+        KNOWN_KEYS.join(", ")
+    )
+}
+
+/// Percent-decodes one part of a URL; a '%' must start a %XX escape, as libpq requires.
+fn decode(part: &str, what: &str) -> Result<String> {
+    let bytes = part.as_bytes();
+    let bad_escape = bytes.iter().enumerate().any(|(i, b)| {
+        *b == b'%'
+            && !(bytes.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
+                && bytes.get(i + 2).is_some_and(u8::is_ascii_hexdigit))
+    });
+    if bad_escape {
+        bail!("{what} has a '%' that does not start a %XX escape (a '%' itself is written %25)");
+    }
+    percent_encoding::percent_decode_str(part)
+        .decode_utf8()
+        .map(|c| c.into_owned())
+        // (Not the decoder's error: it gives the offset into what may be the password.)
+        .map_err(|_| anyhow::anyhow!("{what} decodes to bytes that are not valid UTF-8"))
 }
 
 /// Parses `postgresql://[user[:password]@][host][:port][/dbname][?key=value&...]`.
 /// A host may be a percent-encoded socket directory (`%2Fvar%2Frun%2Fpostgresql`).
 fn parse_url(s: &str) -> Result<BTreeMap<String, String>> {
-    let decode = |part: &str| -> Result<String> {
-        percent_encoding::percent_decode_str(part)
-            .decode_utf8()
-            .map(|c| c.into_owned())
-            .context("a percent-encoded part is not valid UTF-8")
-    };
     let rest = s.split_once("://").map(|(_, r)| r).unwrap_or(s);
     let (rest, query) = match rest.split_once('?') {
         Some((r, q)) => (r, Some(q)),
@@ -337,10 +443,10 @@ fn parse_url(s: &str) -> Result<BTreeMap<String, String>> {
                 None => (userinfo, None),
             };
             if !user.is_empty() {
-                out.insert("user".into(), decode(user)?);
+                out.insert("user".into(), decode(user, "the user name")?);
             }
             if let Some(p) = password {
-                out.insert("password".into(), decode(p)?);
+                out.insert("password".into(), decode(p, "the password")?);
             }
             hostport
         }
@@ -361,13 +467,18 @@ fn parse_url(s: &str) -> Result<BTreeMap<String, String>> {
         }
     };
     if !host.is_empty() {
-        out.insert("host".into(), decode(host)?);
+        out.insert("host".into(), decode(host, "the host")?);
     }
     if let Some(p) = port.filter(|p| !p.is_empty()) {
+        // Without an '@', `user:password/db` reads as host:port: never repeat that "port".
+        let valid = p.chars().all(|c| c.is_ascii_digit()) && p.parse::<u16>().is_ok_and(|n| n != 0);
+        if !authority.contains('@') && !valid {
+            bail!("the port after the host is not a number between 1 and 65535; if this is user:password, an '@' and the host must follow it: postgresql://user:password@host/dbname");
+        }
         out.insert("port".into(), p.to_string());
     }
     if let Some(db) = path.filter(|p| !p.is_empty()) {
-        out.insert("dbname".into(), decode(db)?);
+        out.insert("dbname".into(), decode(db, "the database name")?);
     }
     let mut after_password = false;
     for (n, pair) in query
@@ -383,14 +494,17 @@ fn parse_url(s: &str) -> Result<BTreeMap<String, String>> {
                 n + 1
             )
         })?;
-        let key = decode(k)?;
-        // After `password=a&b=c`, "b" is the rest of the password: never repeat it.
-        if after_password && !KNOWN_KEYS.contains(&key.as_str()) {
-            bail!("URL parameter number {} is not a known parameter; if the password holds '&', write it %26", n + 1);
-        }
-        check_key(&key)?;
+        let key = decode(k, &format!("the key of URL parameter number {}", n + 1))?;
+        // After `password=a&b=c`, "b" may be the rest of the password: never repeat it.
+        check_key(
+            &key,
+            n + 1,
+            after_password.then_some("password"),
+            out.get("password").map(String::as_str),
+        )?;
         after_password = key == "password";
-        out.insert(key, decode(&v.replace('+', " "))?);
+        let what = format!("the value of {key}");
+        out.insert(key, decode(&v.replace('+', " "), &what)?);
     }
     Ok(out)
 }
@@ -399,13 +513,17 @@ fn parse_url(s: &str) -> Result<BTreeMap<String, String>> {
 fn parse_keyword_value(s: &str) -> Result<BTreeMap<String, String>> {
     let mut out = BTreeMap::new();
     let mut chars = s.chars().peekable();
-    let mut after_password = false;
-    loop {
+    // The key of the pair before, when the next "key" may be the rest of its value (a
+    // password with a space in it): that "key" is never repeated.
+    let mut previous: Option<String> = None;
+    for number in 1.. {
+        let mut spaced = number == 1;
         while chars.peek().is_some_and(|c| c.is_whitespace()) {
             chars.next();
+            spaced = true;
         }
         if chars.peek().is_none() {
-            return Ok(out);
+            break;
         }
         let mut key = String::new();
         while let Some(&c) = chars.peek() {
@@ -418,29 +536,40 @@ fn parse_keyword_value(s: &str) -> Result<BTreeMap<String, String>> {
         while chars.peek().is_some_and(|c| c.is_whitespace()) {
             chars.next();
         }
-        // After an unquoted password, a "key" may be the rest of a password that holds a
-        // space: never repeat it then.
-        if after_password && !KNOWN_KEYS.contains(&key.as_str()) {
-            bail!("the parameter after password is not a known key=value pair; a password that holds spaces must be quoted: password='...'");
-        }
+        // A key glued to the closing quote of the value before it is the rest of that value.
+        let after = previous
+            .take()
+            .filter(|before| before == "password" || !spaced);
         if chars.next() != Some('=') {
-            bail!("parameter {key:?} is missing its '=' (expected key=value)");
+            let which = if KNOWN_KEYS.contains(&key.as_str()) {
+                key.clone()
+            } else {
+                format!("parameter number {number}")
+            };
+            let hint = match &after {
+                Some(before) => format!("; if it is the rest of the value of {before}, quote that value: {before}='...' (a quote inside it written \\')"),
+                None => String::new(),
+            };
+            bail!("{which} is missing its '=' (expected key=value){hint}");
         }
-        check_key(&key)?;
+        check_key(
+            &key,
+            number,
+            after.as_deref(),
+            out.get("password").map(String::as_str),
+        )?;
         while chars.peek().is_some_and(|c| c.is_whitespace()) {
             chars.next();
         }
         let mut value = String::new();
-        let quoted = chars.peek() == Some(&'\'');
-        after_password = key == "password" && !quoted;
-        if quoted {
+        if chars.peek() == Some(&'\'') {
             chars.next();
             loop {
                 match chars.next() {
                     Some('\\') => value.push(chars.next().context("a backslash ends the string")?),
                     Some('\'') => break,
                     Some(c) => value.push(c),
-                    None => bail!("the quoted value of {key:?} has no closing quote"),
+                    None => bail!("the quoted value of {key} has no closing quote (a quote inside it is written \\')"),
                 }
             }
         } else {
@@ -456,8 +585,10 @@ fn parse_keyword_value(s: &str) -> Result<BTreeMap<String, String>> {
                 }
             }
         }
+        previous = Some(key.clone());
         out.insert(key, value);
     }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -612,6 +743,25 @@ mod tests {
             "postgresql://u:hunter2@h/d?password",
             "user=u password=hunter2 bogus=1",
             "user=u password='hunter2",
+            // The scheme's colon missing: not a URL to pgmend, nor a key=value string.
+            "postgresql//u:hunter2@h/x",
+            "postgresql:/u:hunter2@h/x",
+            "jdbc:postgresql://h/x?password=hunter2",
+            // Without '@', user:password reads as host:port.
+            "postgresql://u:hunter2/x",
+            "postgresql://u:2718281/x",
+            "postgresql://u:hunter2@h/x?sslmode=hunter2",
+            "postgresql://u:hun%zzter2@h/x",
+            "postgresql://u:hun%fftr2@h/x",
+            "postgresql://u@h/x?password=hun&ter2=1",
+            "host=h password=hun ter2=x",
+            "host=h password=hunter2 sslmode=hunter2",
+            "host=h password=hunter2 port=hunter2",
+            "host=h password='hun'ter2 x=1",
+            "host=h password='hun'ter2",
+            // The password itself as a key, later on.
+            "host=h password=hunter2 port=1 hunter2=x",
+            "postgresql://u:hunter2@h/d?sslmode=disable&hunter2=x",
         ] {
             let err = resolve(Some(bad), &no_env).unwrap_err();
             let text = format!("{err:#} {err:?}");
@@ -619,5 +769,29 @@ mod tests {
         }
         let p = resolve(Some("postgresql://u:hunter2@h/d"), &no_env).unwrap();
         assert!(!format!("{p} {p:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn a_misspelt_key_is_named_and_the_likely_key_suggested() {
+        let err = |s: &str| format!("{:#}", resolve(Some(s), &no_env).unwrap_err());
+        let e = err("host=h passwort=x");
+        assert!(
+            e.contains("unknown connection parameter \"passwort\" (did you mean password?)"),
+            "{e}"
+        );
+        // After a password the key may be the rest of it: not repeated, but the likely
+        // misspelling comes first.
+        let e = err("host=h password=x dbnme=y");
+        assert!(
+            e.contains("the parameter after password is not a known key (did you mean dbname?)")
+                && !e.contains("dbnme"),
+            "{e}"
+        );
+        let e = err("host=h Q7X2=y");
+        assert!(e.contains("parameter number 2 is not a known key"), "{e}");
+        assert_eq!(closest_key("sslmod"), Some("sslmode"));
+        assert_eq!(closest_key("prot"), Some("port"));
+        assert_eq!(closest_key("timeout"), None);
+        assert_eq!(closest_key("ab"), None);
     }
 }

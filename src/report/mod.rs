@@ -270,9 +270,7 @@ fn state(tx: &mut Transaction<'_>) -> Result<State> {
     let (tables, duplicate, voided, unique, check): (bool, bool, bool, bool, bool) =
         (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
     if !tables {
-        bail!(
-            "this database has no campaigns and issued_coupons tables; check --database-url (and the search_path) points at the coupon database"
-        );
+        bail!(crate::verify::NO_COUPON_TABLES);
     }
     Ok(match (duplicate && voided, unique && check) {
         (false, _) => State::Legacy,
