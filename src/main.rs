@@ -1,5 +1,6 @@
 //! The one exit path: run the command, print the error chain, map to 0/1/2.
 
+use std::io::Write;
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser};
@@ -22,9 +23,9 @@ fn main() -> ExitCode {
             let argv: Vec<String> = std::env::args_os()
                 .map(|a| a.to_string_lossy().into_owned())
                 .collect();
-            eprint!("{}", pgmend::cli::redacted(&e, &argv));
+            let _ = write!(std::io::stderr(), "{}", pgmend::cli::redacted(&e, &argv));
             if let Some(hint) = pgmend::cli::misplaced_option_hint(&argv, &e) {
-                eprintln!("hint: {hint}");
+                pgmend::say!("hint: {hint}");
             }
             return ExitCode::from(2);
         }
@@ -40,7 +41,7 @@ fn main() -> ExitCode {
         _ => None,
     };
     if let Some(command) = formatless.filter(|_| given.is_some()) {
-        eprintln!(
+        pgmend::say!(
             "pgmend: error: --format {} means nothing to `pgmend {command}`, which has one output; leave --format out",
             format.name()
         );
