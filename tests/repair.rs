@@ -609,6 +609,181 @@ fn counters_stay_exact_while_the_new_application_issues_coupons() {
     );
 }
 
+/// The new application, stepping while `repair apply` runs after the gate: four writers,
+/// each coupon with its counters in one transaction (seed 000's corrected issuance).
+fn in_step_writers(
+    db: &TestDb,
+    stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<thread::JoinHandle<i32>> {
+    (0..4)
+        .map(|w| {
+            let mut c = db.client();
+            let stop = stop.clone();
+            thread::spawn(move || {
+                let mut n = 0;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    n += 1;
+                    let member = format!("w{w}-{n}");
+                    let mut tx = c.transaction().unwrap();
+                    tx.execute("INSERT INTO member_monthly_usage VALUES ($1, '2026-10', 0) ON CONFLICT DO NOTHING", &[&member]).unwrap();
+                    tx.execute("SELECT 1 FROM member_monthly_usage WHERE member_id = $1 AND month = '2026-10' FOR UPDATE", &[&member]).unwrap();
+                    let inserted = tx
+                        .execute(
+                            "INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen)
+                             VALUES (gen_random_uuid(), 'C-BIG', $1, '2026-10', 1000)
+                             ON CONFLICT (campaign_id, member_id) WHERE NOT legacy_duplicate DO NOTHING",
+                            &[&member],
+                        )
+                        .unwrap();
+                    if inserted == 1 {
+                        tx.execute("UPDATE member_monthly_usage SET used_yen = used_yen + 1000 WHERE member_id = $1 AND month = '2026-10'", &[&member]).unwrap();
+                        tx.execute("UPDATE campaign_budgets SET issued_yen = issued_yen + 1000 WHERE campaign_id = 'C-BIG'", &[]).unwrap();
+                    }
+                    tx.commit().unwrap();
+                }
+                n
+            })
+        })
+        .collect()
+}
+
+fn counters_wrong(db: &TestDb) -> (i64, i64) {
+    (
+        db.scalar_i64(
+            "SELECT count(*) FROM campaign_budgets b WHERE issued_yen <> (SELECT coalesce(sum(amount_yen), 0) FROM issued_coupons i
+                WHERE i.campaign_id = b.campaign_id AND voided_at IS NULL)",
+        ),
+        db.scalar_i64(
+            "SELECT count(*) FROM member_monthly_usage u WHERE used_yen <> (SELECT coalesce(sum(amount_yen), 0) FROM issued_coupons i
+                WHERE i.member_id = u.member_id AND i.month = u.month AND voided_at IS NULL)",
+        ),
+    )
+}
+
+#[test]
+fn after_the_gate_the_drift_correction_is_exact_while_the_new_application_writes() {
+    let db = edge_cases();
+    let r = db.run(&CONFIRM);
+    assert_eq!(r.code, 0, "{}", r.both());
+    // Drift from before the deploy (the old cart's lost updates), then the new application.
+    db.client()
+        .batch_execute(
+            "UPDATE campaign_budgets SET budget_yen = 100000000, issued_yen = issued_yen + 3000 WHERE campaign_id = 'C-BIG';
+             UPDATE member_monthly_usage SET used_yen = used_yen + 1000;",
+        )
+        .unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers = in_step_writers(&db, &stop);
+    thread::sleep(Duration::from_millis(200));
+    for _ in 0..2 {
+        for name in ["rebuild-campaign-budgets", "rebuild-member-monthly-usage"] {
+            let r = db.run(&["repair", "apply", name, "--yes", "--batch-target", "5ms"]);
+            assert_eq!(r.code, 0, "{}", r.both());
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let issued: i32 = writers.into_iter().map(|w| w.join().unwrap()).sum();
+    assert!(issued > 20, "the writers ran ({issued})");
+    assert_eq!(counters_wrong(&db), (0, 0));
+    // One ledger record per row a run changed, and each says what it was and became.
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) FROM (SELECT run_id, row_key FROM pgmend.repair_ledger GROUP BY 1, 2 HAVING count(*) > 1) d"
+        ),
+        0
+    );
+    assert_eq!(db.run(&["verify"]).code, 0);
+}
+
+/// A writer out of step: every change pgmend makes to a campaign's counter is followed by
+/// a coupon the counter never hears of, as the old issuing code would add one.
+fn out_of_step_writer(db: &TestDb) {
+    db.client()
+        .batch_execute(
+            "CREATE FUNCTION old_cart() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+               INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen)
+               VALUES (gen_random_uuid(), NEW.campaign_id, gen_random_uuid()::text, '2026-10', 1000);
+               RETURN NULL;
+             END $$;
+             CREATE TRIGGER old_cart AFTER UPDATE ON campaign_budgets FOR EACH ROW
+               WHEN (pg_trigger_depth() = 0 AND current_setting('application_name') = 'pgmend')
+               EXECUTE FUNCTION old_cart();
+             UPDATE campaign_budgets SET issued_yen = issued_yen + 700 WHERE campaign_id = 'C-BIG';",
+        )
+        .unwrap();
+}
+
+#[test]
+fn after_the_gate_an_out_of_step_writer_ends_the_counter_pass_with_exit_1_naming_the_keys() {
+    let db = edge_cases();
+    assert_eq!(db.run(&CONFIRM).code, 0);
+    out_of_step_writer(&db);
+    let r = db.run(&["repair", "apply", "rebuild-campaign-budgets", "--yes"]);
+    assert_eq!(r.code, 1, "{}", r.both());
+    assert!(
+        r.stderr.contains("still differ from their source") && r.stderr.contains("C-BIG"),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stdout.contains("note:"), "{}", r.stdout);
+    // It corrected them twice more before it gave up, and kept one record per row.
+    assert!(
+        r.stderr
+            .contains("correcting 1 of them again (pass 2 of 2)")
+            && r.stderr
+                .contains("correcting 1 of them again (pass 3 of 2)"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) FROM (SELECT run_id, row_key FROM pgmend.repair_ledger GROUP BY 1, 2 HAVING count(*) > 1) d"
+        ),
+        0
+    );
+    // The release's migration after the gate refuses too: undo V5 in the history and rerun.
+    db.client()
+        .batch_execute(
+            "DROP TRIGGER old_cart ON campaign_budgets;
+             UPDATE campaign_budgets SET issued_yen = issued_yen + 500 WHERE campaign_id = 'C-BIG';
+             ALTER TABLE campaign_budgets DROP CONSTRAINT issued_within_budget;
+             DELETE FROM refinery_schema_history WHERE version = 5;",
+        )
+        .unwrap();
+    let r = db.run(&CONFIRM);
+    assert_eq!(r.code, 1, "{}", r.both());
+    assert!(
+        r.stderr
+            .contains("counters differ from their source before a migration after the deploy gate")
+            && r.stderr
+                .contains("campaign_budgets (rebuild-campaign-budgets), for example C-BIG")
+            && r.stderr
+                .contains("member_monthly_usage (rebuild-member-monthly-usage), for example"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        db.history().iter().all(|(v, _)| *v != 5),
+        "V5 was not applied"
+    );
+}
+
+#[test]
+fn before_the_gate_an_out_of_step_writer_is_expected_drift_and_a_note() {
+    let db = edge_cases();
+    assert_eq!(db.run(&["apply", "--yes"]).code, 0);
+    out_of_step_writer(&db);
+    let r = db.run(&["repair", "apply", "rebuild-campaign-budgets", "--yes"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(
+        r.stdout
+            .contains("the rebuild after the deploy gate catches them"),
+        "{}",
+        r.stdout
+    );
+}
+
 #[test]
 fn over_budget_and_out_of_range_counters_are_skipped_reported_and_exit_1() {
     let db = edge_cases();

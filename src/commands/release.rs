@@ -287,6 +287,13 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
                     version,
                     retry_with,
                 } => {
+                    // A migration after the deploy gate (V5's check) guards the counters'
+                    // values from then on: every counter the release rebuilds must equal its
+                    // source first, also when the rebuild steps were done by an earlier run.
+                    let after_gate = steps[..i].iter().any(|s| matches!(s, Step::Gate { .. }));
+                    if after_gate {
+                        counters_match(client, &steps, &repairs)?;
+                    }
                     let mut passes = 0;
                     let mut guarded = false;
                     let outcome = loop {
@@ -465,11 +472,68 @@ fn continue_command(confirm: &[String]) -> String {
     again
 }
 
+/// Stops (exit 1) when the counter of any rebuild step of the release differs from its
+/// source now, naming the repair and the first keys.
+fn counters_match(
+    client: &mut postgres::Client,
+    steps: &[Step],
+    repairs: &[crate::repair::definition::Repair],
+) -> Result<()> {
+    let mut differing = Vec::new();
+    let mut seen: Vec<&str> = Vec::new();
+    for step in steps {
+        let Step::Repair { name } = step else {
+            continue;
+        };
+        let Some(repair) = repairs.iter().find(|r| &r.name == name) else {
+            continue;
+        };
+        let crate::repair::definition::Spec::RebuildCounter(spec) = &repair.spec else {
+            continue;
+        };
+        if seen.contains(&name.as_str()) {
+            continue;
+        }
+        seen.push(name);
+        let engine = crate::repair::counter::CounterEngine::prepare(client, spec)?;
+        let mut tx = super::read_only(client)?;
+        tx.batch_execute(crate::db::connect::RAISE_WORK_MEM)
+            .doing("raising work_mem to compare the counters with their source")?;
+        let keys = engine
+            .differing_keys(&mut tx, 5)
+            .doing(format!("comparing {} with its source", spec.counter_table))?;
+        tx.rollback().doing("closing the read-only transaction")?;
+        if !keys.is_empty() {
+            differing.push(format!(
+                "{} ({}), for example {}",
+                spec.counter_table,
+                name,
+                keys.iter()
+                    .map(|k| k.join("/"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+    }
+    if !differing.is_empty() {
+        return Err(Stopped::error(format!(
+            "counters differ from their source before a migration after the deploy gate: {}. After the gate every writer changes a counter and its source together, so one does not (the old application still committing, a guard left behind, a manual change). Stop it, rebuild each named counter (`pgmend repair apply REPAIR --yes`), then rerun `pgmend apply --yes`; nothing of this step was changed",
+            differing.join("; ")
+        )));
+    }
+    Ok(())
+}
+
 fn stop_if_unfinished(
     run: &crate::repair::runner::RunReport,
     repair: &crate::repair::definition::Repair,
 ) -> Result<()> {
-    if run.interrupted || run.run.skipped.as_array().is_some_and(|s| !s.is_empty()) {
+    let drifting_after_gate =
+        run.after_gate && run.left_over > 0 && run.run.kind == "rebuild_counter";
+    if run.interrupted
+        || drifting_after_gate
+        || run.run.skipped.as_array().is_some_and(|s| !s.is_empty())
+    {
         super::repair::finish(run, repair)?;
     }
     Ok(())

@@ -200,6 +200,15 @@ pub fn finish(report: &RunReport, repair: &Repair) -> Result<Outcome> {
             report.run.run_id, repair.name, report.run.skipped
         )));
     }
+    if report.left_over > 0 && report.after_gate && repair.kind() == "rebuild_counter" {
+        return Err(Stopped::error(format!(
+            "run {} of {} finished, but {} counter(s) still differ from their source after the run corrected them again, for example {}: after the deploy gate every writer should change a counter and its source in one transaction, so one does not (the old application still committing, a guard trigger left behind, a manual change or an undo). Find and stop it, then rerun the repair (or `pgmend apply --yes`)",
+            report.run.run_id,
+            repair.name,
+            report.left_over,
+            report.left_over_keys.join(", ")
+        )));
+    }
     if report.left_over > 0 && repair.kind() == "void_duplicates" {
         return Err(Stopped::error(format!(
             "run {} of {} finished, but {} of its groups received new duplicates meanwhile; run it again (the release does this itself)",
@@ -230,7 +239,7 @@ pub fn print_report(report: &RunReport, format: Format) -> Result<()> {
                 report.batch_ms_max,
                 r.state
             )?;
-            if report.left_over > 0 && r.kind == "rebuild_counter" {
+            if report.left_over > 0 && r.kind == "rebuild_counter" && !report.after_gate {
                 writeln!(out, "  note: {} counter(s) already differ from the source again (writes by an application that does not maintain them yet); the rebuild after the deploy gate catches them", report.left_over)?;
             }
             Ok(())

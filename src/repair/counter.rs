@@ -23,6 +23,16 @@ pub struct CounterEngine {
     checks: Vec<(String, String)>,
 }
 
+/// One key of a batch as [`CounterEngine::read_drift`] found it: the counter (None: no row)
+/// and the true value, from one snapshot.
+#[derive(Debug, Clone)]
+pub struct Drift {
+    pub key: Vec<String>,
+    pub counter: Option<i64>,
+    pub truth: i64,
+    pub has_source: bool,
+}
+
 /// What one batch did.
 #[derive(Debug, Default)]
 pub struct BatchResult {
@@ -241,42 +251,6 @@ impl CounterEngine {
         )
     }
 
-    /// The first and last value of the leading key column among a batch's frozen keys.
-    fn batch_bounds(
-        &self,
-        tx: &mut postgres::Transaction<'_>,
-        run_id: i64,
-        lo: i64,
-        hi: i64,
-    ) -> Result<(Option<String>, Option<String>), postgres::Error> {
-        let first = q(&self.spec.key[0]);
-        let row = tx.query_one(
-            &format!(
-                "SELECT min(g.{first})::text, max(g.{first})::text FROM ({}) g",
-                self.batch_keys()
-            ),
-            &[&run_id, &lo, &hi],
-        )?;
-        Ok((row.get(0), row.get(1)))
-    }
-
-    /// The true value per key of `keys` (SQL yielding the key columns): key text array,
-    /// truth, whether any source row exists.
-    fn truth_sql(&self, keys: &str) -> String {
-        let s = &self.spec;
-        let g_cols = self.cols("g");
-        let first = q(&s.key[0]);
-        format!(
-            "SELECT {gk}, {agg}, count(s.{first}) > 0
-               FROM ({keys}) g LEFT JOIN {source} s ON {m}
-              GROUP BY {g_cols}",
-            gk = self.keys_text("g"),
-            agg = self.aggregate(),
-            source = q(&s.source_table),
-            m = self.keys_match("s", "g"),
-        )
-    }
-
     /// The values the counter column can hold.
     fn range(&self) -> (i64, i64) {
         match self.counter_type.as_str() {
@@ -286,216 +260,100 @@ impl CounterEngine {
         }
     }
 
-    /// One batch: create missing counter rows, lock them, sum, check, write, ledger.
+    /// What a batch's keys differ by, read in ONE statement and outside the batch's write
+    /// transaction, without locking anything: each key's counter now (None: no row), its
+    /// true value and whether any source row has it. Every writer that keeps the counter and
+    /// the source in step (the new application: one transaction changes both) moves both
+    /// sides of `truth - counter` alike, so that difference, read from one snapshot, stays
+    /// right while they write; [`Self::batch`] then adds it to the counter as it is when the
+    /// batch writes. The sum of a hot campaign's coupons takes as long as it takes, and holds
+    /// no row lock meanwhile.
+    pub fn read_drift(
+        &self,
+        client: &mut impl postgres::GenericClient,
+        run_id: i64,
+        lo: i64,
+        hi: i64,
+    ) -> Result<Vec<Drift>, postgres::Error> {
+        let s = &self.spec;
+        let first = q(&s.key[0]);
+        let row = client.query_one(
+            &format!(
+                "SELECT min(g.{first})::text, max(g.{first})::text FROM ({}) g",
+                self.batch_keys()
+            ),
+            &[&run_id, &lo, &hi],
+        )?;
+        let (min_key, max_key): (Option<String>, Option<String>) = (row.get(0), row.get(1));
+        let g_cols = self.cols("g");
+        let sql = format!(
+            "WITH g AS MATERIALIZED ({keys}),
+                  t AS (SELECT {g_cols}, {agg} AS truth, count(s.{first}) > 0 AS has_source
+                          FROM g LEFT JOIN {source} s ON {sm} AND {srange}
+                         GROUP BY {g_cols})
+             SELECT {gk}, c.{cn}::bigint, t.truth, t.has_source
+               FROM g JOIN t ON {tm}
+               LEFT JOIN {counter} c ON {cm} AND {crange}",
+            keys = self.batch_keys(),
+            agg = self.aggregate(),
+            source = q(&s.source_table),
+            sm = self.keys_match("s", "g"),
+            srange = self.in_batch_range("s"),
+            gk = self.keys_text("g"),
+            cn = q(&s.counter),
+            tm = self.keys_match("t", "g"),
+            counter = q(&s.counter_table),
+            cm = self.keys_match("c", "g"),
+            crange = self.in_batch_range("c"),
+        );
+        Ok(client
+            .query(&sql, &[&run_id, &lo, &hi, &min_key, &max_key])?
+            .iter()
+            .map(|r| Drift {
+                key: r.get(0),
+                counter: r.get(1),
+                truth: r.get(2),
+                has_source: r.get(3),
+            })
+            .collect())
+    }
+
+    /// One batch's write, in the batch's transaction: each key's counter moves by the drift
+    /// [`Self::read_drift`] found (`SET x = x + drift`, on the row as it is now: the row is
+    /// held for this statement's microseconds only), a missing row is created with its true
+    /// value (or, if the new application created it meanwhile, has the drift added), and the
+    /// server checks the new values against the table's CHECKs (NOT VALID ones included). A
+    /// value that would not fit or pass a CHECK is not written and is reported. With `merge`
+    /// (a second pass over keys this run already changed), a key's existing ledger record
+    /// takes the new value, so that a run keeps one record per row.
     pub fn batch(
         &self,
         tx: &mut postgres::Transaction<'_>,
         run_id: i64,
-        lo: i64,
-        hi: i64,
+        drift: &[Drift],
+        merge: bool,
     ) -> Result<BatchResult, postgres::Error> {
         let s = &self.spec;
-        let counter = q(&s.counter_table);
         let mut result = BatchResult::default();
-        let (first, last) = self.batch_bounds(tx, run_id, lo, hi)?;
-        // The first ledger record of the rows this batch creates, if it creates any.
-        let mut first_insert_record: Option<i64> = None;
-        if s.when_no_source == WhenNoSource::Zero {
-            let (copy_to, copy_from, join) = if s.copy_on_create.is_empty() {
-                (String::new(), String::new(), String::new())
-            } else {
-                let to: Vec<String> = s
-                    .copy_on_create
-                    .keys()
-                    .map(|c| format!(", {}", q(c)))
-                    .collect();
-                let from: Vec<String> = s
-                    .copy_on_create
-                    .values()
-                    .map(|c| format!(", x.{}", q(c)))
-                    .collect();
-                (
-                    to.concat(),
-                    from.concat(),
-                    format!(
-                        " JOIN {} x ON {}",
-                        q(&s.keys_from),
-                        self.keys_match("x", "g")
-                    ),
-                )
-            };
-            let keys_cols = s.key.iter().map(|k| q(k)).collect::<Vec<_>>().join(", ");
-            let g_cols = s
-                .key
-                .iter()
-                .map(|k| format!("g.{}", q(k)))
-                .collect::<Vec<_>>()
-                .join(", ");
-            let key_obj = s
-                .key
-                .iter()
-                .map(|k| format!("{}, i.{}", lit(k), q(k)))
-                .collect::<Vec<_>>()
-                .join(", ");
-            // A missing row is created with the source's sum at once: whoever issues a coupon
-            // for that key creates the row first, so a concurrent issuer either waits for this
-            // insert (and adds on top of it) or made the row already (and the key takes the
-            // lock-then-sum path below). A value that would not fit, or that a CHECK would
-            // refuse, is created as 0 and left to that path, which reports it.
-            let (min, max) = self.range();
-            let check_row: Vec<String> = s
-                .key
-                .iter()
-                .map(|k| format!("g.{k} AS {k}", k = q(k)))
-                .chain(
-                    s.copy_on_create
-                        .iter()
-                        .map(|(to, from)| format!("x.{} AS {}", q(from), q(to))),
-                )
-                .chain(std::iter::once(format!("g.truth AS {}", q(&s.counter))))
-                .collect();
-            let passes = if self.checks.is_empty() {
-                "true".to_string()
-            } else {
-                let tests = self
-                    .checks
-                    .iter()
-                    .map(|(_, e)| format!("({e}) IS FALSE"))
-                    .collect::<Vec<_>>()
-                    .join(" OR ");
-                format!(
-                    "NOT EXISTS (SELECT 1 FROM (SELECT {}) r WHERE {tests})",
-                    check_row.join(", ")
-                )
-            };
-            let counter_exists = format!(
-                "EXISTS (SELECT 1 FROM {counter} c WHERE {} AND {})",
-                self.keys_match("c", "g"),
-                self.in_batch_range("c")
-            );
-            let inserted = tx.query_one(
-                &format!(
-                    "WITH i AS (
-                       INSERT INTO {counter} ({keys_cols}{copy_to}, {cn})
-                       SELECT {g_cols}{copy_from},
-                              CASE WHEN g.truth BETWEEN {min} AND {max} AND {passes} THEN g.truth ELSE 0 END
-                         FROM (SELECT {g_cols}, {agg} AS truth
-                                 FROM ({keys}) g LEFT JOIN {source} s ON {sm} AND {range}
-                                WHERE NOT {counter_exists}
-                                GROUP BY {g_cols}) g{join}
-                       ON CONFLICT DO NOTHING RETURNING *),
-                     l AS (
-                       INSERT INTO pgmend.repair_ledger (run_id, target_table, row_key, action, before, after, reason)
-                       SELECT $1, {tl}, jsonb_build_object({key_obj}), 'insert', NULL, to_jsonb(i),
-                              'the key had no counter row; created with the sum of its source rows'
-                         FROM i
-                       RETURNING ledger_id)
-                     SELECT count(*), min(ledger_id) FROM l",
-                    cn = q(&s.counter),
-                    keys = self.batch_keys(),
-                    agg = self.aggregate(),
-                    source = q(&s.source_table),
-                    range = self.in_batch_range("s"),
-                    sm = self.keys_match("s", "g"),
-                    tl = lit(&s.counter_table),
-                ),
-                &[&run_id, &lo, &hi, &first, &last],
-            )?;
-            result.changed += inserted.get::<_, i64>(0);
-            first_insert_record = inserted.get(1);
-        }
-        // The frozen keys differed from their source when the run began; the application,
-        // which keeps counter and source in step, cannot make them agree again, so every one
-        // is locked and summed again below. Rows this batch has just created hold their true
-        // sum: a writer that committed before the insert's snapshot is in it, and one that
-        // commits after waited for the insert and added on top. They are not summed a second
-        // time; a row created as 0 (a value that would not fit or pass a CHECK) still is, so
-        // that it gets reported. (xmin is this transaction's id only for rows it inserted.)
-        let differing: Vec<Vec<String>> = tx
-            .query(
-                &format!(
-                    "SELECT {gk} FROM ({keys}) g WHERE EXISTS (
-                       SELECT 1 FROM {counter} c
-                        WHERE {m} AND {range} AND NOT (c.xmin = (SELECT pg_current_xact_id()::xid) AND c.{cn} <> 0))",
-                    gk = self.keys_text("g"),
-                    keys = self.batch_keys(),
-                    range = self.in_batch_range("c"),
-                    m = self.keys_match("c", "g"),
-                    cn = q(&s.counter),
-                ),
-                &[&run_id, &lo, &hi, &first, &last],
-            )?
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
-        if differing.is_empty() {
-            return Ok(result);
-        }
-        let n = s.key.len();
-        let mut columns: Vec<Vec<String>> = vec![Vec::new(); n];
-        for key in &differing {
-            for (i, part) in key.iter().enumerate() {
-                columns[i].push(part.clone());
-            }
-        }
-        let params: Vec<&(dyn ToSql + Sync)> =
-            columns.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
-        let differing_keys = format!(
-            "SELECT {} FROM unnest({}) AS u({})",
-            s.key
-                .iter()
-                .zip(&self.key_types)
-                .enumerate()
-                .map(|(i, (k, ty))| format!("u.k{i}::{ty} AS {}", q(k)))
-                .collect::<Vec<_>>()
-                .join(", "),
-            (1..=n)
-                .map(|i| format!("${i}::text[]"))
-                .collect::<Vec<_>>()
-                .join(", "),
-            (0..n)
-                .map(|i| format!("k{i}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-        // Lock first ...
-        let locked = tx.query(
-            &format!(
-                "SELECT {ck}, c.{cn}::bigint FROM {counter} c JOIN ({keys}) g ON {m} ORDER BY 1 FOR UPDATE OF c",
-                ck = self.keys_text("c"),
-                cn = q(&s.counter),
-                keys = differing_keys,
-                m = self.keys_match("c", "g"),
-            ),
-            &params,
-        )?;
-        let current: std::collections::HashMap<Vec<String>, i64> =
-            locked.iter().map(|r| (r.get(0), r.get(1))).collect();
-        // ... then sum, in a new statement.
-        let truths = tx.query(&self.truth_sql(&differing_keys), &params)?;
         let (min, max) = self.range();
         let mut updates: Vec<(Vec<String>, i64, i64)> = Vec::new();
-        for row in &truths {
-            let key: Vec<String> = row.get(0);
-            let truth: i64 = row.get(1);
-            let has_source: bool = row.get(2);
-            let Some(&before) = current.get(&key) else {
-                continue;
-            };
-            if !has_source && s.when_no_source == WhenNoSource::Keep {
-                continue;
+        let mut creates: Vec<(Vec<String>, i64, i64)> = Vec::new();
+        for d in drift {
+            match d.counter {
+                None if s.when_no_source == WhenNoSource::Zero => {
+                    creates.push((d.key.clone(), 0, d.truth));
+                }
+                None => {}
+                Some(_) if !d.has_source && s.when_no_source == WhenNoSource::Keep => {}
+                Some(now) if now == d.truth => {}
+                Some(now) if d.truth < min || d.truth > max => {
+                    result.skipped.push(json!({
+                        "key": d.key, "counter": now, "true_value": d.truth,
+                        "reason": format!("the true value {} does not fit {}.{} ({})", d.truth, s.counter_table, s.counter, self.counter_type)
+                    }));
+                }
+                Some(now) => updates.push((d.key.clone(), now, d.truth)),
             }
-            if truth == before {
-                continue;
-            }
-            if truth < min || truth > max {
-                result.skipped.push(json!({
-                    "key": key, "counter": before, "true_value": truth,
-                    "reason": format!("the true value {truth} does not fit {}.{} ({})", s.counter_table, s.counter, self.counter_type)
-                }));
-                continue;
-            }
-            updates.push((key, before, truth));
         }
         if !updates.is_empty() && !self.checks.is_empty() {
             let rejected = self.rejected_by_checks(tx, &updates)?;
@@ -511,10 +369,242 @@ impl CounterEngine {
             }
             updates = kept;
         }
+        if !creates.is_empty() {
+            let (changed, refused) = self.create(tx, run_id, &creates, merge)?;
+            result.changed += changed;
+            if !refused.is_empty() {
+                // Created as 0: say why the true value was not written.
+                let (fits, too_big): (Vec<_>, Vec<_>) = creates
+                    .iter()
+                    .filter(|c| refused.contains(&c.0))
+                    .map(|c| (c.0.clone(), 0, c.2))
+                    .partition(|c| c.2 >= min && c.2 <= max);
+                let reasons = if self.checks.is_empty() || fits.is_empty() {
+                    Vec::new()
+                } else {
+                    self.rejected_by_checks(tx, &fits)?
+                };
+                let refused = fits.iter().chain(&too_big);
+                for (i, u) in refused.enumerate() {
+                    let reason = match reasons.iter().find(|(idx, _)| *idx == i as i64) {
+                        Some((_, names)) => format!("writing it would break {names}"),
+                        None => format!(
+                            "the true value {} does not fit {}.{} ({})",
+                            u.2, s.counter_table, s.counter, self.counter_type
+                        ),
+                    };
+                    result.skipped.push(json!({
+                        "key": u.0, "counter": 0, "true_value": u.2, "reason": reason
+                    }));
+                }
+            }
+        }
         if !updates.is_empty() {
-            result.changed += self.write(tx, run_id, first_insert_record, &updates)? as i64;
+            let (changed, missed) = self.write(tx, run_id, &updates, merge)?;
+            result.changed += changed;
+            for u in updates.iter().filter(|u| missed.contains(&u.0)) {
+                result.skipped.push(json!({
+                    "key": u.0, "counter": u.1, "true_value": u.2,
+                    "reason": "when the batch wrote, the corrected value would not fit the column or pass a CHECK of the counter table"
+                }));
+            }
         }
         Ok(result)
+    }
+
+    /// The `SELECT` of a counter-table row with `value` (SQL) in the counter column and the
+    /// other columns from `alias`: for evaluating the table's CHECKs on a proposed value.
+    fn checks_pass(&self, alias: &str, value: &str) -> String {
+        if self.checks.is_empty() {
+            return "true".into();
+        }
+        let (min, max) = self.range();
+        let row_cols: Vec<String> = self
+            .columns
+            .iter()
+            .map(|c| {
+                if *c == self.spec.counter {
+                    // NULL (not an error) where the value does not fit: the range test
+                    // beside this one refuses it.
+                    format!(
+                        "(CASE WHEN ({value}) BETWEEN {min} AND {max} THEN ({value}) END)::{} AS {}",
+                        self.counter_type,
+                        q(c)
+                    )
+                } else {
+                    format!("{alias}.{c}", c = q(c))
+                }
+            })
+            .collect();
+        let tests = self
+            .checks
+            .iter()
+            .map(|(_, e)| format!("({e}) IS FALSE"))
+            .collect::<Vec<_>>()
+            .join(" OR ");
+        format!(
+            "NOT EXISTS (SELECT 1 FROM (SELECT {}) r WHERE {tests})",
+            row_cols.join(", ")
+        )
+    }
+
+    /// The table's CHECKs on a row about to be created from CTE `w`: its key, the columns
+    /// `copy_on_create` fills and the counter (`w.value`); other columns take no part.
+    fn checks_pass_on_create(&self) -> String {
+        if self.checks.is_empty() {
+            return "true".into();
+        }
+        let s = &self.spec;
+        let (min, max) = self.range();
+        let row: Vec<String> = s
+            .key
+            .iter()
+            .chain(s.copy_on_create.keys())
+            .map(|c| format!("w.{c}", c = q(c)))
+            .chain(std::iter::once(format!(
+                "(CASE WHEN w.value BETWEEN {min} AND {max} THEN w.value END)::{} AS {}",
+                self.counter_type,
+                q(&s.counter)
+            )))
+            .collect();
+        let tests = self
+            .checks
+            .iter()
+            .map(|(_, e)| format!("({e}) IS FALSE"))
+            .collect::<Vec<_>>()
+            .join(" OR ");
+        format!(
+            "NOT EXISTS (SELECT 1 FROM (SELECT {}) r WHERE {tests})",
+            row.join(", ")
+        )
+    }
+
+    /// Creates missing counter rows with their true value (0 where it would not fit or pass a
+    /// CHECK), copying `copy_on_create` from `keys_from`. A row the new application created
+    /// since the drift was read gets the drift added instead. Returns how many rows changed
+    /// and the keys created as 0.
+    fn create(
+        &self,
+        tx: &mut postgres::Transaction<'_>,
+        run_id: i64,
+        creates: &[(Vec<String>, i64, i64)],
+        merge: bool,
+    ) -> Result<(i64, Vec<Vec<String>>), postgres::Error> {
+        let s = &self.spec;
+        let counter = q(&s.counter_table);
+        let (unnest, cols, befores, afters) = self.unnest(creates, 2);
+        let keys_cols = s.key.iter().map(|k| q(k)).collect::<Vec<_>>().join(", ");
+        let u_keys = s
+            .key
+            .iter()
+            .zip(&self.key_types)
+            .enumerate()
+            .map(|(i, (k, ty))| format!("u.k{i}::{ty} AS {}", q(k)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let (copy_to, copy_from, join) = if s.copy_on_create.is_empty() {
+            (String::new(), String::new(), String::new())
+        } else {
+            (
+                s.copy_on_create
+                    .keys()
+                    .map(|c| format!(", {}", q(c)))
+                    .collect::<String>(),
+                s.copy_on_create
+                    .iter()
+                    .map(|(to, from)| format!(", x.{} AS {}", q(from), q(to)))
+                    .collect::<String>(),
+                format!(
+                    " JOIN {} x ON {}",
+                    q(&s.keys_from),
+                    self.keys_match("x", "v")
+                ),
+            )
+        };
+        let v_cols = s
+            .key
+            .iter()
+            .map(|k| format!("v.{}", q(k)))
+            .chain(s.copy_on_create.keys().map(|c| format!("w.{}", q(c))))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let (min, max) = self.range();
+        let key_obj = |alias: &str| {
+            s.key
+                .iter()
+                .map(|k| format!("{}, {alias}.{}", lit(k), q(k)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let merged = self.merge_sql(merge, "l2");
+        let sql = format!(
+            "WITH v AS (SELECT {u_keys}, u.after AS value, u.i FROM {unnest}),
+                  w AS (SELECT v.*{copy_from} FROM v{join}),
+                  ok AS (SELECT w.*, w.value BETWEEN {min} AND {max} AND {passes} AS ok FROM w),
+                  ins AS (
+                    INSERT INTO {counter} AS t ({keys_cols}{copy_to}, {cn})
+                    SELECT {ok_cols}, CASE WHEN ok.ok THEN ok.value ELSE 0 END FROM ok
+                    ON CONFLICT ({keys_cols}) DO UPDATE SET {cn} = t.{cn} + excluded.{cn}
+                    RETURNING t.*, t.xmax = 0 AS created),
+                  l2 AS (
+                    SELECT ins.created, jsonb_build_object({ko}) AS row_key, to_jsonb(ins) - 'created' AS whole,
+                           ins.{cn}::bigint AS after, CASE WHEN ok.ok THEN ok.value ELSE 0 END AS added
+                      FROM ins JOIN ok ON {im}){merged},
+                  ledger AS (
+                    INSERT INTO pgmend.repair_ledger (run_id, target_table, row_key, action, before, after, reason)
+                    SELECT $1, {tl}, l2.row_key,
+                           CASE WHEN l2.created THEN 'insert' ELSE 'update' END,
+                           CASE WHEN l2.created THEN NULL ELSE jsonb_build_object({cl}, l2.after - l2.added) END,
+                           CASE WHEN l2.created THEN l2.whole ELSE jsonb_build_object({cl}, l2.after) END,
+                           CASE WHEN l2.created THEN 'the key had no counter row; created with the sum of its source rows'
+                                ELSE format('the key had no counter row when its drift was read; the new application created it since, and the drift %s was added', l2.added) END
+                      FROM l2 WHERE (l2.created OR l2.added <> 0){not_merged}
+                    RETURNING 1)
+             SELECT (SELECT count(*) FROM l2 WHERE l2.created OR l2.added <> 0),
+                    coalesce((SELECT array_agg(array_to_string(ARRAY[{okt}], chr(31))) FROM ok WHERE NOT ok.ok AND ok.value <> 0), '{{}}')",
+            cn = q(&s.counter),
+            passes = self.checks_pass_on_create(),
+            ok_cols = v_cols.replace("v.", "ok.").replace("w.", "ok."),
+            ko = key_obj("ins"),
+            im = self.keys_match("ins", "ok"),
+            tl = lit(&s.counter_table),
+            cl = lit(&s.counter),
+            not_merged = if merge { " AND l2.row_key NOT IN (SELECT row_key FROM merged)" } else { "" },
+            okt = s.key.iter().map(|k| format!("ok.{}::text", q(k))).collect::<Vec<_>>().join(", "),
+        );
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&run_id];
+        params.extend(cols.iter().map(|c| c as &(dyn ToSql + Sync)));
+        params.push(&befores);
+        params.push(&afters);
+        let row = tx.query_one(&sql, &params)?;
+        let refused: Vec<String> = row.get(1);
+        Ok((
+            row.get(0),
+            refused
+                .iter()
+                .map(|k| k.split('\u{1f}').map(str::to_string).collect())
+                .collect(),
+        ))
+    }
+
+    /// With `merge`: a CTE `merged` that gives an existing ledger record of this run for the
+    /// same row (from an earlier pass) the new `after`, keeping its `before`.
+    fn merge_sql(&self, merge: bool, from: &str) -> String {
+        if !merge {
+            return String::new();
+        }
+        format!(
+            ",
+                  merged AS (
+                    UPDATE pgmend.repair_ledger l
+                       SET after = l.after || jsonb_build_object({cl}, m.after),
+                           reason = l.reason || format('; corrected again to %s by a later pass of the run', m.after)
+                      FROM {from} m
+                     WHERE l.run_id = $1 AND l.target_table = {tl} AND l.row_key = m.row_key
+                    RETURNING l.row_key)",
+            cl = lit(&self.spec.counter),
+            tl = lit(&self.spec.counter_table),
+        )
     }
 
     /// Unnest parameters: one text[] per key column, then before and after bigint[].
@@ -599,19 +689,19 @@ impl CounterEngine {
             .collect())
     }
 
-    /// Writes the true values and their ledger records; returns how many rows it changed
-    /// that this batch had not created. A row this batch created already has its 'insert'
-    /// record (from `first_insert_record` on): that record takes the final value, so a run
-    /// keeps one record per row.
+    /// Adds each key's drift (after - before, as read) to its counter row as the row is now,
+    /// where the result still fits and passes the table's CHECKs, and writes the ledger
+    /// records (before and after as written). Returns how many rows changed and the keys
+    /// that were not written.
     fn write(
         &self,
         tx: &mut postgres::Transaction<'_>,
         run_id: i64,
-        first_insert_record: Option<i64>,
         updates: &[(Vec<String>, i64, i64)],
-    ) -> Result<u64, postgres::Error> {
+        merge: bool,
+    ) -> Result<(i64, Vec<Vec<String>>), postgres::Error> {
         let s = &self.spec;
-        let (unnest, cols, befores, afters) = self.unnest(updates, 3);
+        let (unnest, cols, befores, afters) = self.unnest(updates, 2);
         let key_obj = s
             .key
             .iter()
@@ -620,34 +710,43 @@ impl CounterEngine {
             .map(|(i, (k, ty))| format!("{}, u.k{i}::{ty}", lit(k)))
             .collect::<Vec<_>>()
             .join(", ");
+        let (min, max) = self.range();
+        let cn = q(&s.counter);
+        let merged = self.merge_sql(merge, "upd");
         let sql = format!(
-            "WITH u AS (SELECT *, jsonb_build_object({key_obj}) AS row_key FROM {unnest}),
-             upd AS (UPDATE {counter} c SET {cn} = u.after FROM u WHERE {m} RETURNING u.*),
-             created AS (
-               UPDATE pgmend.repair_ledger l
-                  SET after = l.after || jsonb_build_object({cl}, u.after),
-                      reason = 'the key had no counter row; ' || format('counter was %s; the source sums to %s', u.before, u.after)
-                 FROM upd u
-                WHERE $2::bigint IS NOT NULL AND l.run_id = $1 AND l.ledger_id >= $2
-                  AND l.target_table = {tl} AND l.action = 'insert' AND l.row_key = u.row_key
-               RETURNING l.row_key)
-             INSERT INTO pgmend.repair_ledger (run_id, target_table, row_key, action, before, after, reason)
-             SELECT $1, {tl}, u.row_key, 'update',
-                    jsonb_build_object({cl}, u.before), jsonb_build_object({cl}, u.after),
-                    format('counter was %s; the source sums to %s', u.before, u.after)
-               FROM upd u WHERE u.row_key NOT IN (SELECT row_key FROM created)",
+            "WITH u AS (SELECT *, after - before AS drift, jsonb_build_object({key_obj}) AS row_key FROM {unnest}),
+             upd AS (UPDATE {counter} c SET {cn} = c.{cn} + u.drift FROM u
+                      WHERE {m} AND c.{cn}::bigint + u.drift BETWEEN {min} AND {max} AND {passes}
+                     RETURNING u.i, u.row_key, c.{cn}::bigint - u.drift AS before, c.{cn}::bigint AS after){merged},
+             ledger AS (
+               INSERT INTO pgmend.repair_ledger (run_id, target_table, row_key, action, before, after, reason)
+               SELECT $1, {tl}, u.row_key, 'update',
+                      jsonb_build_object({cl}, u.before), jsonb_build_object({cl}, u.after),
+                      format('counter was %s; the source sums to %s', u.before, u.after)
+                 FROM upd u{not_merged}
+               RETURNING 1)
+             SELECT (SELECT count(*) FROM upd),
+                    coalesce((SELECT array_agg(u.i) FROM u WHERE u.i NOT IN (SELECT i FROM upd)), '{{}}')",
             counter = q(&s.counter_table),
-            cn = q(&s.counter),
             m = self.u_match(),
+            passes = self.checks_pass("c", &format!("c.{cn} + u.drift")),
             tl = lit(&s.counter_table),
             cl = lit(&s.counter),
+            not_merged = if merge { " WHERE u.row_key NOT IN (SELECT row_key FROM merged)" } else { "" },
         );
-        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&run_id, &first_insert_record];
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&run_id];
         params.extend(cols.iter().map(|c| c as &(dyn ToSql + Sync)));
         params.push(&befores);
         params.push(&afters);
-        // Rows created earlier in this batch already count as changed.
-        tx.execute(&sql, &params)
+        let row = tx.query_one(&sql, &params)?;
+        let missed: Vec<i64> = row.get(1);
+        Ok((
+            row.get(0),
+            missed
+                .iter()
+                .map(|i| updates[(*i - 1) as usize].0.clone())
+                .collect(),
+        ))
     }
 
     /// For the dry run: every key whose counter would change. Columns: key (text), the
@@ -660,6 +759,28 @@ impl CounterEngine {
             dk = self.cols("d"),
             differing = self.differing_sql(counter_exists),
         )
+    }
+
+    /// Up to `limit` keys whose counter differs from the source now, in key order (one
+    /// statement, one snapshot).
+    pub fn differing_keys(
+        &self,
+        client: &mut impl postgres::GenericClient,
+        limit: i64,
+    ) -> Result<Vec<Vec<String>>, postgres::Error> {
+        Ok(client
+            .query(
+                &format!(
+                    "SELECT {dt} FROM ({differing}) d ORDER BY {dk} LIMIT $1",
+                    dt = self.keys_text("d"),
+                    dk = self.cols("d"),
+                    differing = self.differing_sql(true),
+                ),
+                &[&limit],
+            )?
+            .iter()
+            .map(|r| r.get(0))
+            .collect())
     }
 
     /// After a run: how many keys' counters differ from the source now (the invariant, over

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use serde::Serialize;
 
-use super::counter::{BatchResult, CounterEngine};
+use super::counter::{BatchResult, CounterEngine, Drift};
 use super::definition::{Repair, Spec};
 use super::store::{self, Run};
 use super::void::VoidEngine;
@@ -44,12 +44,28 @@ impl Engine {
         }
     }
 
+    /// What a batch reads before its transaction: for counters, each key's drift (the sum
+    /// of a hot campaign's coupons is read without holding its counter row).
+    fn read(
+        &self,
+        client: &mut postgres::Client,
+        run_id: i64,
+        lo: i64,
+        hi: i64,
+    ) -> Result<Vec<Drift>, postgres::Error> {
+        match self {
+            Engine::Void(_) => Ok(Vec::new()),
+            Engine::Counter(e) => e.read_drift(client, run_id, lo, hi),
+        }
+    }
+
     fn batch(
         &self,
         tx: &mut postgres::Transaction<'_>,
         run_id: i64,
-        lo: i64,
-        hi: i64,
+        (lo, hi): (i64, i64),
+        drift: &[Drift],
+        merge: bool,
     ) -> Result<BatchResult, postgres::Error> {
         match self {
             Engine::Void(e) => {
@@ -59,7 +75,7 @@ impl Engine {
                     skipped: Vec::new(),
                 })
             }
-            Engine::Counter(e) => e.batch(tx, run_id, lo, hi),
+            Engine::Counter(e) => e.batch(tx, run_id, drift, merge),
         }
     }
 }
@@ -78,6 +94,12 @@ pub struct RunReport {
     /// For void: frozen groups that still hold duplicates (new arrivals). For counters:
     /// keys whose counter drifted from the source since their batch.
     pub left_over: i64,
+    /// For counters after the gate: up to ten keys that still differ, as `a/b`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub left_over_keys: Vec<String>,
+    /// Whether the run ran after a gate of the release was passed (`pgmend.gates`): then a
+    /// counter that still differs is not a success.
+    pub after_gate: bool,
 }
 
 pub fn ensure_schema(client: &mut postgres::Client, policy: &LockPolicy) -> Result<()> {
@@ -141,63 +163,75 @@ pub fn apply(
     let mut last_line = Instant::now();
     let mut interrupted = false;
     let bar = progress_bar(&repair.name, run.targets, run.checkpoint);
-    while run.checkpoint < run.targets {
-        if crate::signals::requested().is_some() {
-            interrupted = true;
-            break;
-        }
-        if let Some(max_lag) = options.max_replica_lag {
-            wait_for_replicas(client, max_lag, progress)?;
-        }
-        let (lo, hi) = (run.checkpoint, (run.checkpoint + size).min(run.targets));
-        let t = Instant::now();
-        let result = with_lock_retry(
-            client,
-            &options.policy,
-            &format!("{} batch {lo}..{hi}", repair.name),
-            &[],
-            |c| {
-                let mut tx = c.transaction()?;
-                tx.batch_execute(&options.policy.set_local_sql())?;
-                let r = engine.batch(&mut tx, run.run_id, lo, hi)?;
-                let advanced = tx.execute(
+    // After the deploy gate every writer keeps counter and source in step, so a counter that
+    // differs again after its batch means one does not (the old application still
+    // committing, a guard left behind, a manual void): its keys are corrected again, a
+    // bounded number of times, and what still differs is reported (exit 1).
+    let after_gate = matches!(engine, Engine::Counter(_)) && store::gates_passed(client)?;
+    let mut repasses = 0;
+    let left_over = loop {
+        while run.checkpoint < run.targets {
+            if crate::signals::requested().is_some() {
+                interrupted = true;
+                break;
+            }
+            if let Some(max_lag) = options.max_replica_lag {
+                wait_for_replicas(client, max_lag, progress)?;
+            }
+            let (lo, hi) = (run.checkpoint, (run.checkpoint + size).min(run.targets));
+            let t = Instant::now();
+            let result = with_lock_retry(
+                client,
+                &options.policy,
+                &format!("{} batch {lo}..{hi}", repair.name),
+                &[],
+                |c| {
+                    let drift = engine.read(c, run.run_id, lo, hi)?;
+                    let t = Instant::now();
+                    let mut tx = c.transaction()?;
+                    tx.batch_execute(&options.policy.set_local_sql())?;
+                    let merge = run.repass_from.is_some_and(|from| lo >= from);
+                    let r = engine.batch(&mut tx, run.run_id, (lo, hi), &drift, merge)?;
+                    let advanced = tx.execute(
                 "UPDATE pgmend.repair_runs SET checkpoint = $2, processed = processed + ($2 - $3), changed = changed + $4,
                         skipped = skipped || $5::text::jsonb
                   WHERE run_id = $1 AND checkpoint = $3",
                 &[&run.run_id, &hi, &lo, &r.changed, &serde_json::Value::from(r.skipped.clone()).to_string()],
             )?;
-                if advanced != 1 {
-                    // Dropping the transaction rolls the batch back.
-                    return Ok(Err(anyhow::anyhow!(
+                    if advanced != 1 {
+                        // Dropping the transaction rolls the batch back.
+                        return Ok(Err(anyhow::anyhow!(
                         "{} batch {lo}..{hi}: run {} is gone or its checkpoint moved under this process; the batch was rolled back. Check `pgmend repair status` before running it again",
                         repair.name, run.run_id
                     )));
-                }
-                tx.commit()?;
-                Ok(Ok(r))
-            },
-        )??;
-        let took = t.elapsed();
-        times.push(took.as_millis() as u64);
-        run.checkpoint = hi;
-        run.processed += hi - lo;
-        run.changed += result.changed;
-        if let serde_json::Value::Array(list) = &mut run.skipped {
-            list.extend(result.skipped);
-        }
-        size = next_batch_size(size, options.batch_target, took);
-        if let Some(bar) = &bar {
-            bar.set_position(run.checkpoint as u64);
-            bar.set_message(format!(
-                "{} rows changed, last batch {} in {}ms",
-                run.changed,
-                hi - lo,
-                took.as_millis()
-            ));
-        } else if last_line.elapsed() >= Duration::from_secs(2) || run.checkpoint == run.targets {
-            let rate = run.processed as f64 / started.elapsed().as_secs_f64().max(0.001);
-            let eta = ((run.targets - run.checkpoint) as f64 / rate.max(0.001)) as u64;
-            progress(&format!(
+                    }
+                    tx.commit()?;
+                    Ok(Ok((r, t.elapsed())))
+                },
+            )??;
+            let (result, in_transaction) = result;
+            let took = t.elapsed();
+            times.push(in_transaction.as_millis() as u64);
+            run.checkpoint = hi;
+            run.processed += hi - lo;
+            run.changed += result.changed;
+            if let serde_json::Value::Array(list) = &mut run.skipped {
+                list.extend(result.skipped);
+            }
+            size = next_batch_size(size, options.batch_target, took);
+            if let Some(bar) = &bar {
+                bar.set_position(run.checkpoint as u64);
+                bar.set_message(format!(
+                    "{} rows changed, last batch {} in {}ms",
+                    run.changed,
+                    hi - lo,
+                    took.as_millis()
+                ));
+            } else if last_line.elapsed() >= Duration::from_secs(2) || run.checkpoint == run.targets
+            {
+                let rate = run.processed as f64 / started.elapsed().as_secs_f64().max(0.001);
+                let eta = ((run.targets - run.checkpoint) as f64 / rate.max(0.001)) as u64;
+                progress(&format!(
                 "{}: {}/{} targets ({}%), {} rows changed, {:.0} targets/s, ETA {}, last batch {} in {}",
                 repair.name,
                 run.checkpoint,
@@ -209,9 +243,32 @@ pub fn apply(
                 hi - lo,
                 format_duration(Duration::from_millis(took.as_millis() as u64))
             ));
-            last_line = Instant::now();
+                last_line = Instant::now();
+            }
         }
-    }
+        // A run that froze nothing found every target agreeing a moment ago; checking again
+        // would cost another pass over the source for nothing.
+        if interrupted || run.targets == 0 {
+            break 0;
+        }
+        let differing = reconcile(client, &engine, run.run_id)?;
+        if differing == 0 || !after_gate || repasses == MAX_REPASSES {
+            break differing;
+        }
+        repasses += 1;
+        let Engine::Counter(counter) = &engine else {
+            unreachable!("only counter runs pass again")
+        };
+        let added = repass(client, counter, &mut run, &options.policy)?;
+        progress(&format!(
+        "{}: {differing} key(s) differ from the source again after the pass, so a writer does not keep counter and source in step; correcting {added} of them again (pass {} of {MAX_REPASSES})",
+        repair.name,
+        repasses + 1
+    ));
+        if let Some(bar) = &bar {
+            bar.set_length(run.targets as u64);
+        }
+    };
     if let Some(bar) = bar {
         bar.finish_and_clear();
         progress(&format!(
@@ -219,12 +276,14 @@ pub fn apply(
             repair.name, run.checkpoint, run.targets, run.changed
         ));
     }
-    // A run that froze nothing found every target agreeing a moment ago; checking again
-    // would cost another pass over the source for nothing.
-    let left_over = if interrupted || run.targets == 0 {
-        0
-    } else {
-        reconcile(client, &engine, run.run_id)?
+    let left_over_keys = match &engine {
+        Engine::Counter(counter) if after_gate && left_over > 0 => counter
+            .differing_keys(client, 10)
+            .doing("listing the counters that still differ")?
+            .iter()
+            .map(|k| k.join("/"))
+            .collect(),
+        _ => Vec::new(),
     };
     if !interrupted {
         client
@@ -247,8 +306,52 @@ pub fn apply(
         batch_ms_p99: pct(0.99),
         batch_ms_max: times.last().copied().unwrap_or(0),
         left_over,
+        left_over_keys,
+        after_gate,
         run,
     })
+}
+
+/// How many times a counter run after the gate corrects keys that differ again.
+const MAX_REPASSES: u32 = 2;
+
+/// Appends the keys that differ now (at most 10,000) to the run's targets, marking where
+/// the second pass begins; returns how many. One transaction, so a resumed run finds them.
+fn repass(
+    client: &mut postgres::Client,
+    engine: &CounterEngine,
+    run: &mut Run,
+    policy: &LockPolicy,
+) -> Result<i64> {
+    let keys = engine
+        .differing_keys(client, 10_000)
+        .doing("listing the counters that differ again")?;
+    let n = keys.len() as i64;
+    let joined: Vec<String> = keys.iter().map(|k| k.join("\u{1f}")).collect();
+    let from = run.targets;
+    with_lock_retry(
+        client,
+        policy,
+        "recording the keys to correct again",
+        &[],
+        |c| {
+            let mut tx = c.transaction()?;
+            tx.execute(
+            "INSERT INTO pgmend.repair_targets (run_id, seq, key)
+             SELECT $1, $2 + k.n, string_to_array(k.key, chr(31)) FROM unnest($3::text[]) WITH ORDINALITY AS k(key, n)",
+            &[&run.run_id, &from, &joined],
+        )?;
+            tx.execute(
+            "UPDATE pgmend.repair_runs SET targets = targets + $2, repass_from = coalesce(repass_from, $3) WHERE run_id = $1",
+            &[&run.run_id, &n, &from],
+        )?;
+            tx.commit()?;
+            Ok(())
+        },
+    )?;
+    run.targets += n;
+    run.repass_from.get_or_insert(from);
+    Ok(n)
 }
 
 /// On a terminal, a progress bar on stderr with rate and ETA; elsewhere plain lines instead.

@@ -67,6 +67,9 @@ CREATE TABLE IF NOT EXISTS pgmend.release_steps (
   run_id      bigint REFERENCES pgmend.repair_runs,
   finished_at timestamptz NOT NULL DEFAULT now()
 );
+-- A counter run after the deploy gate appends the keys that still differ after its pass to
+-- its targets and corrects them again; targets from repass_from on are those.
+ALTER TABLE pgmend.repair_runs ADD COLUMN IF NOT EXISTS repass_from bigint;
 -- The schema whose release these records are (one row): the pre-flight refuses a session
 -- that works in another schema, whose steps would otherwise be taken as done.
 CREATE TABLE IF NOT EXISTS pgmend.released_schema (
@@ -79,6 +82,18 @@ INSERT INTO pgmend.released_schema (schema_name) SELECT current_schema()
 /// Whether pgmend's schema exists yet (read-only commands must not create it).
 pub fn exists(client: &mut impl GenericClient) -> Result<bool> {
     exists_table(client, "pgmend.repair_runs")
+}
+
+/// Whether the release has passed a gate (`pgmend.gates` has a row): from then on the new
+/// application runs, which keeps every counter in step with its source.
+pub fn gates_passed(client: &mut impl GenericClient) -> Result<bool> {
+    if !exists(client)? {
+        return Ok(false);
+    }
+    Ok(client
+        .query_one("SELECT EXISTS (SELECT 1 FROM pgmend.gates)", &[])
+        .doing("reading whether the release has passed its gate")?
+        .get(0))
 }
 
 /// Whether pgmend's schema has every table this version of pgmend keeps in it (the last one
@@ -111,12 +126,16 @@ pub struct Run {
     pub finished_at: Option<String>,
     pub undoes_run: Option<i64>,
     pub undone_by_run: Option<i64>,
+    /// Counter runs after the deploy gate: targets from this one on are keys that still
+    /// differed after the run's first pass, corrected again (their ledger records merged).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repass_from: Option<i64>,
 }
 
 pub const RUN_COLUMNS: &str = "run_id, repair, kind, definition_checksum, state,
     to_char(as_of AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), targets, checkpoint, processed, changed,
     skipped::text, started_by, to_char(finished_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),
-    undoes_run, undone_by_run";
+    undoes_run, undone_by_run, repass_from";
 
 pub fn run_from_row(r: &postgres::Row) -> Run {
     Run {
@@ -135,6 +154,7 @@ pub fn run_from_row(r: &postgres::Row) -> Run {
         finished_at: r.get(12),
         undoes_run: r.get(13),
         undone_by_run: r.get(14),
+        repass_from: r.get(15),
     }
 }
 
