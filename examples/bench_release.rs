@@ -4,10 +4,13 @@
 //!
 //!     cargo run --release --example bench_release -- 30000 300000
 //!     cargo run --release --example bench_release -- --load 300000
+//!     cargo run --release --example bench_release -- --after-gate 300000 1000000
 //!
 //! With `--load`, both run while threads play the legacy application (issuing coupons,
 //! redeeming duplicates, and a two-second read of issued_coupons every few seconds), pgmend
-//! up to the deploy gate, and the application's p99 and worst latency are reported.
+//! up to the deploy gate, and the application's p99 and worst latency are reported. With
+//! `--after-gate`, the passes after the gate run while the new application issues at full
+//! speed (see `after_gate`).
 //!
 //! For each member count: wall time of each, their ratio, rows/s, pgmend's batch transaction
 //! times (p50/p99/max per repair), pgmend's peak RSS (VmHWM, polled), and WAL bytes written.
@@ -134,6 +137,197 @@ fn legacy_load(
     threads
 }
 
+/// The new application at full speed (issue 14's load): 8 clients, 90% of them on campaign
+/// SW-A, each coupon in one transaction with its member-month and campaign counters (seed 000's
+/// corrected issuance; a coupon over the budget is refused, as the check then demands).
+/// Returns every transaction's latency when `stop` is set.
+fn new_app_load(
+    conninfo: String,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<std::thread::JoinHandle<Vec<Duration>>> {
+    use std::sync::atomic::Ordering;
+    (0..8u64)
+        .map(|t| {
+            let (conninfo, stop) = (conninfo.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut c =
+                    postgres::Client::connect(&conninfo, postgres::NoTls).expect("load connection");
+                let mut lat = Vec::new();
+                let mut n: u64 = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    n += 1;
+                    let campaign = if n % 10 == 0 { ["SW-B", "SW-C"][(n / 10 % 2) as usize] } else { "SW-A" };
+                    let member = format!("new-{t}-{n}");
+                    let started = Instant::now();
+                    let result = (|| -> Result<(), postgres::Error> {
+                        let mut tx = c.transaction()?;
+                        tx.execute("INSERT INTO member_monthly_usage VALUES ($1, '2026-10', 0) ON CONFLICT DO NOTHING", &[&member])?;
+                        let inserted = tx.execute(
+                            "INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen)
+                             VALUES (gen_random_uuid(), $1, $2, '2026-10', 1000)
+                             ON CONFLICT (campaign_id, member_id) WHERE NOT legacy_duplicate DO NOTHING",
+                            &[&campaign, &member],
+                        )?;
+                        if inserted == 1 {
+                            tx.execute("UPDATE member_monthly_usage SET used_yen = used_yen + 1000 WHERE member_id = $1 AND month = '2026-10'", &[&member])?;
+                            let budget = tx.execute(
+                                "UPDATE campaign_budgets SET issued_yen = issued_yen + 1000 WHERE campaign_id = $1 AND issued_yen + 1000 <= budget_yen",
+                                &[&campaign],
+                            )?;
+                            if budget == 0 {
+                                // Over budget: refused, nothing issued.
+                                return tx.rollback();
+                            }
+                        }
+                        tx.commit()
+                    })();
+                    if result.is_ok() {
+                        lat.push(started.elapsed());
+                        if started.elapsed() > Duration::from_millis(150) {
+                            eprintln!(
+                                "slow application transaction: {} ms, ended at {:.3} s (unix)",
+                                started.elapsed().as_millis(),
+                                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs_f64()
+                            );
+                        }
+                    }
+                }
+                lat
+            })
+        })
+        .collect()
+}
+
+/// Issue 14's measurement: pgmend's passes after the gate while the new application runs at
+/// full speed. The release first goes to the gate, then the old application issues for three
+/// seconds (the deploy window: its coupons reach the new counters only through pgmend), then
+/// the new application alone (the baseline), then the same with
+/// `apply --yes --confirm deploy-new-application`. Prints the application's throughput and
+/// worst latency against the baseline, pgmend's batch transaction times, and `verify`.
+fn after_gate(pg: &LocalPg, exe: &std::path::Path, members: i32) -> Result<()> {
+    let url = pg.url("aftergate");
+    let run = |args: &[&str]| -> Result<std::process::Output> {
+        Ok(Command::new(exe)
+            .args(args)
+            .env("DATABASE_URL", &url)
+            .stderr(Stdio::null())
+            .output()?)
+    };
+    anyhow::ensure!(
+        run(&["migrate", "baseline", "--yes"])?.status.success(),
+        "baseline failed"
+    );
+    let t = Instant::now();
+    anyhow::ensure!(
+        run(&["apply", "--yes"])?.status.success(),
+        "apply to the gate failed"
+    );
+    eprintln!(
+        "{members}: release to the gate in {:.1}s",
+        t.elapsed().as_secs_f64()
+    );
+    // SW-A is over its budget in the incident's data, and the new application refuses a
+    // coupon past the budget without touching the row: raise the budgets so that it issues,
+    // and every transaction updates the hottest row (the case this measures).
+    postgres::Client::connect(&pg.conninfo("aftergate"), postgres::NoTls)?
+        .batch_execute("UPDATE campaign_budgets SET budget_yen = 2000000000")?;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let old = legacy_load(pg.conninfo("aftergate"), members, stop.clone());
+    std::thread::sleep(Duration::from_secs(3));
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let old_ops = old
+        .into_iter()
+        .map(|h| h.join().unwrap().len())
+        .sum::<usize>();
+    let measure =
+        |with_pgmend: bool| -> Result<(f64, (usize, f64, f64), Option<serde_json::Value>)> {
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let threads = new_app_load(pg.conninfo("aftergate"), stop.clone());
+            let t = Instant::now();
+            let doc = if with_pgmend {
+                eprintln!(
+                "pgmend after the gate starts at {:.3} s (unix); its stderr: /tmp/bench-aftergate-{members}.log",
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs_f64()
+            );
+                let mut child = Command::new(exe)
+                    .args([
+                        "apply",
+                        "--yes",
+                        "--confirm",
+                        "deploy-new-application",
+                        "--format",
+                        "json",
+                    ])
+                    .env("DATABASE_URL", &url)
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()?;
+                // pgmend's stderr, each line stamped with when it arrived.
+                let stderr = child.stderr.take().unwrap();
+                let mut log = std::fs::File::create(format!("/tmp/bench-aftergate-{members}.log"))?;
+                let stamper = std::thread::spawn(move || {
+                    use std::io::{BufRead, Write};
+                    for line in std::io::BufReader::new(stderr)
+                        .lines()
+                        .map_while(Result::ok)
+                    {
+                        let now = std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .unwrap_or_default();
+                        let _ = writeln!(log, "{:.3} {line}", now.as_secs_f64());
+                    }
+                });
+                let out = child.wait_with_output()?;
+                let _ = stamper.join();
+                anyhow::ensure!(
+                    out.status.success(),
+                    "apply after the gate failed: {}",
+                    String::from_utf8_lossy(&out.stdout)
+                );
+                Some(serde_json::from_slice(&out.stdout)?)
+            } else {
+                std::thread::sleep(Duration::from_secs(5));
+                None
+            };
+            let secs = t.elapsed().as_secs_f64();
+            stop.store(true, std::sync::atomic::Ordering::SeqCst);
+            let lat = percentiles(
+                threads
+                    .into_iter()
+                    .flat_map(|h| h.join().unwrap())
+                    .collect(),
+            );
+            Ok((secs, lat, doc))
+        };
+    let (base_secs, base, _) = measure(false)?;
+    let (secs, with, doc) = measure(true)?;
+    let doc = doc.unwrap();
+    let batches: Vec<String> = doc["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["outcome"] == "done")
+        .filter_map(|s| s.get("run"))
+        .map(|r| {
+            format!(
+                "{} {}/{}/{}",
+                r["run"]["repair"].as_str().unwrap_or("?"),
+                r["batch_ms_p50"],
+                r["batch_ms_p99"],
+                r["batch_ms_max"]
+            )
+        })
+        .collect();
+    let verify = run(&["verify"])?.status.code().unwrap_or(-1);
+    println!(
+        "| {members} after the gate | old app {old_ops} ops in 3 s | baseline: {:.0} tx/s, p99 {:.0} ms, worst {:.0} ms | with pgmend ({secs:.1}s): {:.0} tx/s ({:.0}%), p99 {:.0} ms, worst {:.0} ms | batches p50/p99/max ms: {} | verify exit {verify} |",
+        base.0 as f64 / base_secs, base.1, base.2,
+        with.0 as f64 / secs, 100.0 * (with.0 as f64 / secs) / (base.0 as f64 / base_secs), with.1, with.2,
+        batches.join("; ")
+    );
+    Ok(())
+}
+
 fn percentiles(mut lat: Vec<Duration>) -> (usize, f64, f64) {
     lat.sort_unstable();
     let p99 = lat
@@ -149,9 +343,10 @@ fn percentiles(mut lat: Vec<Duration>) -> (usize, f64, f64) {
 
 fn main() -> Result<()> {
     let load = std::env::args().any(|a| a == "--load");
+    let gate = std::env::args().any(|a| a == "--after-gate");
     let sizes: Vec<i32> = std::env::args()
         .skip(1)
-        .filter(|a| a != "--load")
+        .filter(|a| a != "--load" && a != "--after-gate")
         .map(|a| a.parse().context("member counts"))
         .collect::<Result<_>>()?;
     let sizes = if sizes.is_empty() {
@@ -169,6 +364,23 @@ fn main() -> Result<()> {
             &[],
             &[("shared_preload_libraries", "pg_stat_statements")],
         )?
+    } else if gate {
+        // Lock waits and slow statements in the server log, to tell what held the hot row.
+        let pg = LocalPg::start_with(
+            false,
+            &[],
+            &[
+                ("log_lock_waits", "on"),
+                ("deadlock_timeout", "100ms"),
+                ("log_min_duration_statement", "100ms"),
+                ("log_line_prefix", "'%m [%p] %a '"),
+            ],
+        )?;
+        eprintln!(
+            "server log: {}",
+            pg.data_dir().join("../server.log").display()
+        );
+        pg
     } else {
         LocalPg::start(false)?
     };
@@ -198,6 +410,19 @@ fn main() -> Result<()> {
                     WHERE copies > 1 AND redeemed_at IS NULL;
                  CREATE UNIQUE INDEX ON redeem_targets (n);",
             )?;
+        }
+        if gate {
+            for sql in [
+                "DROP DATABASE IF EXISTS aftergate",
+                "CREATE DATABASE aftergate TEMPLATE src",
+                "CHECKPOINT",
+            ] {
+                admin
+                    .batch_execute(sql)
+                    .map_err(|e| anyhow::anyhow!("{sql}: {}", pgmend::error::describe(&e)))?;
+            }
+            after_gate(&pg, &exe, members)?;
+            continue;
         }
         for sql in [
             "CREATE DATABASE oneshot TEMPLATE src",

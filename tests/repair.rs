@@ -1338,3 +1338,41 @@ fn ctrl_c_finishes_the_batch_stops_cleanly_and_the_rerun_resumes() {
     assert_eq!(doc["run"]["processed"], doc["run"]["targets"]);
     assert_eq!(db.scalar_i64("SELECT count(*) FROM (SELECT 1 FROM issued_coupons WHERE NOT legacy_duplicate GROUP BY campaign_id, member_id HAVING count(*) > 1) g"), 0);
 }
+
+#[test]
+fn a_counter_table_without_a_unique_key_is_refused_before_any_change() {
+    let db = fresh_db();
+    db.client()
+        .batch_execute(
+            "CREATE TABLE grants (member_id integer NOT NULL, points integer NOT NULL);
+             CREATE TABLE totals (member_id integer NOT NULL, points integer NOT NULL DEFAULT 0);
+             INSERT INTO grants VALUES (7, 100), (7, 50);
+             INSERT INTO totals VALUES (7, 1);",
+        )
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("rebuild-totals.toml"),
+        "kind = \"rebuild_counter\"\ndescription = \"points per member\"\ncounter_table = \"totals\"\nkey = [\"member_id\"]\n\
+         counter = \"points\"\nsource_table = \"grants\"\naggregate = \"sum\"\nvalue = \"points\"\n\
+         keys_from = \"source\"\nwhen_no_source = \"zero\"\n",
+    )
+    .unwrap();
+    let d = dir_arg(dir.path());
+    let r = db.run(&[
+        "repair",
+        "apply",
+        "rebuild-totals",
+        "--yes",
+        "--repairs-dir",
+        &d,
+    ]);
+    assert_eq!(r.code, 2, "{}", r.both());
+    assert!(
+        r.stderr.contains("counter_table totals has no unique index or primary key on exactly its key (member_id)"),
+        "{}",
+        r.stderr
+    );
+    assert!(!db.exists("pgmend.repair_runs"));
+    assert_eq!(db.scalar_i64("SELECT points::bigint FROM totals"), 1);
+}

@@ -67,6 +67,27 @@ impl CounterEngine {
         if let Some(v) = &spec.value {
             column_types(client, &spec.source_table, std::slice::from_ref(v))?;
         }
+        // Missing rows are created with `INSERT ... ON CONFLICT (key) DO UPDATE`, which needs
+        // the key to be unique.
+        let unique: bool = client
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = to_regclass(quote_ident($1)) AND i.indisunique
+                    AND i.indpred IS NULL AND i.indexprs IS NULL
+                    AND (SELECT array_agg(a.attname::text ORDER BY a.attname) FROM pg_attribute a
+                          WHERE a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)) = (SELECT array_agg(x ORDER BY x) FROM unnest($2::text[]) x))",
+                &[&spec.counter_table, &spec.key],
+            )
+            .doing("looking for the counter table's unique key")?
+            .get(0);
+        if !unique {
+            anyhow::bail!(
+                "counter_table {} has no unique index or primary key on exactly its key ({}): a counter table holds one row per key. Add one (for example ALTER TABLE {} ADD PRIMARY KEY ({})), or fix key = [...] in the definition; nothing was changed",
+                spec.counter_table,
+                spec.key.join(", "),
+                spec.counter_table,
+                spec.key.join(", ")
+            );
+        }
         let columns: Vec<String> = client
             .query(
                 "SELECT attname::text FROM pg_attribute WHERE attrelid = to_regclass(quote_ident($1))
