@@ -156,7 +156,7 @@ fn new_app_load(
                 let mut n: u64 = 0;
                 while !stop.load(Ordering::SeqCst) {
                     n += 1;
-                    let campaign = if n % 10 == 0 { ["SW-B", "SW-C"][(n / 10 % 2) as usize] } else { "SW-A" };
+                    let campaign = if n.is_multiple_of(10) { ["SW-B", "SW-C"][(n / 10 % 2) as usize] } else { "SW-A" };
                     let member = format!("new-{t}-{n}");
                     let started = Instant::now();
                     let result = (|| -> Result<(), postgres::Error> {
@@ -197,6 +197,9 @@ fn new_app_load(
         })
         .collect()
 }
+
+/// Seconds, the application's (operations, p99 ms, worst ms), and pgmend's JSON if it ran.
+type Measured = (f64, (usize, f64, f64), Option<serde_json::Value>);
 
 /// Issue 14's measurement: pgmend's passes after the gate while the new application runs at
 /// full speed. The release first goes to the gate, then the old application issues for three
@@ -239,66 +242,65 @@ fn after_gate(pg: &LocalPg, exe: &std::path::Path, members: i32) -> Result<()> {
         .into_iter()
         .map(|h| h.join().unwrap().len())
         .sum::<usize>();
-    let measure =
-        |with_pgmend: bool| -> Result<(f64, (usize, f64, f64), Option<serde_json::Value>)> {
-            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-            let threads = new_app_load(pg.conninfo("aftergate"), stop.clone());
-            let t = Instant::now();
-            let doc = if with_pgmend {
-                eprintln!(
+    let measure = |with_pgmend: bool| -> Result<Measured> {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let threads = new_app_load(pg.conninfo("aftergate"), stop.clone());
+        let t = Instant::now();
+        let doc = if with_pgmend {
+            eprintln!(
                 "pgmend after the gate starts at {:.3} s (unix); its stderr: /tmp/bench-aftergate-{members}.log",
                 std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs_f64()
             );
-                let mut child = Command::new(exe)
-                    .args([
-                        "apply",
-                        "--yes",
-                        "--confirm",
-                        "deploy-new-application",
-                        "--format",
-                        "json",
-                    ])
-                    .env("DATABASE_URL", &url)
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped())
-                    .spawn()?;
-                // pgmend's stderr, each line stamped with when it arrived.
-                let stderr = child.stderr.take().unwrap();
-                let mut log = std::fs::File::create(format!("/tmp/bench-aftergate-{members}.log"))?;
-                let stamper = std::thread::spawn(move || {
-                    use std::io::{BufRead, Write};
-                    for line in std::io::BufReader::new(stderr)
-                        .lines()
-                        .map_while(Result::ok)
-                    {
-                        let now = std::time::SystemTime::now()
-                            .duration_since(std::time::UNIX_EPOCH)
-                            .unwrap_or_default();
-                        let _ = writeln!(log, "{:.3} {line}", now.as_secs_f64());
-                    }
-                });
-                let out = child.wait_with_output()?;
-                let _ = stamper.join();
-                anyhow::ensure!(
-                    out.status.success(),
-                    "apply after the gate failed: {}",
-                    String::from_utf8_lossy(&out.stdout)
-                );
-                Some(serde_json::from_slice(&out.stdout)?)
-            } else {
-                std::thread::sleep(Duration::from_secs(5));
-                None
-            };
-            let secs = t.elapsed().as_secs_f64();
-            stop.store(true, std::sync::atomic::Ordering::SeqCst);
-            let lat = percentiles(
-                threads
-                    .into_iter()
-                    .flat_map(|h| h.join().unwrap())
-                    .collect(),
+            let mut child = Command::new(exe)
+                .args([
+                    "apply",
+                    "--yes",
+                    "--confirm",
+                    "deploy-new-application",
+                    "--format",
+                    "json",
+                ])
+                .env("DATABASE_URL", &url)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()?;
+            // pgmend's stderr, each line stamped with when it arrived.
+            let stderr = child.stderr.take().unwrap();
+            let mut log = std::fs::File::create(format!("/tmp/bench-aftergate-{members}.log"))?;
+            let stamper = std::thread::spawn(move || {
+                use std::io::{BufRead, Write};
+                for line in std::io::BufReader::new(stderr)
+                    .lines()
+                    .map_while(Result::ok)
+                {
+                    let now = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap_or_default();
+                    let _ = writeln!(log, "{:.3} {line}", now.as_secs_f64());
+                }
+            });
+            let out = child.wait_with_output()?;
+            let _ = stamper.join();
+            anyhow::ensure!(
+                out.status.success(),
+                "apply after the gate failed: {}",
+                String::from_utf8_lossy(&out.stdout)
             );
-            Ok((secs, lat, doc))
+            Some(serde_json::from_slice(&out.stdout)?)
+        } else {
+            std::thread::sleep(Duration::from_secs(5));
+            None
         };
+        let secs = t.elapsed().as_secs_f64();
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let lat = percentiles(
+            threads
+                .into_iter()
+                .flat_map(|h| h.join().unwrap())
+                .collect(),
+        );
+        Ok((secs, lat, doc))
+    };
     let (base_secs, base, _) = measure(false)?;
     let (secs, with, doc) = measure(true)?;
     let doc = doc.unwrap();
