@@ -151,6 +151,21 @@ pub struct OverrunsArgs {
     /// The monthly cap per member, in yen.
     #[arg(long, value_name = "YEN", default_value_t = 2000, value_parser = clap::value_parser!(i64).range(0..))]
     pub monthly_cap_yen: i64,
+    /// With --format csv: the one section to write (a CSV holds one section, so a column
+    /// never sums totals with rows). Without it, --output NAME.csv writes NAME-summary.csv,
+    /// NAME-campaigns.csv and NAME-members.csv from the same snapshot.
+    #[arg(long, value_enum)]
+    pub section: Option<CsvSection>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CsvSection {
+    /// Where and when the figures come from, and every total.
+    Summary,
+    /// One row per campaign.
+    Campaigns,
+    /// One row per member-month over the monthly cap.
+    Members,
 }
 
 #[derive(Debug, Subcommand)]
@@ -351,7 +366,7 @@ pub struct DemoArgs {
     /// Leave the server running and print how to connect to it.
     #[arg(long)]
     pub keep: bool,
-    /// Where the finance reports (overruns.csv, overruns.json, overruns.html) are written;
+    /// Where the finance reports (overruns-*.csv, overruns.json, overruns.html) are written;
     /// created if missing, files in it replaced.
     #[arg(long, value_name = "DIR", default_value = "pgmend-demo-reports")]
     pub reports_dir: std::path::PathBuf,

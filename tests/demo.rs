@@ -65,9 +65,11 @@ fn the_demo_tells_the_whole_release_on_a_dirty_legacy_database() {
         serde_json::from_str(&std::fs::read_to_string(dir.join("overruns.json")).unwrap()).unwrap();
     assert_eq!(json["state"], "released");
     assert_eq!(json["campaigns"][0]["overrun_yen"], overrun);
-    assert!(std::fs::read(dir.join("overruns.csv"))
-        .unwrap()
-        .starts_with("\u{feff}".as_bytes()));
+    for section in ["summary", "campaigns", "members"] {
+        assert!(std::fs::read(dir.join(format!("overruns-{section}.csv")))
+            .unwrap()
+            .starts_with("\u{feff}".as_bytes()));
+    }
     assert!(std::fs::read_to_string(dir.join("overruns.html"))
         .unwrap()
         .contains("class=\"pair\""));
@@ -99,7 +101,13 @@ fn the_readme_quick_start_runs_as_written() {
     let r = run(pgmend_command().args(&args).current_dir(dir.path()), "");
     assert_eq!(r.code, 0, "{}", r.both());
     assert!(r.stdout.contains("Every invariant holds."), "{}", r.stdout);
-    for file in ["overruns.csv", "overruns.json", "overruns.html"] {
+    for file in [
+        "overruns-summary.csv",
+        "overruns-campaigns.csv",
+        "overruns-members.csv",
+        "overruns.json",
+        "overruns.html",
+    ] {
         assert!(
             dir.path().join("pgmend-demo-reports").join(file).is_file(),
             "{file} was not written where the demo says"

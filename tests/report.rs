@@ -180,24 +180,96 @@ fn check_json(
     doc
 }
 
-/// Parses the CSV back and checks it says what the JSON says.
-fn check_csv_matches_json(db: &TestDb, doc: &Value) {
-    let r = db.run(&["report", "overruns", "--format", "csv"]);
+/// The CSV sections, written by one `--output NAME.csv` (one snapshot), parsed back with the
+/// `csv` crate: section name → (header, records).
+fn csv_sections(
+    db: &TestDb,
+    extra: &[&str],
+) -> BTreeMap<String, (Vec<String>, Vec<csv::StringRecord>)> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r.csv");
+    let mut args = vec!["report", "overruns", "--output", path.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let r = db.run(&args);
     assert_eq!(r.code, 0, "{}", r.both());
-    assert!(r.stdout.contains("\r\n"), "RFC 4180 lines end in CRLF");
-    let mut reader = csv::Reader::from_reader(r.stdout.as_bytes());
-    let header = reader.headers().unwrap().clone();
-    let col = |name: &str| header.iter().position(|h| h == name).unwrap();
-    let num = |rec: &csv::StringRecord, name: &str| -> i64 { rec[col(name)].parse().unwrap() };
-    let records: Vec<csv::StringRecord> = reader.records().map(|r| r.unwrap()).collect();
+    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["r-campaigns.csv", "r-members.csv", "r-summary.csv"],
+        "one file per section, nothing else"
+    );
+    let mut out = BTreeMap::new();
+    for section in ["summary", "campaigns", "members"] {
+        let bytes = std::fs::read(dir.path().join(format!("r-{section}.csv"))).unwrap();
+        let text = String::from_utf8(bytes).unwrap();
+        assert!(text.ends_with("\r\n"), "RFC 4180 lines end in CRLF");
+        let mut reader = csv::Reader::from_reader(text.as_bytes());
+        let header: Vec<String> = reader.headers().unwrap().iter().map(String::from).collect();
+        let records: Vec<csv::StringRecord> = reader.records().map(|r| r.unwrap()).collect();
+        for rec in &records {
+            assert_eq!(
+                rec.len(),
+                header.len(),
+                "{section}: every record has every column"
+            );
+        }
+        out.insert(section.to_string(), (header, records));
+    }
+    out
+}
 
-    let campaigns: Vec<_> = records.iter().filter(|r| &r[0] == "campaign").collect();
+/// A text cell as the CSV writes it: OWASP's leading `'` before a formula character.
+fn neutralised(text: &str) -> String {
+    match text.chars().next() {
+        Some('=' | '+' | '-' | '@' | '\t' | '\r') => format!("'{text}"),
+        _ => text.to_string(),
+    }
+}
+
+/// Parses the CSV sections back and checks they say what the JSON says, that no section
+/// holds a total, and that summing a column gives the summary's total.
+fn check_csv_matches_json(db: &TestDb, doc: &Value) {
+    let sections = csv_sections(db, &[]);
+    let t = &doc["totals"];
+
+    let (header, summary) = &sections["summary"];
+    assert_eq!(header, &["key", "value"]);
+    let summary: BTreeMap<&str, &str> = summary
+        .iter()
+        .map(|r| (r.get(0).unwrap(), r.get(1).unwrap()))
+        .collect();
+    assert_eq!(summary["state"], doc["state"].as_str().unwrap());
+    assert_eq!(
+        summary["monthly_cap_yen"],
+        doc["monthly_cap_yen"].to_string()
+    );
+    for (key, value) in t.as_object().unwrap() {
+        assert_eq!(summary[key.as_str()], value.to_string(), "summary {key}");
+    }
+
+    let (header, campaigns) = &sections["campaigns"];
+    let col = |name: &str| header.iter().position(|h| h == name).unwrap();
     let json_campaigns = doc["campaigns"].as_array().unwrap();
-    assert_eq!(campaigns.len(), json_campaigns.len());
+    assert_eq!(
+        campaigns.len(),
+        json_campaigns.len(),
+        "campaign rows only, no total row"
+    );
     for (rec, c) in campaigns.iter().zip(json_campaigns) {
-        assert_eq!(&rec[col("campaign_id")], c["campaign_id"].as_str().unwrap());
+        assert_eq!(
+            &rec[col("campaign_id")],
+            neutralised(c["campaign_id"].as_str().unwrap())
+        );
         for field in CAMPAIGN_NUMBERS.iter().chain(&["overrun_yen"]) {
-            assert_eq!(Some(num(rec, field)), c[field].as_i64(), "{field}");
+            assert_eq!(
+                rec[col(field)].parse::<i64>().ok(),
+                c[field].as_i64(),
+                "{field}"
+            );
         }
         // Two runs, two snapshots: as_of may tick over a second between them.
         let at = |s: &str| chrono::DateTime::parse_from_rfc3339(s).unwrap();
@@ -209,42 +281,61 @@ fn check_csv_matches_json(db: &TestDb, doc: &Value) {
             &rec[col("as_of")]
         );
         assert_eq!(&rec[col("state")], doc["state"].as_str().unwrap());
+        assert_eq!(
+            &rec[col("as_of")],
+            summary["as_of"],
+            "the same snapshot as the summary"
+        );
     }
-    let members: Vec<_> = records
-        .iter()
-        .filter(|r| &r[0] == "member_over_cap")
-        .collect();
+    // Summing a column gives its total: the total is not in the column.
+    for field in CAMPAIGN_NUMBERS.iter().chain(&["overrun_yen"]) {
+        let sum: i64 = campaigns
+            .iter()
+            .map(|r| r[col(field)].parse::<i64>().unwrap())
+            .sum();
+        let key = if *field == "overrun_yen" {
+            "campaign_overrun_yen"
+        } else {
+            field
+        };
+        assert_eq!(Some(sum), t[key].as_i64(), "sum of campaigns.{field}");
+    }
+
+    let (header, members) = &sections["members"];
+    let col = |name: &str| header.iter().position(|h| h == name).unwrap();
     let json_members = doc["members_over_monthly_cap"].as_array().unwrap();
     assert_eq!(members.len(), json_members.len());
+    assert_eq!(
+        Some(members.len() as i64),
+        t["members_over_monthly_cap"].as_i64()
+    );
     for (rec, m) in members.iter().zip(json_members) {
-        assert_eq!(&rec[col("member_id")], m["member_id"].as_str().unwrap());
-        assert_eq!(&rec[col("month")], m["month"].as_str().unwrap());
+        assert_eq!(
+            &rec[col("member_id")],
+            neutralised(m["member_id"].as_str().unwrap())
+        );
+        assert_eq!(
+            &rec[col("month")],
+            neutralised(m["month"].as_str().unwrap())
+        );
         for field in ["used_yen", "cap_yen", "overrun_yen"] {
-            assert_eq!(Some(num(rec, field)), m[field].as_i64(), "{field}");
+            assert_eq!(
+                rec[col(field)].parse::<i64>().ok(),
+                m[field].as_i64(),
+                "{field}"
+            );
         }
     }
-    let total = |section: &str| records.iter().find(|r| &r[0] == section).unwrap();
-    let t = &doc["totals"];
-    assert_eq!(
-        Some(num(total("campaign_total"), "overrun_yen")),
-        t["campaign_overrun_yen"].as_i64()
-    );
-    assert_eq!(
-        Some(num(total("campaign_total"), "voided_yen")),
-        t["voided_yen"].as_i64()
-    );
-    assert_eq!(
-        Some(num(
-            total("campaign_total"),
-            "redeemed_legacy_duplicates_yen"
-        )),
-        t["redeemed_legacy_duplicates_yen"].as_i64()
-    );
-    assert_eq!(
-        Some(num(total("member_total"), "overrun_yen")),
-        t["member_overrun_yen"].as_i64()
-    );
-    assert_eq!(records.len(), campaigns.len() + members.len() + 2);
+    for (field, key) in [
+        ("overrun_yen", "member_overrun_yen"),
+        ("used_yen", "member_used_yen"),
+    ] {
+        let sum: i64 = members
+            .iter()
+            .map(|r| r[col(field)].parse::<i64>().unwrap())
+            .sum();
+        assert_eq!(Some(sum), t[key].as_i64(), "sum of members.{field}");
+    }
 }
 
 /// The campaign rows of a text table (psql or Markdown style), as id → numbers.
@@ -476,9 +567,22 @@ fn runs_where_transactions_default_to_read_only_and_gives_the_same_bytes_twice()
         .unwrap();
     let as_of = regex::Regex::new(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+09:00").unwrap();
     for format in ["table", "json", "csv", "markdown", "html"] {
-        let first = db.run(&["report", "overruns", "--format", format]);
+        let args = [
+            "report",
+            "overruns",
+            "--format",
+            format,
+            "--section",
+            "members",
+        ];
+        let args = if format == "csv" {
+            &args[..]
+        } else {
+            &args[..4]
+        };
+        let first = db.run(args);
         assert_eq!(first.code, 0, "{format}: {}", first.both());
-        let second = db.run(&["report", "overruns", "--format", format]);
+        let second = db.run(args);
         assert_eq!(
             as_of.replace_all(&first.stdout, "AS_OF"),
             as_of.replace_all(&second.stdout, "AS_OF"),
@@ -499,7 +603,15 @@ fn output_is_written_atomically_and_never_replaced_without_force() {
     let file = path.to_str().unwrap();
 
     let r = db.run(&[
-        "report", "overruns", "--format", "csv", "--excel", "--output", file,
+        "report",
+        "overruns",
+        "--format",
+        "csv",
+        "--section",
+        "campaigns",
+        "--excel",
+        "--output",
+        file,
     ]);
     assert_eq!(r.code, 0, "{}", r.both());
     assert!(
@@ -516,20 +628,35 @@ fn output_is_written_atomically_and_never_replaced_without_force() {
     std::fs::remove_file(&plain).unwrap();
     let bytes = std::fs::read(&path).unwrap();
     assert!(
-        bytes.starts_with("\u{feff}section,".as_bytes()),
+        bytes.starts_with("\u{feff}\"campaign_id\",".as_bytes()),
         "Excel's BOM, then the header"
     );
 
     std::fs::write(&path, "keep me").unwrap();
-    let r = db.run(&["report", "overruns", "--format", "csv", "--output", file]);
+    let r = db.run(&[
+        "report",
+        "overruns",
+        "--section",
+        "campaigns",
+        "--output",
+        file,
+    ]);
     assert_eq!(r.code, 2, "{}", r.both());
     assert!(r.stderr.contains("--force"), "{}", r.stderr);
     assert_eq!(std::fs::read_to_string(&path).unwrap(), "keep me");
 
-    let r = db.run(&["report", "overruns", "--output", file, "--force"]);
+    let r = db.run(&[
+        "report",
+        "overruns",
+        "--output",
+        file,
+        "--force",
+        "--section",
+        "summary",
+    ]);
     assert_eq!(r.code, 0, "{}", r.both());
     let text = std::fs::read_to_string(&path).unwrap();
-    assert!(text.starts_with("section,"), "replaced, as CSV: {text}");
+    assert!(text.starts_with("\"key\","), "replaced, as CSV: {text}");
     let names: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
         .map(|e| e.unwrap().file_name())
@@ -571,14 +698,30 @@ fn the_output_format_comes_from_the_file_name_unless_they_disagree() {
     for (name, extra, expect) in [
         (
             "r.csv",
-            &[][..],
-            db.run(&["report", "overruns", "--format", "csv"]).stdout,
+            &["--section", "campaigns"][..],
+            db.run(&[
+                "report",
+                "overruns",
+                "--format",
+                "csv",
+                "--section",
+                "campaigns",
+            ])
+            .stdout,
         ),
         (
             "r.CSV",
-            &["--excel"][..],
-            db.run(&["report", "overruns", "--format", "csv", "--excel"])
-                .stdout,
+            &["--excel", "--section", "members"][..],
+            db.run(&[
+                "report",
+                "overruns",
+                "--format",
+                "csv",
+                "--excel",
+                "--section",
+                "members",
+            ])
+            .stdout,
         ),
         ("r.json", &[][..], json.clone()),
         (
@@ -673,15 +816,226 @@ fn renderings_are_stable() {
     let mut settings = insta::Settings::clone_current();
     settings.add_filter(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+09:00", "[as_of]");
     settings.add_filter(
-        r"host=\S+ port=\d+ dbname=\w+",
+        r"host=\S+ port=\d+ dbname=[\w\\]+",
         "host=[host] port=[port] dbname=[db]",
     );
     settings.set_prepend_module_to_snapshot(false);
     settings.bind(|| {
-        for format in ["table", "markdown", "csv"] {
+        for format in ["table", "markdown"] {
             let r = db.run(&["report", "overruns", "--format", format]);
             assert_eq!(r.code, 0, "{}", r.both());
             insta::assert_snapshot!(format!("report_{format}"), r.stdout);
         }
+        for section in ["summary", "campaigns", "members"] {
+            let r = db.run(&[
+                "report",
+                "overruns",
+                "--format",
+                "csv",
+                "--section",
+                section,
+            ]);
+            assert_eq!(r.code, 0, "{}", r.both());
+            insta::assert_snapshot!(format!("report_csv_{section}"), r.stdout);
+        }
     });
+}
+
+/// Ids a hostile or careless source could put in the data: formulas, quotes and separators,
+/// HTML, Japanese, control characters and a 10 kB string.
+fn hostile_ids() -> Vec<String> {
+    vec![
+        "=HYPERLINK(\"http://evil.example/\",\"click\")".into(),
+        "+1+1".into(),
+        "-2+3".into(),
+        "@SUM(A1:A9)".into(),
+        "\t=1+1".into(),
+        "\r=1+1".into(),
+        "a,b;c\"d'e".into(),
+        "<script>alert(1)</script>".into(),
+        "<img src=x onerror=alert(1)>".into(),
+        "秋-セール|割引".into(),
+        "line\nbreak".into(),
+        "0012".into(),
+        "x".repeat(10_000),
+    ]
+}
+
+/// A hand-made database whose campaign and member ids are all hostile: one campaign per id,
+/// over budget, and one member-month per id over the cap (two coupons of 1,500 yen).
+fn hostile_db() -> TestDb {
+    let db = fresh_db();
+    let v1 = std::fs::read_to_string(repo().join("migrations/V1__legacy_baseline.sql")).unwrap();
+    let mut c = db.client();
+    c.batch_execute(&v1).unwrap();
+    for (i, id) in hostile_ids().iter().enumerate() {
+        c.execute("INSERT INTO campaigns VALUES ($1, 1500, 2000, 0)", &[id])
+            .unwrap();
+        for k in 0..2 {
+            c.execute(
+                "INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen)
+                 VALUES (gen_random_uuid(), $1, $1, '2026-09', 1500)",
+                &[id],
+            )
+            .unwrap_or_else(|e| panic!("coupon {i}/{k}: {e}"));
+        }
+    }
+    db
+}
+
+#[test]
+fn hostile_ids_are_neutralised_in_csv_and_escaped_in_markdown_and_every_figure_holds() {
+    let db = hostile_db();
+    let doc = check_json(
+        &db,
+        &[],
+        &expected_campaigns(&db, false),
+        &expected_members(&db, 2000, false),
+        2000,
+    );
+    check_csv_matches_json(&db, &doc);
+
+    // No text cell of any section starts a formula; every id is there, only neutralised.
+    let sections = csv_sections(&db, &[]);
+    let numeric = |name: &str| {
+        name.ends_with("_yen")
+            || name.ends_with("coupons")
+            || name.ends_with("duplicates")
+            || name == "voided_then_redeemed"
+    };
+    for (section, (header, records)) in &sections {
+        for rec in records {
+            for (name, cell) in header.iter().zip(rec.iter()) {
+                if numeric(name)
+                    || (section == "summary" && name == "value" && cell.parse::<i64>().is_ok())
+                {
+                    assert!(
+                        cell.parse::<i64>().is_ok(),
+                        "{section}.{name} is a number: {cell:?}"
+                    );
+                } else {
+                    assert!(
+                        !cell.starts_with(['=', '+', '-', '@', '\t', '\r']),
+                        "{section}.{name} starts a formula: {cell:?}"
+                    );
+                }
+            }
+        }
+    }
+    let (header, campaigns) = &sections["campaigns"];
+    let id_col = header.iter().position(|h| h == "campaign_id").unwrap();
+    let ids: std::collections::BTreeSet<String> =
+        campaigns.iter().map(|r| r[id_col].to_string()).collect();
+    let want: std::collections::BTreeSet<String> =
+        hostile_ids().iter().map(|id| neutralised(id)).collect();
+    assert_eq!(ids, want);
+
+    // The Markdown, rendered by a CommonMark renderer, holds no tag from the data; the ids
+    // are there as text.
+    let r = db.run(&["report", "overruns", "--format", "markdown"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let mut html = String::new();
+    pulldown_cmark::html::push_html(
+        &mut html,
+        pulldown_cmark::Parser::new_ext(&r.stdout, pulldown_cmark::Options::ENABLE_TABLES),
+    );
+    for tag in ["<script", "<img"] {
+        assert!(
+            !html.contains(tag),
+            "{tag} from the data reached the HTML:\n{html}"
+        );
+    }
+    assert!(
+        html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+        "{html}"
+    );
+    // Every campaign is one table row of 11 cells whose first cell is its id (control
+    // characters shown as spaces): no separator or markup in an id broke a row or a cell.
+    let campaigns = markdown_tables(&r.stdout)
+        .into_iter()
+        .find(|t| t[0][0] == "campaign_id")
+        .expect("the campaigns table");
+    let ids: std::collections::BTreeSet<String> = campaigns[1..]
+        .iter()
+        .map(|row| {
+            assert_eq!(row.len(), 11, "{row:?}");
+            row[0].clone()
+        })
+        .collect();
+    let want: std::collections::BTreeSet<String> = hostile_ids()
+        .iter()
+        .map(|id| id.replace(|c: char| c.is_control(), " ").trim().to_string())
+        .collect();
+    assert_eq!(ids, want);
+}
+
+/// The tables of a Markdown document as a CommonMark (GFM tables) renderer reads them:
+/// table → rows (the header first) → the text of each cell.
+fn markdown_tables(markdown: &str) -> Vec<Vec<Vec<String>>> {
+    use pulldown_cmark::{Event, Tag, TagEnd};
+    let mut tables: Vec<Vec<Vec<String>>> = Vec::new();
+    let mut in_cell = false;
+    for event in pulldown_cmark::Parser::new_ext(markdown, pulldown_cmark::Options::ENABLE_TABLES) {
+        match event {
+            Event::Start(Tag::Table(_)) => tables.push(Vec::new()),
+            Event::Start(Tag::TableHead | Tag::TableRow) => {
+                tables.last_mut().unwrap().push(Vec::new())
+            }
+            Event::Start(Tag::TableCell) => {
+                in_cell = true;
+                tables
+                    .last_mut()
+                    .unwrap()
+                    .last_mut()
+                    .unwrap()
+                    .push(String::new())
+            }
+            Event::End(TagEnd::TableCell) => in_cell = false,
+            Event::Text(t) | Event::Code(t) | Event::Html(t) | Event::InlineHtml(t) if in_cell => {
+                let row = tables.last_mut().unwrap().last_mut().unwrap();
+                row.last_mut().unwrap().push_str(&t);
+            }
+            _ => {}
+        }
+    }
+    tables
+}
+
+#[test]
+fn a_csv_holds_one_section_and_the_other_formats_refuse_section() {
+    let db = fresh_db();
+    db.make_legacy_baselined(50);
+    let r = db.run(&["report", "overruns", "--format", "csv"]);
+    assert_eq!(r.code, 2, "{}", r.both());
+    assert!(r.stderr.contains("--section"), "{}", r.stderr);
+    let r = db.run(&[
+        "report",
+        "overruns",
+        "--format",
+        "json",
+        "--section",
+        "members",
+    ]);
+    assert_eq!(r.code, 2, "{}", r.both());
+    assert!(
+        r.stderr.contains("--section only applies to --format csv"),
+        "{}",
+        r.stderr
+    );
+    for (section, first) in [
+        ("summary", "\"key\",\"value\""),
+        ("campaigns", "\"campaign_id\","),
+        ("members", "\"member_id\","),
+    ] {
+        let r = db.run(&[
+            "report",
+            "overruns",
+            "--format",
+            "csv",
+            "--section",
+            section,
+        ]);
+        assert_eq!(r.code, 0, "{}", r.both());
+        assert!(r.stdout.starts_with(first), "{section}: {}", r.stdout);
+    }
 }

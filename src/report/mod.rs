@@ -13,6 +13,7 @@
 //! own ranking (redeemed first, then `issued_at`, then `coupon_id`), so money lost to
 //! duplicates is reported before the repair too.
 
+mod csv_sections;
 mod render;
 
 use anyhow::{bail, Result};
@@ -22,7 +23,8 @@ use serde::Serialize;
 use crate::db::conninfo::ConnParams;
 use crate::error::PgContext;
 
-pub use render::{Csv, Html, Json, Render, Text, TextStyle};
+pub use csv_sections::{neutralise, Csv, Section, CAMPAIGN_NUMBER_COLUMNS};
+pub use render::{Html, Json, Render, Text, TextStyle};
 
 /// How far the release has got, read from the catalog.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -100,6 +102,24 @@ pub struct CampaignRow {
     pub voided_then_redeemed_yen: i64,
 }
 
+impl CampaignRow {
+    /// The amounts and counts after the id, in the order every rendering shows them.
+    pub fn numbers(&self) -> [i64; 10] {
+        [
+            self.budget_yen,
+            self.issued_yen,
+            self.overrun_yen,
+            self.coupons,
+            self.voided_coupons,
+            self.voided_yen,
+            self.redeemed_legacy_duplicates,
+            self.redeemed_legacy_duplicates_yen,
+            self.voided_then_redeemed,
+            self.voided_then_redeemed_yen,
+        ]
+    }
+}
+
 /// One member-month whose coupons (not voided) exceed the monthly cap.
 #[derive(Debug, Clone, Serialize)]
 pub struct MemberRow {
@@ -125,6 +145,33 @@ pub struct Totals {
     pub voided_then_redeemed: i64,
     pub members_over_monthly_cap: i64,
     pub member_used_yen: i64,
+}
+
+impl Totals {
+    /// Every total with its JSON key, in the JSON's order.
+    pub fn fields(&self) -> [(&'static str, i64); 13] {
+        [
+            ("campaign_overrun_yen", self.campaign_overrun_yen),
+            ("member_overrun_yen", self.member_overrun_yen),
+            ("voided_yen", self.voided_yen),
+            (
+                "redeemed_legacy_duplicates_yen",
+                self.redeemed_legacy_duplicates_yen,
+            ),
+            ("voided_then_redeemed_yen", self.voided_then_redeemed_yen),
+            ("budget_yen", self.budget_yen),
+            ("issued_yen", self.issued_yen),
+            ("coupons", self.coupons),
+            ("voided_coupons", self.voided_coupons),
+            (
+                "redeemed_legacy_duplicates",
+                self.redeemed_legacy_duplicates,
+            ),
+            ("voided_then_redeemed", self.voided_then_redeemed),
+            ("members_over_monthly_cap", self.members_over_monthly_cap),
+            ("member_used_yen", self.member_used_yen),
+        ]
+    }
 }
 
 /// Everything known before the first member row is rendered.

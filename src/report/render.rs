@@ -30,18 +30,7 @@ const CAMPAIGN_FIELDS: [&str; 11] = [
 ];
 
 fn campaign_numbers(c: &CampaignRow) -> [i64; 10] {
-    [
-        c.budget_yen,
-        c.issued_yen,
-        c.overrun_yen,
-        c.coupons,
-        c.voided_coupons,
-        c.voided_yen,
-        c.redeemed_legacy_duplicates,
-        c.redeemed_legacy_duplicates_yen,
-        c.voided_then_redeemed,
-        c.voided_then_redeemed_yen,
-    ]
+    c.numbers()
 }
 
 const MEMBER_FIELDS: [&str; 5] = ["member_id", "month", "used_yen", "cap_yen", "overrun_yen"];
@@ -114,12 +103,7 @@ impl<W: Write> Text<W> {
                 .chars()
                 .map(|c| if c.is_control() { '?' } else { c })
                 .collect(),
-            TextStyle::Markdown => text
-                .replace('\\', "\\\\")
-                .replace('|', "\\|")
-                .chars()
-                .map(|c| if c.is_control() { ' ' } else { c })
-                .collect(),
+            TextStyle::Markdown => markdown_text(text),
         }
     }
 
@@ -293,6 +277,27 @@ impl<W: Write> Render for Text<W> {
     }
 }
 
+/// Text from the data, safe in a Markdown table cell: HTML becomes entities (a renderer would
+/// pass `<script>` through), the characters Markdown would read as formatting or as a cell
+/// break are backslash-escaped, and control characters become spaces.
+fn markdown_text(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '\\' | '|' | '`' | '*' | '_' | '[' | ']' | '~' => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if c.is_control() => out.push(' '),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 fn widen<'a>(cols: &mut [Column], rows: impl Iterator<Item = &'a [String]>) {
     for row in rows {
         for (c, cell) in cols.iter_mut().zip(row) {
@@ -349,145 +354,6 @@ impl<W: Write> Render for Json<W> {
         writeln!(self.out, "{close}],")?;
         writeln!(self.out, "  \"totals\": {}", to_json(&h.totals)?)?;
         writeln!(self.out, "}}")?;
-        self.out.flush()
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// CSV: one RFC 4180 table (CRLF, header row, raw integers). The first column says what a
-// row is: a campaign, a member-month over the cap, or one of the two total rows; the last
-// three repeat where and when the figures come from, so a sheet carries its own provenance.
-
-const CSV_HEADER: [&str; 19] = [
-    "section",
-    "campaign_id",
-    "member_id",
-    "month",
-    "budget_yen",
-    "cap_yen",
-    "issued_yen",
-    "used_yen",
-    "overrun_yen",
-    "coupons",
-    "voided_coupons",
-    "voided_yen",
-    "redeemed_legacy_duplicates",
-    "redeemed_legacy_duplicates_yen",
-    "voided_then_redeemed",
-    "voided_then_redeemed_yen",
-    "as_of",
-    "state",
-    "database",
-];
-
-pub struct Csv<W: Write> {
-    out: csv::Writer<W>,
-    provenance: [String; 3],
-}
-
-impl<W: Write> Csv<W> {
-    /// `excel` starts the file with a UTF-8 byte order mark, which Excel needs to read
-    /// UTF-8 (in Japan it otherwise assumes Shift_JIS).
-    pub fn new(mut out: W, excel: bool) -> io::Result<Self> {
-        if excel {
-            out.write_all("\u{feff}".as_bytes())?;
-        }
-        Ok(Csv {
-            out: csv::WriterBuilder::new()
-                .terminator(csv::Terminator::CRLF)
-                .from_writer(out),
-            provenance: Default::default(),
-        })
-    }
-
-    fn record(&mut self, fields: [String; 16]) -> io::Result<()> {
-        let provenance = self.provenance.clone();
-        self.out
-            .write_record(fields.iter().chain(provenance.iter()))
-            .map_err(csv_io)
-    }
-}
-
-/// Keeps an I/O error an I/O error (a closed pipe is not a failure).
-fn csv_io(e: csv::Error) -> io::Error {
-    match e.into_kind() {
-        csv::ErrorKind::Io(io) => io,
-        other => io::Error::other(format!("{other:?}")),
-    }
-}
-
-fn n(v: i64) -> String {
-    v.to_string()
-}
-
-impl<W: Write> Render for Csv<W> {
-    fn begin(&mut self, h: &Header) -> io::Result<()> {
-        self.provenance = [
-            h.as_of.clone(),
-            h.state.as_str().to_string(),
-            h.database.label(),
-        ];
-        self.out.write_record(CSV_HEADER).map_err(csv_io)?;
-        for c in &h.campaigns {
-            self.record([
-                "campaign".into(),
-                c.campaign_id.clone(),
-                String::new(),
-                String::new(),
-                n(c.budget_yen),
-                String::new(),
-                n(c.issued_yen),
-                String::new(),
-                n(c.overrun_yen),
-                n(c.coupons),
-                n(c.voided_coupons),
-                n(c.voided_yen),
-                n(c.redeemed_legacy_duplicates),
-                n(c.redeemed_legacy_duplicates_yen),
-                n(c.voided_then_redeemed),
-                n(c.voided_then_redeemed_yen),
-            ])?;
-        }
-        Ok(())
-    }
-
-    fn member(&mut self, m: &MemberRow) -> io::Result<()> {
-        let mut fields: [String; 16] = Default::default();
-        fields[0] = "member_over_cap".into();
-        fields[2] = m.member_id.clone();
-        fields[3] = m.month.clone();
-        fields[5] = n(m.cap_yen);
-        fields[7] = n(m.used_yen);
-        fields[8] = n(m.overrun_yen);
-        self.record(fields)
-    }
-
-    fn end(&mut self, h: &Header) -> io::Result<()> {
-        let t = &h.totals;
-        self.record([
-            "campaign_total".into(),
-            String::new(),
-            String::new(),
-            String::new(),
-            n(t.budget_yen),
-            String::new(),
-            n(t.issued_yen),
-            String::new(),
-            n(t.campaign_overrun_yen),
-            n(t.coupons),
-            n(t.voided_coupons),
-            n(t.voided_yen),
-            n(t.redeemed_legacy_duplicates),
-            n(t.redeemed_legacy_duplicates_yen),
-            n(t.voided_then_redeemed),
-            n(t.voided_then_redeemed_yen),
-        ])?;
-        let mut fields: [String; 16] = Default::default();
-        fields[0] = "member_total".into();
-        fields[5] = n(h.monthly_cap_yen);
-        fields[7] = n(t.member_used_yen);
-        fields[8] = n(t.member_overrun_yen);
-        self.record(fields)?;
         self.out.flush()
     }
 }
