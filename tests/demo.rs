@@ -65,6 +65,27 @@ fn the_demo_tells_the_whole_release_on_a_dirty_legacy_database() {
         serde_json::from_str(&std::fs::read_to_string(dir.join("overruns.json")).unwrap()).unwrap();
     assert_eq!(json["state"], "released");
     assert_eq!(json["campaigns"][0]["overrun_yen"], overrun);
+    // The legacy counter against the truth: told in the story, recorded at the deploy gate.
+    // No coupon is issued after the gate in the demo, so what the old system issued is every
+    // coupon there is: the live ones and the voided ones.
+    assert!(r.stderr.contains("yen of lost updates"), "{}", r.stderr);
+    assert_eq!(json["legacy_counter"]["source"], "deploy_gate");
+    for c in json["campaigns"].as_array().unwrap() {
+        let n = |k: &str| c[k].as_i64().unwrap();
+        assert_eq!(
+            n("old_system_issued_yen"),
+            n("issued_yen") + n("voided_yen"),
+            "{c}"
+        );
+        assert_eq!(
+            n("lost_update_yen"),
+            n("old_system_issued_yen") - n("legacy_counter_yen")
+        );
+        assert!(
+            n("lost_update_yen") > 0,
+            "the demo's counter lost updates: {c}"
+        );
+    }
     for section in ["summary", "campaigns", "members"] {
         assert!(std::fs::read(dir.join(format!("overruns-{section}.csv")))
             .unwrap()

@@ -97,6 +97,12 @@ const CAMPAIGN_NUMBERS: [&str; 9] = [
     "voided_then_redeemed_yen",
 ];
 
+const LOST_UPDATE_NUMBERS: [&str; 3] = [
+    "legacy_counter_yen",
+    "old_system_issued_yen",
+    "lost_update_yen",
+];
+
 /// Checks the JSON document against the independent figures; returns it.
 fn check_json(
     db: &TestDb,
@@ -116,6 +122,7 @@ fn check_json(
             "as_of",
             "campaigns",
             "database",
+            "legacy_counter",
             "members_over_monthly_cap",
             "monthly_cap_yen",
             "state",
@@ -248,8 +255,17 @@ fn check_csv_matches_json(db: &TestDb, doc: &Value) {
         doc["monthly_cap_yen"].to_string()
     );
     for (key, value) in t.as_object().unwrap() {
-        assert_eq!(summary[key.as_str()], value.to_string(), "summary {key}");
+        let want = if value.is_null() {
+            String::new()
+        } else {
+            value.to_string()
+        };
+        assert_eq!(summary[key.as_str()], want, "summary {key}");
     }
+    assert_eq!(
+        summary["legacy_counter_source"],
+        doc["legacy_counter"]["source"].as_str().unwrap()
+    );
 
     let (header, campaigns) = &sections["campaigns"];
     let col = |name: &str| header.iter().position(|h| h == name).unwrap();
@@ -287,11 +303,24 @@ fn check_csv_matches_json(db: &TestDb, doc: &Value) {
             "the same snapshot as the summary"
         );
     }
+    for (rec, c) in campaigns.iter().zip(json_campaigns) {
+        for field in LOST_UPDATE_NUMBERS {
+            assert_eq!(
+                rec[col(field)].parse::<i64>().ok(),
+                c[field].as_i64(),
+                "{field}"
+            );
+        }
+    }
     // Summing a column gives its total: the total is not in the column.
-    for field in CAMPAIGN_NUMBERS.iter().chain(&["overrun_yen"]) {
+    for field in CAMPAIGN_NUMBERS
+        .iter()
+        .chain(&["overrun_yen"])
+        .chain(&LOST_UPDATE_NUMBERS)
+    {
         let sum: i64 = campaigns
             .iter()
-            .map(|r| r[col(field)].parse::<i64>().unwrap())
+            .map(|r| r[col(field)].parse::<i64>().unwrap_or(0))
             .sum();
         let key = if *field == "overrun_yen" {
             "campaign_overrun_yen"
@@ -1038,4 +1067,169 @@ fn a_csv_holds_one_section_and_the_other_formats_refuse_section() {
         assert_eq!(r.code, 0, "{}", r.both());
         assert!(r.stdout.starts_with(first), "{section}: {}", r.stdout);
     }
+}
+
+/// Per campaign, computed apart from the report: the legacy counter `campaigns.issued_yen` and
+/// every coupon of the campaign (voided ones included: the old system counted them).
+fn expected_lost_updates(db: &TestDb) -> BTreeMap<String, (i64, i64)> {
+    db.client()
+        .query(
+            "SELECT c.campaign_id, c.issued_yen::int8,
+                    (SELECT coalesce(sum(amount_yen::numeric), 0) FROM issued_coupons i
+                      WHERE i.campaign_id = c.campaign_id)::int8
+               FROM campaigns c",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), (r.get(1), r.get(2))))
+        .collect()
+}
+
+/// Checks the report's lost-update figures, in JSON, CSV and the table, against `want`.
+fn check_lost_updates(db: &TestDb, want: &BTreeMap<String, (i64, i64)>, source: &str) -> Value {
+    let r = db.run(&["report", "overruns", "--format", "json"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let doc: Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(
+        doc["legacy_counter"]["source"], source,
+        "{}",
+        doc["legacy_counter"]
+    );
+    let (mut counter, mut issued) = (0, 0);
+    for c in doc["campaigns"].as_array().unwrap() {
+        let id = c["campaign_id"].as_str().unwrap();
+        let (want_counter, want_issued) = want[id];
+        assert_eq!(c["legacy_counter_yen"].as_i64(), Some(want_counter), "{id}");
+        assert_eq!(
+            c["old_system_issued_yen"].as_i64(),
+            Some(want_issued),
+            "{id}"
+        );
+        assert_eq!(
+            c["lost_update_yen"].as_i64(),
+            Some(want_issued - want_counter),
+            "{id}"
+        );
+        counter += want_counter;
+        issued += want_issued;
+    }
+    assert_eq!(doc["campaigns"].as_array().unwrap().len(), want.len());
+    let t = &doc["totals"];
+    assert_eq!(t["legacy_counter_yen"].as_i64(), Some(counter));
+    assert_eq!(t["old_system_issued_yen"].as_i64(), Some(issued));
+    assert_eq!(t["lost_update_yen"].as_i64(), Some(issued - counter));
+    check_csv_matches_json(db, &doc);
+    for format in ["table", "markdown", "html"] {
+        let r = db.run(&["report", "overruns", "--format", format]);
+        assert!(
+            r.stdout.contains("Lost updates: the legacy counter"),
+            "{format}"
+        );
+        assert!(
+            r.stdout.contains(&group(issued - counter)),
+            "{format}: the total lost updates"
+        );
+    }
+    doc
+}
+
+#[test]
+fn the_lost_updates_equal_independent_sql_before_the_gate_after_it_and_after_the_rollback_repair() {
+    let db = fresh_db();
+    db.make_legacy_baselined(600);
+    let before = expected_lost_updates(&db);
+    assert!(
+        before.values().all(|(counter, issued)| counter < issued),
+        "the demo's counter lost updates: {before:?}"
+    );
+    check_lost_updates(&db, &before, "live");
+
+    // Up to the gate: duplicates voided (still counted: the old system issued them); the old
+    // code issues one more coupon and its counter update is lost.
+    assert_eq!(db.run(&["apply", "--yes"]).code, 0);
+    db.client()
+        .batch_execute(
+            "INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen)
+             VALUES (gen_random_uuid(), 'SW-B', 'm-late', '2026-09', 1000)",
+        )
+        .unwrap();
+    assert!(db.scalar_i64("SELECT count(*) FROM issued_coupons WHERE voided_at IS NOT NULL") > 0);
+    let at_gate = expected_lost_updates(&db);
+    assert_ne!(at_gate, before);
+    check_lost_updates(&db, &at_gate, "live");
+
+    let r = db.run(&["apply", "--yes", "--confirm", "deploy-new-application"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    // After the deploy the new application issues coupons; the legacy counter does not move.
+    db.client()
+        .batch_execute(
+            "INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen)
+             VALUES (gen_random_uuid(), 'SW-C', 'm-new-app', '2026-09', 1000)",
+        )
+        .unwrap();
+    let doc = check_lost_updates(&db, &at_gate, "deploy_gate");
+    let recorded_at = doc["legacy_counter"]["recorded_at"].as_str().unwrap();
+    assert!(
+        chrono::DateTime::parse_from_rfc3339(recorded_at).is_ok()
+            && recorded_at.ends_with("+09:00"),
+        "{recorded_at}"
+    );
+
+    // Rolling back: the repair overwrites the legacy counter with the truth; the figure at the
+    // deploy stays what it was.
+    let r = db.run(&[
+        "repair",
+        "apply",
+        "restore-legacy-campaign-counters",
+        "--yes",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let overwritten = expected_lost_updates(&db);
+    assert!(
+        at_gate
+            .iter()
+            .all(|(id, (counter, _))| overwritten[id].0 != *counter),
+        "the repair rewrote every counter: {overwritten:?}"
+    );
+    check_lost_updates(&db, &at_gate, "deploy_gate");
+    // Passing the gate again (a rerun) keeps the first record.
+    let r = db.run(&["apply", "--yes", "--confirm", "deploy-new-application"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    check_lost_updates(&db, &at_gate, "deploy_gate");
+}
+
+#[test]
+fn the_lost_updates_on_a_hand_made_database() {
+    let db = fresh_db();
+    let v1 = std::fs::read_to_string(repo().join("migrations/V1__legacy_baseline.sql")).unwrap();
+    let mut c = db.client();
+    c.batch_execute(&v1).unwrap();
+    // LU-A: four coupons, counter 2,000 (two updates lost); LU-B: a counter above the coupons
+    // (a negative difference stays a number); LU-C: no coupon.
+    c.batch_execute(
+        "INSERT INTO campaigns VALUES ('LU-A', 1000, 10000, 2000), ('LU-B', 500, 10000, 2500), ('LU-C', 100, 100, 0);
+         INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen)
+         SELECT gen_random_uuid(), 'LU-A', 'm' || (g % 3), '2026-09', 1000 FROM generate_series(1, 4) g
+         UNION ALL SELECT gen_random_uuid(), 'LU-B', 'm9', '2026-09', 500 FROM generate_series(1, 3);",
+    )
+    .unwrap();
+    let want = expected_lost_updates(&db);
+    assert_eq!(want["LU-A"], (2000, 4000));
+    assert_eq!(want["LU-B"], (2500, 1500));
+    let doc = check_lost_updates(&db, &want, "live");
+    assert_eq!(doc["campaigns"][1]["lost_update_yen"].as_i64(), Some(-1000));
+    let r = db.run(&[
+        "report",
+        "overruns",
+        "--format",
+        "csv",
+        "--section",
+        "campaigns",
+    ]);
+    assert!(
+        r.stdout.contains(",2500,1500,-1000,"),
+        "a negative difference is a bare number: {}",
+        r.stdout
+    );
 }

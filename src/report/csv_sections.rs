@@ -12,7 +12,7 @@
 
 use std::io::{self, Write};
 
-use super::{Header, MemberRow};
+use super::{Header, LegacyCounterSource, MemberRow};
 
 /// A CSV section, as `--section` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,15 +43,22 @@ pub fn neutralise(text: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
-/// One cell: text (neutralised and quoted) or an amount (a bare integer).
+/// One cell: text (neutralised and quoted), an amount (a bare integer) or nothing.
 enum Cell<'a> {
     Text(&'a str),
     Number(i64),
+    Empty,
+}
+
+impl Cell<'_> {
+    fn amount(v: Option<i64>) -> Self {
+        v.map(Cell::Number).unwrap_or(Cell::Empty)
+    }
 }
 
 /// The campaign columns after `campaign_id`, each with its total in the summary (so the test
 /// and the reader can check that a column sums to its total).
-pub const CAMPAIGN_NUMBER_COLUMNS: [&str; 10] = [
+pub const CAMPAIGN_NUMBER_COLUMNS: [&str; 13] = [
     "budget_yen",
     "issued_yen",
     "overrun_yen",
@@ -62,6 +69,9 @@ pub const CAMPAIGN_NUMBER_COLUMNS: [&str; 10] = [
     "redeemed_legacy_duplicates_yen",
     "voided_then_redeemed",
     "voided_then_redeemed_yen",
+    "legacy_counter_yen",
+    "old_system_issued_yen",
+    "lost_update_yen",
 ];
 
 const PROVENANCE: [&str; 3] = ["as_of", "state", "database"];
@@ -88,6 +98,7 @@ impl<W: Write> Sheet<W> {
             }
             match cell {
                 Cell::Number(n) => line.push_str(&n.to_string()),
+                Cell::Empty => {}
                 Cell::Text(t) => {
                     line.push('"');
                     line.push_str(&neutralise(t).replace('"', "\"\""));
@@ -152,6 +163,19 @@ fn summary(sheet: &mut Sheet<impl Write>, h: &Header) -> io::Result<()> {
     for (key, value) in h.totals.fields() {
         sheet.record(&[Cell::Text(key), Cell::Number(value)])?;
     }
+    let (source, recorded_at) = match &h.legacy_counter {
+        LegacyCounterSource::Live => ("live", ""),
+        LegacyCounterSource::DeployGate { recorded_at } => ("deploy_gate", recorded_at.as_str()),
+        LegacyCounterSource::NotRecorded => ("not_recorded", ""),
+    };
+    sheet.record(&[Cell::Text("legacy_counter_source"), Cell::Text(source)])?;
+    sheet.record(&[
+        Cell::Text("legacy_counter_recorded_at"),
+        Cell::Text(recorded_at),
+    ])?;
+    for (key, value) in h.totals.lost_updates() {
+        sheet.record(&[Cell::Text(key), Cell::amount(value)])?;
+    }
     sheet.out.flush()
 }
 
@@ -174,6 +198,7 @@ impl<W: Write> super::Render for Csv<W> {
             for c in &h.campaigns {
                 let mut cells = vec![Cell::Text(&c.campaign_id)];
                 cells.extend(c.numbers().into_iter().map(Cell::Number));
+                cells.extend(c.lost_updates().into_iter().map(Cell::amount));
                 cells.extend(self.provenance.iter().map(|p| Cell::Text(p)));
                 sheet.record(&cells)?;
             }

@@ -14,6 +14,7 @@
 //! duplicates is reported before the repair too.
 
 mod csv_sections;
+pub mod legacy_counter;
 mod render;
 
 use anyhow::{bail, Result};
@@ -24,6 +25,7 @@ use crate::db::conninfo::ConnParams;
 use crate::error::PgContext;
 
 pub use csv_sections::{neutralise, Csv, Section, CAMPAIGN_NUMBER_COLUMNS};
+pub use legacy_counter::Source as LegacyCounterSource;
 pub use render::{Html, Json, Render, Text, TextStyle};
 
 /// How far the release has got, read from the catalog.
@@ -100,9 +102,26 @@ pub struct CampaignRow {
     /// Voided coupons the old cart redeemed anyway. Part of `voided_*`, not of `issued_yen`.
     pub voided_then_redeemed: i64,
     pub voided_then_redeemed_yen: i64,
+    /// What the legacy counter `campaigns.issued_yen` said was issued (at the deploy gate, or
+    /// now before it); None for a campaign the record does not hold.
+    pub legacy_counter_yen: Option<i64>,
+    /// What the old system really issued: every coupon issued before the deploy, voided ones
+    /// included.
+    pub old_system_issued_yen: Option<i64>,
+    /// `old_system_issued_yen - legacy_counter_yen`: the increments the counter lost.
+    pub lost_update_yen: Option<i64>,
 }
 
 impl CampaignRow {
+    /// The lost-update figures, in the order every rendering shows them.
+    pub fn lost_updates(&self) -> [Option<i64>; 3] {
+        [
+            self.legacy_counter_yen,
+            self.old_system_issued_yen,
+            self.lost_update_yen,
+        ]
+    }
+
     /// The amounts and counts after the id, in the order every rendering shows them.
     pub fn numbers(&self) -> [i64; 10] {
         [
@@ -145,6 +164,10 @@ pub struct Totals {
     pub voided_then_redeemed: i64,
     pub members_over_monthly_cap: i64,
     pub member_used_yen: i64,
+    /// The lost-update figures summed over the campaigns that have them; None when none has.
+    pub legacy_counter_yen: Option<i64>,
+    pub old_system_issued_yen: Option<i64>,
+    pub lost_update_yen: Option<i64>,
 }
 
 impl Totals {
@@ -172,6 +195,15 @@ impl Totals {
             ("member_used_yen", self.member_used_yen),
         ]
     }
+
+    /// The lost-update totals with their JSON keys.
+    pub fn lost_updates(&self) -> [(&'static str, Option<i64>); 3] {
+        [
+            ("legacy_counter_yen", self.legacy_counter_yen),
+            ("old_system_issued_yen", self.old_system_issued_yen),
+            ("lost_update_yen", self.lost_update_yen),
+        ]
+    }
 }
 
 /// Everything known before the first member row is rendered.
@@ -182,6 +214,8 @@ pub struct Header {
     pub monthly_cap_yen: i64,
     pub database: Database,
     pub state: State,
+    /// Where the lost-update figures come from.
+    pub legacy_counter: LegacyCounterSource,
     pub campaigns: Vec<CampaignRow>,
     pub totals: Totals,
     /// Upper bounds of the member section's column contents, for aligned text tables.
@@ -221,7 +255,15 @@ pub fn generate(
     let state = state(tx)?;
     let as_of = as_of(tx)?;
     let coupons = coupons_source(state);
-    let campaigns = campaigns(tx, &coupons)?;
+    let mut campaigns = campaigns(tx, &coupons)?;
+    let legacy = legacy_counter::read(tx)?;
+    for c in &mut campaigns {
+        if let Some(f) = legacy.campaigns.get(&c.campaign_id) {
+            c.legacy_counter_yen = Some(f.legacy_counter_yen);
+            c.old_system_issued_yen = Some(f.old_system_issued_yen);
+            c.lost_update_yen = Some(f.old_system_issued_yen - f.legacy_counter_yen);
+        }
+    }
 
     let members_sql = format!(
         "WITH coupons AS ({coupons}),
@@ -264,6 +306,7 @@ pub fn generate(
         monthly_cap_yen,
         database,
         state,
+        legacy_counter: legacy.source,
         campaigns,
         totals,
         member_widths: widths,
@@ -332,6 +375,11 @@ fn as_of(tx: &mut Transaction<'_>) -> Result<String> {
         .query_one("SELECT (extract(epoch FROM now()) * 1000000)::int8", &[])
         .doing("reading the snapshot time")?
         .get(0);
+    tokyo(micros)
+}
+
+/// A moment from the server (µs since the epoch) in ISO 8601, Asia/Tokyo, to the second.
+fn tokyo(micros: i64) -> Result<String> {
     let utc = chrono::DateTime::from_timestamp_micros(micros)
         .ok_or_else(|| anyhow::anyhow!("the server's clock reads {micros} µs, out of range"))?;
     let tokyo = chrono::FixedOffset::east_opt(9 * 3600).expect("a valid offset");
@@ -424,6 +472,9 @@ fn campaigns(tx: &mut Transaction<'_>, coupons: &str) -> Result<Vec<CampaignRow>
                 redeemed_legacy_duplicates_yen: r.get(7),
                 voided_then_redeemed: r.get(8),
                 voided_then_redeemed_yen: r.get(9),
+                legacy_counter_yen: None,
+                old_system_issued_yen: None,
+                lost_update_yen: None,
             }
         })
         .collect())
@@ -454,6 +505,15 @@ fn campaign_totals(campaigns: &[CampaignRow]) -> Result<Totals> {
             c.redeemed_legacy_duplicates,
         )?;
         add(&mut t.voided_then_redeemed, c.voided_then_redeemed)?;
+        for (sum, v) in [
+            (&mut t.legacy_counter_yen, c.legacy_counter_yen),
+            (&mut t.old_system_issued_yen, c.old_system_issued_yen),
+            (&mut t.lost_update_yen, c.lost_update_yen),
+        ] {
+            if let Some(v) = v {
+                add(sum.get_or_insert(0), v)?;
+            }
+        }
     }
     Ok(t)
 }

@@ -35,22 +35,28 @@ fn campaign_numbers(c: &CampaignRow) -> [i64; 10] {
 
 const MEMBER_FIELDS: [&str; 5] = ["member_id", "month", "used_yen", "cap_yen", "overrun_yen"];
 
-/// The totals as (label for people, JSON key, amount).
-fn totals_lines(t: &Totals) -> [(&'static str, i64); 5] {
+/// The totals as (label for people, amount in yen with separators).
+fn totals_lines(t: &Totals) -> [(&'static str, String); 6] {
     [
-        ("Campaign overruns (yen)", t.campaign_overrun_yen),
+        ("Campaign overruns (yen)", yen(t.campaign_overrun_yen)),
         (
             "Member overruns past the monthly cap (yen)",
-            t.member_overrun_yen,
+            yen(t.member_overrun_yen),
         ),
-        ("Voided by the repair (yen)", t.voided_yen),
+        ("Voided by the repair (yen)", yen(t.voided_yen)),
         (
             "Redeemed legacy duplicates: money lost (yen)",
-            t.redeemed_legacy_duplicates_yen,
+            yen(t.redeemed_legacy_duplicates_yen),
         ),
         (
             "Voided, then redeemed anyway by the old cart (yen)",
-            t.voided_then_redeemed_yen,
+            yen(t.voided_then_redeemed_yen),
+        ),
+        (
+            "Lost updates: issued by the old system, missing from its counter (yen)",
+            t.lost_update_yen
+                .map(yen)
+                .unwrap_or_else(|| "not recorded".into()),
         ),
     ]
 }
@@ -171,7 +177,48 @@ impl<W: Write> Text<W> {
     fn none(&mut self) -> io::Result<()> {
         writeln!(self.out, "(none)")
     }
+
+    /// The legacy counter against what the old system issued, per campaign.
+    fn lost_updates(&mut self, h: &Header) -> io::Result<()> {
+        self.heading(LOST_UPDATES_TITLE)?;
+        let source = self.cell(&h.legacy_counter.explain());
+        writeln!(self.out, "Source: {source}\n")?;
+        let rows: Vec<Vec<String>> = h
+            .campaigns
+            .iter()
+            .filter(|c| c.legacy_counter_yen.is_some())
+            .map(|c| {
+                std::iter::once(self.cell(&c.campaign_id))
+                    .chain(
+                        c.lost_updates()
+                            .iter()
+                            .map(|v| v.map(yen).unwrap_or_default()),
+                    )
+                    .collect()
+            })
+            .collect();
+        if rows.is_empty() {
+            return self.none();
+        }
+        let mut cols = columns(&LOST_UPDATE_FIELDS, 1);
+        widen(&mut cols, rows.iter().map(|c| c.as_slice()));
+        self.head(&cols)?;
+        for r in &rows {
+            self.row(&cols, r)?;
+        }
+        Ok(())
+    }
 }
+
+const LOST_UPDATES_TITLE: &str =
+    "Lost updates: the legacy counter (campaigns.issued_yen) against what the old system issued";
+
+const LOST_UPDATE_FIELDS: [&str; 4] = [
+    "campaign_id",
+    "legacy_counter_yen",
+    "old_system_issued_yen",
+    "lost_update_yen",
+];
 
 impl<W: Write> Render for Text<W> {
     fn begin(&mut self, h: &Header) -> io::Result<()> {
@@ -204,7 +251,7 @@ impl<W: Write> Render for Text<W> {
         let mut cols = columns(&["figure", "yen"], 1);
         let cells: Vec<[String; 2]> = lines
             .iter()
-            .map(|(label, v)| [label.to_string(), yen(*v)])
+            .map(|(label, v)| [label.to_string(), v.clone()])
             .collect();
         widen(&mut cols, cells.iter().map(|c| c.as_slice()));
         self.head(&cols)?;
@@ -232,6 +279,8 @@ impl<W: Write> Render for Text<W> {
                 self.row(&cols, c)?;
             }
         }
+
+        self.lost_updates(h)?;
 
         self.heading(&format!(
             "Members over the monthly cap ({})",
@@ -334,6 +383,11 @@ impl<W: Write> Render for Json<W> {
         writeln!(self.out, "  \"monthly_cap_yen\": {},", h.monthly_cap_yen)?;
         writeln!(self.out, "  \"database\": {},", to_json(&h.database)?)?;
         writeln!(self.out, "  \"state\": {},", to_json(&h.state)?)?;
+        writeln!(
+            self.out,
+            "  \"legacy_counter\": {},",
+            to_json(&h.legacy_counter)?
+        )?;
         write!(self.out, "  \"campaigns\": [")?;
         for (i, c) in h.campaigns.iter().enumerate() {
             let sep = if i == 0 { "" } else { "," };
@@ -505,7 +559,7 @@ impl<W: Write> Render for Html<W> {
                 self.out,
                 "<tr><td>{}</td><td class=\"n\">{}</td></tr>",
                 esc(label),
-                yen(v)
+                esc(&v)
             )?;
         }
         writeln!(self.out, "</table></section>")?;
@@ -531,6 +585,34 @@ impl<W: Write> Render for Html<W> {
             write!(self.out, "<tr><td>{}</td>", esc(&c.campaign_id))?;
             for v in campaign_numbers(c) {
                 write!(self.out, "<td class=\"n\">{}</td>", yen(v))?;
+            }
+            writeln!(self.out, "</tr>")?;
+        }
+        writeln!(self.out, "</table></section>")?;
+
+        writeln!(
+            self.out,
+            "<section style=\"order:4\"><h2>{}</h2><p>Source: {}</p><table>\n<tr>",
+            esc(LOST_UPDATES_TITLE),
+            esc(&h.legacy_counter.explain())
+        )?;
+        for (i, f) in LOST_UPDATE_FIELDS.iter().enumerate() {
+            let class = if i == 0 { "" } else { " class=\"n\"" };
+            write!(self.out, "<th{class}>{f}</th>")?;
+        }
+        writeln!(self.out, "</tr>")?;
+        for c in h
+            .campaigns
+            .iter()
+            .filter(|c| c.legacy_counter_yen.is_some())
+        {
+            write!(self.out, "<tr><td>{}</td>", esc(&c.campaign_id))?;
+            for v in c.lost_updates() {
+                write!(
+                    self.out,
+                    "<td class=\"n\">{}</td>",
+                    v.map(yen).unwrap_or_default()
+                )?;
             }
             writeln!(self.out, "</tr>")?;
         }
