@@ -129,7 +129,7 @@ pub struct CompletionsArgs {
 pub enum ReportCommand {
     /// Campaign overruns, members past the monthly cap, what the repair voided and what
     /// duplicates cost. Read-only; works on a hot standby and before the release.
-    /// Formats: table (default), csv, json, markdown, html.
+    /// Formats: table (default), csv, json, markdown, html, xlsx.
     Overruns(OverrunsArgs),
 }
 
@@ -447,6 +447,8 @@ pub enum Format {
     Csv,
     Markdown,
     Html,
+    /// An Excel workbook; `report overruns` only, with --output FILE.xlsx.
+    Xlsx,
 }
 
 impl Format {
@@ -458,6 +460,7 @@ impl Format {
             Format::Csv => "csv",
             Format::Markdown => "markdown",
             Format::Html => "html",
+            Format::Xlsx => "xlsx",
         }
     }
 }

@@ -923,6 +923,13 @@ fn hostile_ids_are_neutralised_in_csv_and_escaped_in_markdown_and_every_figure_h
         2000,
     );
     check_csv_matches_json(&db, &doc);
+    // The workbook writes ids as strings, which Excel never evaluates: exactly as they are.
+    let book = check_workbook_matches_json(&db, &doc);
+    let ids: std::collections::BTreeSet<String> = book["campaigns"][1..]
+        .iter()
+        .map(|r| string(&r[0]))
+        .collect();
+    assert_eq!(ids, hostile_ids().into_iter().collect());
 
     // No text cell of any section starts a formula; every id is there, only neutralised.
     let sections = csv_sections(&db, &[]);
@@ -1232,4 +1239,171 @@ fn the_lost_updates_on_a_hand_made_database() {
         "a negative difference is a bare number: {}",
         r.stdout
     );
+}
+
+/// The workbook, read back by calamine: sheet name → rows of cells.
+fn workbook(path: &std::path::Path) -> BTreeMap<String, Vec<Vec<calamine::Data>>> {
+    use calamine::Reader;
+    let mut book: calamine::Xlsx<_> = calamine::open_workbook(path).unwrap();
+    let names = book.sheet_names();
+    assert_eq!(
+        names,
+        [
+            "summary",
+            "campaigns",
+            "member-months over cap",
+            "redeemed duplicates"
+        ],
+        "the sheets, in order"
+    );
+    names
+        .iter()
+        .map(|n| {
+            let range = book.worksheet_range(n).unwrap();
+            (n.clone(), range.rows().map(|r| r.to_vec()).collect())
+        })
+        .collect()
+}
+
+/// A cell that must be a number (not text that looks like one), as an integer.
+fn number(cell: &calamine::Data) -> i64 {
+    match cell {
+        calamine::Data::Float(f) if f.fract() == 0.0 => *f as i64,
+        calamine::Data::Int(i) => *i,
+        other => panic!("not a number: {other:?}"),
+    }
+}
+
+fn string(cell: &calamine::Data) -> String {
+    match cell {
+        calamine::Data::String(s) => s.clone(),
+        other => panic!("not a string: {other:?}"),
+    }
+}
+
+/// Checks every figure of the workbook against the JSON document, and the redeemed
+/// duplicates against independent SQL.
+fn check_workbook_matches_json(
+    db: &TestDb,
+    doc: &Value,
+) -> BTreeMap<String, Vec<Vec<calamine::Data>>> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("overruns.xlsx");
+    let r = db.run(&["report", "overruns", "--output", path.to_str().unwrap()]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let bytes = std::fs::read(&path).unwrap();
+    assert!(
+        bytes.windows(20).any(|w| w == b"xl/charts/chart1.xml"),
+        "the workbook has a chart"
+    );
+    let book = workbook(&path);
+
+    let summary: BTreeMap<String, calamine::Data> = book["summary"][1..]
+        .iter()
+        .map(|r| (string(&r[0]), r[1].clone()))
+        .collect();
+    assert_eq!(string(&summary["state"]), doc["state"].as_str().unwrap());
+    assert_eq!(
+        number(&summary["monthly_cap_yen"]),
+        doc["monthly_cap_yen"].as_i64().unwrap()
+    );
+    for (key, value) in doc["totals"].as_object().unwrap() {
+        match value.as_i64() {
+            Some(v) => assert_eq!(number(&summary[key.as_str()]), v, "summary {key}"),
+            None => assert_eq!(
+                summary[key.as_str()],
+                calamine::Data::Empty,
+                "summary {key}"
+            ),
+        }
+    }
+
+    let rows = &book["campaigns"];
+    let header: Vec<String> = rows[0].iter().map(string).collect();
+    let json = doc["campaigns"].as_array().unwrap();
+    assert_eq!(rows.len() - 1, json.len());
+    for (row, c) in rows[1..].iter().zip(json) {
+        assert_eq!(
+            string(&row[0]),
+            c["campaign_id"].as_str().unwrap(),
+            "ids are strings, as they are"
+        );
+        for (i, field) in header.iter().enumerate().skip(1) {
+            assert_eq!(number(&row[i]), c[field].as_i64().unwrap(), "{field}");
+        }
+    }
+
+    let rows = &book["member-months over cap"];
+    let json = doc["members_over_monthly_cap"].as_array().unwrap();
+    assert_eq!(rows.len() - 1, json.len());
+    for (row, m) in rows[1..].iter().zip(json) {
+        assert_eq!(string(&row[0]), m["member_id"].as_str().unwrap());
+        assert_eq!(string(&row[1]), m["month"].as_str().unwrap());
+        for (i, field) in ["used_yen", "cap_yen", "overrun_yen"].iter().enumerate() {
+            assert_eq!(number(&row[i + 2]), m[field].as_i64().unwrap(), "{field}");
+        }
+    }
+
+    let rows = &book["redeemed duplicates"];
+    let t = &doc["totals"];
+    assert_eq!(
+        rows.len() as i64 - 1,
+        t["redeemed_legacy_duplicates"].as_i64().unwrap()
+    );
+    let sum: i64 = rows[1..].iter().map(|r| number(&r[4])).sum();
+    assert_eq!(sum, t["redeemed_legacy_duplicates_yen"].as_i64().unwrap());
+    book
+}
+
+#[test]
+fn the_workbook_read_back_by_calamine_equals_the_json_and_lists_the_money_lost() {
+    let db = fresh_db();
+    db.make_legacy_baselined(600);
+    let r = db.run(&["apply", "--yes", "--confirm", "deploy-new-application"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let doc = check_json(
+        &db,
+        &[],
+        &expected_campaigns(&db, true),
+        &expected_members(&db, 2000, true),
+        2000,
+    );
+    let book = check_workbook_matches_json(&db, &doc);
+    // The redeemed duplicates are exactly the coupons the release kept as redeemed history.
+    let mut want: Vec<String> = db
+        .client()
+        .query(
+            "SELECT coupon_id::text FROM issued_coupons
+              WHERE legacy_duplicate AND voided_at IS NULL AND redeemed_at IS NOT NULL",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    want.sort();
+    let mut got: Vec<String> = book["redeemed duplicates"][1..]
+        .iter()
+        .map(|r| string(&r[0]))
+        .collect();
+    got.sort();
+    assert!(!want.is_empty());
+    assert_eq!(got, want);
+
+    // Before the release the duplicates are predicted with the release's ranking.
+    let legacy = fresh_db();
+    legacy.make_legacy_baselined(300);
+    let doc = check_json(
+        &legacy,
+        &[],
+        &expected_campaigns(&legacy, false),
+        &expected_members(&legacy, 2000, false),
+        2000,
+    );
+    check_workbook_matches_json(&legacy, &doc);
+
+    let r = db.run(&["report", "overruns", "--format", "xlsx"]);
+    assert_eq!(r.code, 2, "{}", r.both());
+    assert!(r.stderr.contains("--output FILE.xlsx"), "{}", r.stderr);
+    assert!(r.stdout.is_empty());
 }

@@ -10,12 +10,17 @@ use anyhow::{bail, Context, Result};
 use super::{open, snapshot};
 use crate::cli::{CsvSection, Format, OverrunsArgs};
 use crate::error::{Outcome, PgContext};
-use crate::report::{self, Csv, Database, Html, Json, Render, Section, Summary, Text, TextStyle};
+use crate::report::{
+    self, Csv, Database, Html, Json, Render, Section, Summary, Text, TextStyle, Xlsx,
+};
 
 pub fn overruns(args: &OverrunsArgs, given: Option<Format>) -> Result<Outcome> {
     let format = format_for(args.output.as_deref(), given)?;
     if args.excel && format != Format::Csv {
         bail!("--excel only applies to --format csv (it adds the byte order mark Excel needs)");
+    }
+    if format == Format::Xlsx && args.output.is_none() {
+        bail!("--format xlsx writes a workbook, not text: give --output FILE.xlsx");
     }
     let targets = targets(args, format)?;
     for (path, _) in &targets {
@@ -40,16 +45,21 @@ pub fn overruns(args: &OverrunsArgs, given: Option<Format>) -> Result<Outcome> {
         let path = path.as_deref().expect("every target is a file");
         files.push((temporary_beside(path)?, *section));
     }
-    let summary = write(
-        &mut tx,
-        database,
-        args,
-        format,
-        files
-            .iter()
-            .map(|(file, section)| (*section, BufWriter::new(file.as_file())))
-            .collect(),
-    )?;
+    let summary = if format == Format::Xlsx {
+        let mut book = Xlsx::new(BufWriter::new(files[0].0.as_file()));
+        report::generate(&mut tx, database, args.monthly_cap_yen, &mut book)?
+    } else {
+        write(
+            &mut tx,
+            database,
+            args,
+            format,
+            files
+                .iter()
+                .map(|(file, section)| (*section, BufWriter::new(file.as_file())))
+                .collect(),
+        )?
+    };
     for (file, _) in &files {
         file.as_file()
             .sync_all()
@@ -157,6 +167,7 @@ fn write<W: Write>(
             Format::Json => Box::new(Json::new(out)),
             Format::Html => Box::new(Html::new(out)),
             Format::Csv => unreachable!("handled above"),
+            Format::Xlsx => unreachable!("written to a file by its own renderer"),
         }
     };
     report::generate(tx, database, args.monthly_cap_yen, renderer.as_mut())
@@ -174,6 +185,7 @@ fn format_for(output: Option<&Path>, given: Option<Format>) -> Result<Format> {
             "json" => Some(Format::Json),
             "md" | "markdown" => Some(Format::Markdown),
             "html" | "htm" => Some(Format::Html),
+            "xlsx" => Some(Format::Xlsx),
             _ => None,
         });
     match (given, named) {

@@ -16,6 +16,7 @@
 mod csv_sections;
 pub mod legacy_counter;
 mod render;
+mod xlsx;
 
 use anyhow::{bail, Result};
 use postgres::Transaction;
@@ -27,6 +28,7 @@ use crate::error::PgContext;
 pub use csv_sections::{neutralise, Csv, Section, CAMPAIGN_NUMBER_COLUMNS};
 pub use legacy_counter::Source as LegacyCounterSource;
 pub use render::{Html, Json, Render, Text, TextStyle};
+pub use xlsx::{Xlsx, EXCEL_ROWS};
 
 /// How far the release has got, read from the catalog.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -137,6 +139,20 @@ impl CampaignRow {
             self.voided_then_redeemed_yen,
         ]
     }
+}
+
+/// A legacy duplicate that was already redeemed when the repair ran: kept as history, money
+/// lost (listed in the workbook only).
+#[derive(Debug, Clone, Serialize)]
+pub struct DuplicateRow {
+    pub coupon_id: String,
+    pub campaign_id: String,
+    pub member_id: String,
+    pub month: String,
+    pub amount_yen: i64,
+    /// `YYYY-MM-DD HH:MM:SS` in Asia/Tokyo.
+    pub issued_at: String,
+    pub redeemed_at: String,
 }
 
 /// One member-month whose coupons (not voided) exceed the monthly cap.
@@ -330,12 +346,51 @@ pub fn generate(
             .query_portal(&portal, PAGE)
             .doing("reading the members over the monthly cap")?;
     }
+    if out.wants_redeemed_duplicates() {
+        redeemed_duplicates(tx, &coupons, out)?;
+    }
     out.end(&header)?;
     Ok(Summary {
         state,
         campaigns: header.campaigns.len(),
         totals: header.totals,
     })
+}
+
+/// Streams the redeemed legacy duplicates (the rows behind `redeemed_legacy_duplicates`).
+fn redeemed_duplicates(
+    tx: &mut Transaction<'_>,
+    coupons: &str,
+    out: &mut dyn Render,
+) -> Result<()> {
+    let sql = format!(
+        "WITH coupons AS ({coupons})
+         SELECT coupon_id, campaign_id, member_id, month, amount_yen::int8,
+                to_char(issued_at AT TIME ZONE 'Asia/Tokyo', 'YYYY-MM-DD HH24:MI:SS'),
+                to_char(redeemed_at AT TIME ZONE 'Asia/Tokyo', 'YYYY-MM-DD HH24:MI:SS')
+           FROM coupons
+          WHERE duplicate AND voided_at IS NULL AND redeemed_at IS NOT NULL
+          ORDER BY campaign_id COLLATE \"C\", member_id COLLATE \"C\", coupon_id COLLATE \"C\""
+    );
+    let doing = "reading the redeemed legacy duplicates";
+    let portal = tx.bind(sql.as_str(), &[]).doing(doing)?;
+    loop {
+        let page = tx.query_portal(&portal, PAGE).doing(doing)?;
+        for r in &page {
+            out.redeemed_duplicate(&DuplicateRow {
+                coupon_id: r.get(0),
+                campaign_id: r.get(1),
+                member_id: r.get(2),
+                month: r.get(3),
+                amount_yen: r.get(4),
+                issued_at: r.get(5),
+                redeemed_at: r.get(6),
+            })?;
+        }
+        if page.len() < PAGE as usize {
+            return Ok(());
+        }
+    }
 }
 
 fn state(tx: &mut Transaction<'_>) -> Result<State> {
@@ -395,21 +450,21 @@ fn coupons_source(state: State) -> String {
                                   ORDER BY redeemed_at IS NULL, issued_at, coupon_id) > 1";
     match state {
         State::Legacy => format!(
-            "SELECT campaign_id, member_id, month, amount_yen, redeemed_at,
-                    NULL::timestamptz AS voided_at, {} AS duplicate
+            "SELECT coupon_id::text AS coupon_id, issued_at, campaign_id, member_id, month,
+                    amount_yen, redeemed_at, NULL::timestamptz AS voided_at, {} AS duplicate
                FROM issued_coupons",
             rank.replace("{partition}", "")
         ),
         State::Partial => format!(
-            "SELECT campaign_id, member_id, month, amount_yen, redeemed_at, voided_at,
-                    legacy_duplicate OR {} AS duplicate
+            "SELECT coupon_id::text AS coupon_id, issued_at, campaign_id, member_id, month,
+                    amount_yen, redeemed_at, voided_at, legacy_duplicate OR {} AS duplicate
                FROM issued_coupons",
             rank.replace("{partition}", ", legacy_duplicate")
         ),
         // The valid unique index leaves one unmarked coupon per group: no ranking needed.
         State::Released => {
-            "SELECT campaign_id, member_id, month, amount_yen, redeemed_at, voided_at,
-                    legacy_duplicate AS duplicate
+            "SELECT coupon_id::text AS coupon_id, issued_at, campaign_id, member_id, month,
+                    amount_yen, redeemed_at, voided_at, legacy_duplicate AS duplicate
                FROM issued_coupons"
                 .to_string()
         }

@@ -6,11 +6,19 @@ use std::io::{self, Write};
 
 use unicode_width::UnicodeWidthStr;
 
-use super::{yen, CampaignRow, Header, MemberRow, Totals};
+use super::{yen, CampaignRow, DuplicateRow, Header, MemberRow, Totals};
 
 pub trait Render {
     fn begin(&mut self, header: &Header) -> io::Result<()>;
     fn member(&mut self, row: &MemberRow) -> io::Result<()>;
+    /// Whether the rendering lists the redeemed legacy duplicates one by one (the workbook
+    /// does); they are then streamed after the members, before `end`.
+    fn wants_redeemed_duplicates(&self) -> bool {
+        false
+    }
+    fn redeemed_duplicate(&mut self, _row: &DuplicateRow) -> io::Result<()> {
+        Ok(())
+    }
     fn end(&mut self, header: &Header) -> io::Result<()>;
 }
 
