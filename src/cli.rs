@@ -156,6 +156,16 @@ pub struct OverrunsArgs {
     /// NAME-campaigns.csv and NAME-members.csv from the same snapshot.
     #[arg(long, value_enum)]
     pub section: Option<CsvSection>,
+    /// The language of the table, Markdown, HTML, workbook and CSV headers (en, ja). Ids,
+    /// JSON keys and error messages never change.
+    #[arg(long, value_enum, default_value = "en")]
+    pub lang: ReportLang,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ReportLang {
+    En,
+    Ja,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -366,7 +376,7 @@ pub struct DemoArgs {
     /// Leave the server running and print how to connect to it.
     #[arg(long)]
     pub keep: bool,
-    /// Where the finance reports (overruns-*.csv, overruns.json, overruns.html) are written;
+    /// Where the finance reports (overruns.xlsx, overruns-*.csv, overruns.json, overruns.html) are written;
     /// created if missing, files in it replaced.
     #[arg(long, value_name = "DIR", default_value = "pgmend-demo-reports")]
     pub reports_dir: std::path::PathBuf,

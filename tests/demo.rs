@@ -69,6 +69,15 @@ fn the_demo_tells_the_whole_release_on_a_dirty_legacy_database() {
     // No coupon is issued after the gate in the demo, so what the old system issued is every
     // coupon there is: the live ones and the voided ones.
     assert!(r.stderr.contains("yen of lost updates"), "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("pgmend report overruns --output overruns.xlsx"),
+        "the demo ends pointing at the workbook: {}",
+        r.stderr
+    );
+    assert!(std::fs::read(dir.join("overruns.xlsx"))
+        .unwrap()
+        .starts_with(b"PK"));
     assert_eq!(json["legacy_counter"]["source"], "deploy_gate");
     for c in json["campaigns"].as_array().unwrap() {
         let n = |k: &str| c[k].as_i64().unwrap();
@@ -128,6 +137,7 @@ fn the_readme_quick_start_runs_as_written() {
         "overruns-members.csv",
         "overruns.json",
         "overruns.html",
+        "overruns.xlsx",
     ] {
         assert!(
             dir.path().join("pgmend-demo-reports").join(file).is_file(),

@@ -1407,3 +1407,132 @@ fn the_workbook_read_back_by_calamine_equals_the_json_and_lists_the_money_lost()
     assert!(r.stderr.contains("--output FILE.xlsx"), "{}", r.stderr);
     assert!(r.stdout.is_empty());
 }
+
+#[test]
+fn lang_ja_translates_every_human_rendering_and_leaves_ids_json_and_figures_alone() {
+    let db = snapshot_db();
+    let as_of = regex::Regex::new(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+09:00").unwrap();
+    let run = |args: &[&str]| {
+        let r = db.run(args);
+        assert_eq!(r.code, 0, "{}", r.both());
+        as_of.replace_all(&r.stdout, "AS_OF").into_owned()
+    };
+    // JSON never changes with --lang.
+    assert_eq!(
+        run(&["report", "overruns", "--format", "json", "--lang", "ja"]),
+        run(&["report", "overruns", "--format", "json"])
+    );
+    let figure = regex::Regex::new(r"[0-9][0-9,]*|SW-A|秋-セール|EMPTY|m0[0-9]").unwrap();
+    for format in ["table", "markdown", "html"] {
+        let en = run(&["report", "overruns", "--format", format]);
+        let ja = run(&["report", "overruns", "--format", format, "--lang", "ja"]);
+        for word in [
+            "クーポン超過レポート",
+            "キャンペーンID",
+            "予算（円）",
+            "合計",
+            "月間上限を超えた会員",
+            "消失した更新",
+        ] {
+            assert!(ja.contains(word), "{format} lacks {word}:\n{ja}");
+        }
+        for english in [
+            "Coupon overrun report",
+            "budget_yen",
+            "Totals",
+            "Members over the monthly cap",
+        ] {
+            assert!(
+                !ja.contains(english),
+                "{format} still says {english}:\n{ja}"
+            );
+        }
+        // Ids and figures are the same as in English.
+        let figures = |t: &str| -> Vec<String> {
+            figure
+                .find_iter(t)
+                .map(|m| m.as_str().to_string())
+                .filter(|m| m != "2" && m != "000")
+                .collect()
+        };
+        if format != "html" {
+            assert_eq!(figures(&ja), figures(&en), "{format}");
+        }
+    }
+    let html = run(&["report", "overruns", "--format", "html", "--lang", "ja"]);
+    assert!(html.contains("<html lang=\"ja\">"));
+    let mut settings = insta::Settings::clone_current();
+    settings.add_filter(
+        r"host=\S+ port=\d+ dbname=[\w\\]+",
+        "host=[host] port=[port] dbname=[db]",
+    );
+    settings.set_prepend_module_to_snapshot(false);
+    settings.bind(|| {
+        insta::assert_snapshot!(
+            "report_table_ja",
+            run(&["report", "overruns", "--lang", "ja"])
+        );
+    });
+
+    // CSV: the headers change, not a cell.
+    for section in ["summary", "campaigns", "members"] {
+        let en = run(&[
+            "report",
+            "overruns",
+            "--format",
+            "csv",
+            "--section",
+            section,
+        ]);
+        let ja = run(&[
+            "report",
+            "overruns",
+            "--format",
+            "csv",
+            "--section",
+            section,
+            "--lang",
+            "ja",
+        ]);
+        let (en_head, en_rows) = en.split_once("\r\n").unwrap();
+        let (ja_head, ja_rows) = ja.split_once("\r\n").unwrap();
+        assert_eq!(ja_rows, en_rows, "{section}");
+        assert_ne!(ja_head, en_head, "{section}");
+        let header: Vec<String> = csv::Reader::from_reader(ja.as_bytes())
+            .headers()
+            .unwrap()
+            .iter()
+            .map(String::from)
+            .collect();
+        assert!(
+            header[0] == "キャンペーンID" || header[0] == "会員ID" || header[0] == "項目",
+            "{header:?}"
+        );
+    }
+
+    // The workbook: Japanese headers, the same numbers as numbers.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ja.xlsx");
+    let r = db.run(&[
+        "report",
+        "overruns",
+        "--output",
+        path.to_str().unwrap(),
+        "--lang",
+        "ja",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let book = workbook(&path);
+    assert_eq!(string(&book["campaigns"][0][0]), "キャンペーンID");
+    assert_eq!(string(&book["campaigns"][0][1]), "予算（円）");
+    assert_eq!(string(&book["member-months over cap"][0][0]), "会員ID");
+    let doc: Value =
+        serde_json::from_str(&run(&["report", "overruns", "--format", "json"])).unwrap();
+    for (row, c) in book["campaigns"][1..]
+        .iter()
+        .zip(doc["campaigns"].as_array().unwrap())
+    {
+        assert_eq!(string(&row[0]), c["campaign_id"].as_str().unwrap());
+        assert_eq!(number(&row[1]), c["budget_yen"].as_i64().unwrap());
+    }
+}

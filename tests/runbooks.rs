@@ -894,6 +894,8 @@ fn check_finance_overrun_report(db: &TestDb, work: &Path) {
         .unwrap()
         .contains("<svg"));
     assert!(dir.join("overruns.md").exists());
+    let xlsx = std::fs::read(dir.join("overruns-ja.xlsx")).unwrap();
+    assert!(xlsx.starts_with(b"PK"), "a workbook (a zip)");
 }
 
 #[test]

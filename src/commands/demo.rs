@@ -121,7 +121,12 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
         )
     })?;
     let mut written = Vec::new();
-    for (format, extra) in [("csv", Some("--excel")), ("json", None), ("html", None)] {
+    for (format, extra) in [
+        ("xlsx", None),
+        ("csv", Some("--excel")),
+        ("json", None),
+        ("html", None),
+    ] {
         // A CSV holds one section: `overruns.csv` becomes overruns-summary.csv, -campaigns.csv
         // and -members.csv.
         let path = args.reports_dir.join(format!("overruns.{format}"));
@@ -132,7 +137,13 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
         report_args.extend(extra);
         step(
             &url,
-            &format!("The same report as {format}, for the spreadsheet, the scripts and the eyes."),
+            &if format == "xlsx" {
+                "The same report as an Excel workbook, the file accounting works in: summary, campaigns with a chart, the member-months over the cap and the redeemed duplicates, amounts as numbers in yen.".to_string()
+            } else {
+                format!(
+                    "The same report as {format}, for the spreadsheet, the scripts and the eyes."
+                )
+            },
             &report_args,
         )?;
         if format == "csv" {
@@ -147,7 +158,7 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
         }
     }
     say(&format!(
-        "The reports are in {}. On a real database, point DATABASE_URL at it (a read-only replica will do) and run:\n  pgmend report overruns --format html --output overruns.html",
+        "The reports are in {}. On a real database, point DATABASE_URL at it (a read-only replica will do) and run:\n  pgmend report overruns --output overruns.xlsx        (add --lang ja for Japanese headers)",
         written.join(", ")
     ));
 

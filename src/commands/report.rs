@@ -8,10 +8,10 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 
 use super::{open, snapshot};
-use crate::cli::{CsvSection, Format, OverrunsArgs};
+use crate::cli::{CsvSection, Format, OverrunsArgs, ReportLang};
 use crate::error::{Outcome, PgContext};
 use crate::report::{
-    self, Csv, Database, Html, Json, Render, Section, Summary, Text, TextStyle, Xlsx,
+    self, Csv, Database, Html, Json, Lang, Render, Section, Summary, Text, TextStyle, Xlsx,
 };
 
 pub fn overruns(args: &OverrunsArgs, given: Option<Format>) -> Result<Outcome> {
@@ -46,7 +46,7 @@ pub fn overruns(args: &OverrunsArgs, given: Option<Format>) -> Result<Outcome> {
         files.push((temporary_beside(path)?, *section));
     }
     let summary = if format == Format::Xlsx {
-        let mut book = Xlsx::new(BufWriter::new(files[0].0.as_file()));
+        let mut book = Xlsx::new(BufWriter::new(files[0].0.as_file()), lang(args));
         report::generate(&mut tx, database, args.monthly_cap_yen, &mut book)?
     } else {
         write(
@@ -158,19 +158,26 @@ fn write<W: Write>(
     mut outs: Vec<(Section, W)>,
 ) -> Result<Summary> {
     let mut renderer: Box<dyn Render + '_> = if format == Format::Csv {
-        Box::new(Csv::new(outs, args.excel)?)
+        Box::new(Csv::new(outs, args.excel, lang(args))?)
     } else {
         let out = outs.pop().expect("one output").1;
         match format {
-            Format::Human => Box::new(Text::new(out, TextStyle::Table)),
-            Format::Markdown => Box::new(Text::new(out, TextStyle::Markdown)),
+            Format::Human => Box::new(Text::new(out, TextStyle::Table, lang(args))),
+            Format::Markdown => Box::new(Text::new(out, TextStyle::Markdown, lang(args))),
             Format::Json => Box::new(Json::new(out)),
-            Format::Html => Box::new(Html::new(out)),
+            Format::Html => Box::new(Html::new(out, lang(args))),
             Format::Csv => unreachable!("handled above"),
             Format::Xlsx => unreachable!("written to a file by its own renderer"),
         }
     };
     report::generate(tx, database, args.monthly_cap_yen, renderer.as_mut())
+}
+
+fn lang(args: &OverrunsArgs) -> Lang {
+    match args.lang {
+        ReportLang::En => Lang::En,
+        ReportLang::Ja => Lang::Ja,
+    }
 }
 
 /// The format: `--format`, else the one `--output`'s extension names (`.csv`, `.json`,

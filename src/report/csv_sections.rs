@@ -12,7 +12,7 @@
 
 use std::io::{self, Write};
 
-use super::{Header, LegacyCounterSource, MemberRow};
+use super::{Header, Lang, LegacyCounterSource, MemberRow};
 
 /// A CSV section, as `--section` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,8 +110,8 @@ impl<W: Write> Sheet<W> {
         self.out.write_all(line.as_bytes())
     }
 
-    fn header(&mut self, names: &[&str]) -> io::Result<()> {
-        let cells: Vec<Cell> = names.iter().map(|n| Cell::Text(n)).collect();
+    fn header(&mut self, lang: Lang, names: &[&'static str]) -> io::Result<()> {
+        let cells: Vec<Cell> = names.iter().map(|n| Cell::Text(lang.tr(n))).collect();
         self.record(&cells)
     }
 }
@@ -122,17 +122,20 @@ pub struct Csv<W: Write> {
     campaigns: Option<Sheet<W>>,
     members: Option<Sheet<W>>,
     provenance: [String; 3],
+    lang: Lang,
 }
 
 impl<W: Write> Csv<W> {
     /// `excel` starts each file with a UTF-8 byte order mark, which Excel needs to read
     /// UTF-8 (in Japan it otherwise assumes Shift_JIS).
-    pub fn new(sections: Vec<(Section, W)>, excel: bool) -> io::Result<Self> {
+    /// `lang` is the language of the header rows; cells are the same in every language.
+    pub fn new(sections: Vec<(Section, W)>, excel: bool, lang: Lang) -> io::Result<Self> {
         let mut csv = Csv {
             summary: None,
             campaigns: None,
             members: None,
             provenance: Default::default(),
+            lang,
         };
         for (section, out) in sections {
             let sheet = Some(Sheet::new(out, excel)?);
@@ -146,8 +149,8 @@ impl<W: Write> Csv<W> {
     }
 }
 
-fn summary(sheet: &mut Sheet<impl Write>, h: &Header) -> io::Result<()> {
-    sheet.header(&["key", "value"])?;
+fn summary(sheet: &mut Sheet<impl Write>, lang: Lang, h: &Header) -> io::Result<()> {
+    sheet.header(lang, &["key", "value"])?;
     let texts = [
         ("as_of", h.as_of.clone()),
         ("state", h.state.as_str().to_string()),
@@ -187,14 +190,14 @@ impl<W: Write> super::Render for Csv<W> {
             h.database.label(),
         ];
         if let Some(sheet) = &mut self.summary {
-            summary(sheet, h)?;
+            summary(sheet, self.lang, h)?;
         }
         if let Some(sheet) = &mut self.campaigns {
             let names: Vec<&str> = std::iter::once("campaign_id")
                 .chain(CAMPAIGN_NUMBER_COLUMNS)
                 .chain(PROVENANCE)
                 .collect();
-            sheet.header(&names)?;
+            sheet.header(self.lang, &names)?;
             for c in &h.campaigns {
                 let mut cells = vec![Cell::Text(&c.campaign_id)];
                 cells.extend(c.numbers().into_iter().map(Cell::Number));
@@ -209,7 +212,7 @@ impl<W: Write> super::Render for Csv<W> {
                 .into_iter()
                 .chain(PROVENANCE)
                 .collect();
-            sheet.header(&names)?;
+            sheet.header(self.lang, &names)?;
         }
         Ok(())
     }

@@ -13,6 +13,7 @@ use anyhow::Result;
 use postgres::GenericClient;
 use serde::Serialize;
 
+use super::Lang;
 use crate::error::PgContext;
 
 /// The gate at which the new application replaces the old one.
@@ -31,11 +32,15 @@ pub enum Source {
 }
 
 impl Source {
-    pub fn explain(&self) -> String {
+    pub fn explain(&self, lang: Lang) -> String {
         match self {
-            Source::Live => "live: the release has not passed the deploy gate; the counter and the coupons as they are now".into(),
-            Source::DeployGate { recorded_at } => format!("recorded when the release passed the deploy gate, {recorded_at} (Asia/Tokyo)"),
-            Source::NotRecorded => "not recorded: the deploy gate was passed by a pgmend that did not record the legacy counter".into(),
+            Source::Live => lang.tr("live: the release has not passed the deploy gate; the counter and the coupons as they are now").into(),
+            Source::DeployGate { recorded_at } => format!(
+                "{}, {recorded_at} {}",
+                lang.tr("recorded when the release passed the deploy gate"),
+                lang.tr("(Asia/Tokyo)")
+            ),
+            Source::NotRecorded => lang.tr("not recorded: the deploy gate was passed by a pgmend that did not record the legacy counter").into(),
         }
     }
 }

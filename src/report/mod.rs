@@ -14,6 +14,7 @@
 //! duplicates is reported before the repair too.
 
 mod csv_sections;
+mod lang;
 pub mod legacy_counter;
 mod render;
 mod xlsx;
@@ -26,6 +27,7 @@ use crate::db::conninfo::ConnParams;
 use crate::error::PgContext;
 
 pub use csv_sections::{neutralise, Csv, Section, CAMPAIGN_NUMBER_COLUMNS};
+pub use lang::Lang;
 pub use legacy_counter::Source as LegacyCounterSource;
 pub use render::{Html, Json, Render, Text, TextStyle};
 pub use xlsx::{Xlsx, EXCEL_ROWS};

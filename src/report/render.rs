@@ -6,7 +6,7 @@ use std::io::{self, Write};
 
 use unicode_width::UnicodeWidthStr;
 
-use super::{yen, CampaignRow, DuplicateRow, Header, MemberRow, Totals};
+use super::{yen, CampaignRow, DuplicateRow, Header, Lang, MemberRow, Totals};
 
 pub trait Render {
     fn begin(&mut self, header: &Header) -> io::Result<()>;
@@ -43,9 +43,29 @@ fn campaign_numbers(c: &CampaignRow) -> [i64; 10] {
 
 const MEMBER_FIELDS: [&str; 5] = ["member_id", "month", "used_yen", "cap_yen", "overrun_yen"];
 
-/// The totals as (label for people, amount in yen with separators).
-fn totals_lines(t: &Totals) -> [(&'static str, String); 6] {
+/// The facts above the tables, as (label, value), in `lang`.
+fn facts(lang: Lang, h: &Header) -> [(&'static str, String); 4] {
     [
+        (
+            lang.tr("As of"),
+            format!("{} {}", h.as_of, lang.tr("(Asia/Tokyo)")),
+        ),
+        (lang.tr("Database"), h.database.label()),
+        (lang.tr("State"), lang.tr(h.state.explain()).to_string()),
+        (
+            lang.tr("Monthly cap"),
+            format!(
+                "{} {}",
+                yen(h.monthly_cap_yen),
+                lang.tr("yen per member and month")
+            ),
+        ),
+    ]
+}
+
+/// The totals as (label for people, amount in yen with separators), in `lang`.
+fn totals_lines(lang: Lang, t: &Totals) -> [(&'static str, String); 6] {
+    let lines = [
         ("Campaign overruns (yen)", yen(t.campaign_overrun_yen)),
         (
             "Member overruns past the monthly cap (yen)",
@@ -64,9 +84,10 @@ fn totals_lines(t: &Totals) -> [(&'static str, String); 6] {
             "Lost updates: issued by the old system, missing from its counter (yen)",
             t.lost_update_yen
                 .map(yen)
-                .unwrap_or_else(|| "not recorded".into()),
+                .unwrap_or_else(|| lang.tr("not recorded").into()),
         ),
-    ]
+    ];
+    lines.map(|(label, v)| (lang.tr(label), v))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -84,14 +105,17 @@ struct Column {
     right: bool,
 }
 
-fn columns(titles: &[&'static str], right_from: usize) -> Vec<Column> {
+fn columns(lang: Lang, titles: &[&'static str], right_from: usize) -> Vec<Column> {
     titles
         .iter()
         .enumerate()
-        .map(|(i, t)| Column {
-            title: t,
-            width: t.width(),
-            right: i >= right_from,
+        .map(|(i, t)| {
+            let title = lang.tr(t);
+            Column {
+                title,
+                width: title.width(),
+                right: i >= right_from,
+            }
         })
         .collect()
 }
@@ -99,14 +123,16 @@ fn columns(titles: &[&'static str], right_from: usize) -> Vec<Column> {
 pub struct Text<W: Write> {
     out: W,
     style: TextStyle,
+    lang: Lang,
     members: Vec<Column>,
 }
 
 impl<W: Write> Text<W> {
-    pub fn new(out: W, style: TextStyle) -> Self {
+    pub fn new(out: W, style: TextStyle, lang: Lang) -> Self {
         Text {
             out,
             style,
+            lang,
             members: Vec::new(),
         }
     }
@@ -183,14 +209,14 @@ impl<W: Write> Text<W> {
     }
 
     fn none(&mut self) -> io::Result<()> {
-        writeln!(self.out, "(none)")
+        writeln!(self.out, "{}", self.lang.tr("(none)"))
     }
 
     /// The legacy counter against what the old system issued, per campaign.
     fn lost_updates(&mut self, h: &Header) -> io::Result<()> {
-        self.heading(LOST_UPDATES_TITLE)?;
-        let source = self.cell(&h.legacy_counter.explain());
-        writeln!(self.out, "Source: {source}\n")?;
+        self.heading(self.lang.tr(LOST_UPDATES_TITLE))?;
+        let source = self.cell(&h.legacy_counter.explain(self.lang));
+        writeln!(self.out, "{}: {source}\n", self.lang.tr("Source"))?;
         let rows: Vec<Vec<String>> = h
             .campaigns
             .iter()
@@ -208,7 +234,7 @@ impl<W: Write> Text<W> {
         if rows.is_empty() {
             return self.none();
         }
-        let mut cols = columns(&LOST_UPDATE_FIELDS, 1);
+        let mut cols = columns(self.lang, &LOST_UPDATE_FIELDS, 1);
         widen(&mut cols, rows.iter().map(|c| c.as_slice()));
         self.head(&cols)?;
         for r in &rows {
@@ -230,33 +256,28 @@ const LOST_UPDATE_FIELDS: [&str; 4] = [
 
 impl<W: Write> Render for Text<W> {
     fn begin(&mut self, h: &Header) -> io::Result<()> {
-        let facts = [
-            ("As of", format!("{} (Asia/Tokyo)", h.as_of)),
-            ("Database", h.database.label()),
-            ("State", h.state.explain().to_string()),
-            (
-                "Monthly cap",
-                format!("{} yen per member and month", yen(h.monthly_cap_yen)),
-            ),
-        ];
+        let lang = self.lang;
+        let title = lang.tr("Coupon overrun report");
         match self.style {
             TextStyle::Table => {
-                writeln!(self.out, "Coupon overrun report")?;
-                for (k, v) in facts {
-                    writeln!(self.out, "{:<12} {}", format!("{k}:"), self.cell(&v))?;
+                writeln!(self.out, "{title}")?;
+                for (k, v) in facts(lang, h) {
+                    let key = format!("{k}:");
+                    let pad = 12usize.saturating_sub(key.width());
+                    writeln!(self.out, "{key}{} {}", " ".repeat(pad), self.cell(&v))?;
                 }
             }
             TextStyle::Markdown => {
-                writeln!(self.out, "# Coupon overrun report\n")?;
-                for (k, v) in facts {
+                writeln!(self.out, "# {title}\n")?;
+                for (k, v) in facts(lang, h) {
                     writeln!(self.out, "- **{k}:** {}", self.cell(&v))?;
                 }
             }
         }
 
-        self.heading("Totals")?;
-        let lines = totals_lines(&h.totals);
-        let mut cols = columns(&["figure", "yen"], 1);
+        self.heading(lang.tr("Totals"))?;
+        let lines = totals_lines(lang, &h.totals);
+        let mut cols = columns(lang, &["figure", "yen"], 1);
         let cells: Vec<[String; 2]> = lines
             .iter()
             .map(|(label, v)| [label.to_string(), v.clone()])
@@ -267,11 +288,15 @@ impl<W: Write> Render for Text<W> {
             self.row(&cols, c)?;
         }
 
-        self.heading(&format!("Campaigns ({})", yen(h.campaigns.len() as i64)))?;
+        self.heading(&format!(
+            "{} ({})",
+            lang.tr("Campaigns"),
+            yen(h.campaigns.len() as i64)
+        ))?;
         if h.campaigns.is_empty() {
             self.none()?;
         } else {
-            let mut cols = columns(&CAMPAIGN_FIELDS, 1);
+            let mut cols = columns(lang, &CAMPAIGN_FIELDS, 1);
             let cells: Vec<Vec<String>> = h
                 .campaigns
                 .iter()
@@ -291,11 +316,12 @@ impl<W: Write> Render for Text<W> {
         self.lost_updates(h)?;
 
         self.heading(&format!(
-            "Members over the monthly cap ({})",
+            "{} ({})",
+            lang.tr("Members over the monthly cap"),
             yen(h.totals.members_over_monthly_cap)
         ))?;
         let w = h.member_widths;
-        let mut cols = columns(&MEMBER_FIELDS, 2);
+        let mut cols = columns(lang, &MEMBER_FIELDS, 2);
         let widest = [
             w.member_id,
             w.month,
@@ -427,15 +453,17 @@ impl<W: Write> Render for Json<W> {
 
 pub struct Html<W: Write> {
     out: W,
+    lang: Lang,
     /// Bucket width in yen and counts, fixed at `begin` from the largest overrun.
     bucket: i64,
     counts: Vec<u64>,
 }
 
 impl<W: Write> Html<W> {
-    pub fn new(out: W) -> Self {
+    pub fn new(out: W, lang: Lang) -> Self {
         Html {
             out,
+            lang,
             bucket: 1,
             counts: Vec::new(),
         }
@@ -521,9 +549,12 @@ impl<W: Write> Html<W> {
         writeln!(self.out, "</svg>")?;
         writeln!(
             self.out,
-            "<p><svg width=\"12\" height=\"12\"><rect class=\"budget\" width=\"12\" height=\"12\"/></svg> budget \
-<svg width=\"12\" height=\"12\"><rect class=\"issued\" width=\"12\" height=\"12\"/></svg> issued \
-<svg width=\"12\" height=\"12\"><rect class=\"over\" width=\"12\" height=\"12\"/></svg> issued, over budget</p>"
+            "<p><svg width=\"12\" height=\"12\"><rect class=\"budget\" width=\"12\" height=\"12\"/></svg> {} \
+<svg width=\"12\" height=\"12\"><rect class=\"issued\" width=\"12\" height=\"12\"/></svg> {} \
+<svg width=\"12\" height=\"12\"><rect class=\"over\" width=\"12\" height=\"12\"/></svg> {}</p>",
+            self.lang.tr("budget"),
+            self.lang.tr("issued"),
+            self.lang.tr("issued, over budget"),
         )
     }
 }
@@ -537,32 +568,28 @@ impl<W: Write> Render for Html<W> {
         }
         writeln!(
             self.out,
-            "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">"
+            "<!DOCTYPE html>\n<html lang=\"{}\">\n<head>\n<meta charset=\"utf-8\">",
+            self.lang.code()
         )?;
+        let lang = self.lang;
+        let title = lang.tr("Coupon overrun report");
         writeln!(
             self.out,
-            "<title>Coupon overrun report, {}</title>\n<style>{STYLE}</style>\n</head>\n<body>",
+            "<title>{title}, {}</title>\n<style>{STYLE}</style>\n</head>\n<body>",
             esc(&h.as_of)
         )?;
-        writeln!(self.out, "<h1>Coupon overrun report</h1>\n<dl>")?;
-        for (k, v) in [
-            ("As of", format!("{} (Asia/Tokyo)", h.as_of)),
-            ("Database", h.database.label()),
-            ("State", h.state.explain().to_string()),
-            (
-                "Monthly cap",
-                format!("{} yen per member and month", yen(h.monthly_cap_yen)),
-            ),
-        ] {
+        writeln!(self.out, "<h1>{title}</h1>\n<dl>")?;
+        for (k, v) in facts(lang, h) {
             writeln!(self.out, "<dt>{k}</dt><dd>{}</dd>", esc(&v))?;
         }
         writeln!(self.out, "</dl>\n<main>")?;
 
         writeln!(
             self.out,
-            "<section style=\"order:1\"><h2>Totals</h2><table>"
+            "<section style=\"order:1\"><h2>{}</h2><table>",
+            lang.tr("Totals")
         )?;
-        for (label, v) in totals_lines(&h.totals) {
+        for (label, v) in totals_lines(lang, &h.totals) {
             writeln!(
                 self.out,
                 "<tr><td>{}</td><td class=\"n\">{}</td></tr>",
@@ -574,19 +601,21 @@ impl<W: Write> Render for Html<W> {
 
         writeln!(
             self.out,
-            "<section style=\"order:2\"><h2>Budget versus issued, per campaign</h2>"
+            "<section style=\"order:2\"><h2>{}</h2>",
+            lang.tr("Budget versus issued, per campaign")
         )?;
         self.campaign_chart(h)?;
         writeln!(self.out, "</section>")?;
 
         writeln!(
             self.out,
-            "<section style=\"order:4\"><h2>Campaigns ({})</h2><table>\n<tr>",
+            "<section style=\"order:4\"><h2>{} ({})</h2><table>\n<tr>",
+            lang.tr("Campaigns"),
             yen(h.campaigns.len() as i64)
         )?;
         for (i, f) in CAMPAIGN_FIELDS.iter().enumerate() {
             let class = if i == 0 { "" } else { " class=\"n\"" };
-            write!(self.out, "<th{class}>{f}</th>")?;
+            write!(self.out, "<th{class}>{}</th>", lang.tr(f))?;
         }
         writeln!(self.out, "</tr>")?;
         for c in &h.campaigns {
@@ -600,13 +629,14 @@ impl<W: Write> Render for Html<W> {
 
         writeln!(
             self.out,
-            "<section style=\"order:4\"><h2>{}</h2><p>Source: {}</p><table>\n<tr>",
-            esc(LOST_UPDATES_TITLE),
-            esc(&h.legacy_counter.explain())
+            "<section style=\"order:4\"><h2>{}</h2><p>{}: {}</p><table>\n<tr>",
+            esc(lang.tr(LOST_UPDATES_TITLE)),
+            lang.tr("Source"),
+            esc(&h.legacy_counter.explain(lang))
         )?;
         for (i, f) in LOST_UPDATE_FIELDS.iter().enumerate() {
             let class = if i == 0 { "" } else { " class=\"n\"" };
-            write!(self.out, "<th{class}>{f}</th>")?;
+            write!(self.out, "<th{class}>{}</th>", lang.tr(f))?;
         }
         writeln!(self.out, "</tr>")?;
         for c in h
@@ -628,8 +658,14 @@ impl<W: Write> Render for Html<W> {
 
         writeln!(
             self.out,
-            "<section style=\"order:5\"><h2>Members over the monthly cap ({})</h2><table>\n<tr><th>member_id</th><th>month</th><th class=\"n\">used_yen</th><th class=\"n\">cap_yen</th><th class=\"n\">overrun_yen</th></tr>",
-            yen(h.totals.members_over_monthly_cap)
+            "<section style=\"order:5\"><h2>{} ({})</h2><table>\n<tr><th>{}</th><th>{}</th><th class=\"n\">{}</th><th class=\"n\">{}</th><th class=\"n\">{}</th></tr>",
+            lang.tr("Members over the monthly cap"),
+            yen(h.totals.members_over_monthly_cap),
+            lang.tr("member_id"),
+            lang.tr("month"),
+            lang.tr("used_yen"),
+            lang.tr("cap_yen"),
+            lang.tr("overrun_yen"),
         )
     }
 
@@ -655,10 +691,16 @@ impl<W: Write> Render for Html<W> {
         writeln!(self.out, "</table></section>")?;
         writeln!(
             self.out,
-            "<section style=\"order:3\"><h2>Distribution of member overruns past the monthly cap</h2>"
+            "<section style=\"order:3\"><h2>{}</h2>",
+            self.lang
+                .tr("Distribution of member overruns past the monthly cap")
         )?;
         if self.counts.is_empty() {
-            writeln!(self.out, "<p>No member is over the monthly cap.</p>")?;
+            writeln!(
+                self.out,
+                "<p>{}</p>",
+                self.lang.tr("No member is over the monthly cap.")
+            )?;
         } else {
             let most = *self.counts.iter().max().unwrap_or(&1).max(&1) as f64;
             let col_w = 70.0;
@@ -692,7 +734,9 @@ impl<W: Write> Render for Html<W> {
             }
             writeln!(
                 self.out,
-                "</svg>\n<p>Member-months per overrun range, in yen past the cap.</p>"
+                "</svg>\n<p>{}</p>",
+                self.lang
+                    .tr("Member-months per overrun range, in yen past the cap.")
             )?;
         }
         writeln!(self.out, "</section>\n</main>\n</body>\n</html>")?;

@@ -15,7 +15,7 @@ use rust_xlsxwriter::{
     Chart, ChartType, ColNum, Format, FormatBorder, RowNum, Workbook, XlsxError,
 };
 
-use super::{legacy_counter::Source, yen, DuplicateRow, Header, MemberRow};
+use super::{legacy_counter::Source, yen, DuplicateRow, Header, Lang, MemberRow};
 
 /// Excel's rows per sheet, the header included.
 pub const EXCEL_ROWS: u32 = 1_048_576;
@@ -50,6 +50,7 @@ struct Stream {
 
 pub struct Xlsx<W: Write + Send> {
     out: Option<W>,
+    lang: Lang,
     book: Workbook,
     rows_per_sheet: RowNum,
     header: Format,
@@ -61,14 +62,17 @@ pub struct Xlsx<W: Write + Send> {
 }
 
 impl<W: Write + Send> Xlsx<W> {
-    pub fn new(out: W) -> Self {
-        Self::with_rows_per_sheet(out, EXCEL_ROWS)
+    /// `lang` is the language of the headers and the chart; cells are the same in every
+    /// language.
+    pub fn new(out: W, lang: Lang) -> Self {
+        Self::with_rows_per_sheet(out, lang, EXCEL_ROWS)
     }
 
     /// `rows_per_sheet` is Excel's limit; tests make it small to see the split.
-    pub fn with_rows_per_sheet(out: W, rows_per_sheet: u32) -> Self {
+    pub fn with_rows_per_sheet(out: W, lang: Lang, rows_per_sheet: u32) -> Self {
         Xlsx {
             out: Some(out),
+            lang,
             book: Workbook::new(),
             rows_per_sheet: rows_per_sheet.max(2),
             header: Format::new()
@@ -106,8 +110,8 @@ impl<W: Write + Send> Xlsx<W> {
             (self.yen.clone(), self.count.clone(), self.header.clone());
         let sheet = self.book.add_worksheet();
         sheet.set_name("summary")?;
-        sheet.write_string_with_format(0, 0, "key", &header)?;
-        sheet.write_string_with_format(0, 1, "value", &header)?;
+        sheet.write_string_with_format(0, 0, self.lang.tr("key"), &header)?;
+        sheet.write_string_with_format(0, 1, self.lang.tr("value"), &header)?;
         sheet.set_freeze_panes(1, 0)?;
         sheet.set_column_width(0, 34)?;
         sheet.set_column_width(1, 40)?;
@@ -151,11 +155,11 @@ impl<W: Write + Send> Xlsx<W> {
             .chain(super::CAMPAIGN_NUMBER_COLUMNS)
             .collect();
         let formats: Vec<Format> = columns.iter().map(|c| self.amount(c).clone()).collect();
-        let header = self.header.clone();
+        let (header, lang) = (self.header.clone(), self.lang);
         let sheet = self.book.add_worksheet();
         sheet.set_name("campaigns")?;
         for (i, c) in columns.iter().enumerate() {
-            sheet.write_string_with_format(0, i as ColNum, *c, &header)?;
+            sheet.write_string_with_format(0, i as ColNum, lang.tr(c), &header)?;
         }
         sheet.set_freeze_panes(1, 0)?;
         sheet.set_row_height(0, 45)?;
@@ -195,7 +199,7 @@ impl<W: Write + Send> Xlsx<W> {
             let mut chart = Chart::new(ChartType::Column);
             chart
                 .title()
-                .set_name("Budget against issued, per campaign (yen)");
+                .set_name(lang.tr("Budget against issued, per campaign (yen)"));
             for col in [1, 2] {
                 chart
                     .add_series()
@@ -222,11 +226,11 @@ impl<W: Write + Send> Xlsx<W> {
         } else {
             format!("{title} ({n})")
         };
-        let header = self.header.clone();
+        let (header, lang) = (self.header.clone(), self.lang);
         let sheet = self.book.add_worksheet_with_constant_memory()?;
         sheet.set_name(name)?;
         for (i, c) in columns.iter().enumerate() {
-            sheet.write_string_with_format(0, i as ColNum, *c, &header)?;
+            sheet.write_string_with_format(0, i as ColNum, lang.tr(c), &header)?;
             sheet.set_column_width(i as ColNum, if i == 0 { 38 } else { 16 })?;
         }
         sheet.set_freeze_panes(1, 0)?;
@@ -368,7 +372,7 @@ mod tests {
     fn a_sheet_past_the_row_limit_continues_on_another_and_the_summary_says_so() {
         let mut bytes = Vec::new();
         let h = header();
-        let mut book = Xlsx::with_rows_per_sheet(&mut bytes, 4);
+        let mut book = Xlsx::with_rows_per_sheet(&mut bytes, Lang::En, 4);
         book.begin(&h).unwrap();
         for i in 0..7 {
             book.member(&MemberRow {
