@@ -160,6 +160,27 @@ pub struct OverrunsArgs {
     /// JSON keys and error messages never change.
     #[arg(long, value_enum, default_value = "en")]
     pub lang: ReportLang,
+    /// How many member-months over the cap the table, Markdown and HTML list: a number or
+    /// `all`. Default: the first 20 on a terminal, the first 200 on the HTML page, all
+    /// elsewhere. JSON, CSV and the workbook always hold every row.
+    #[arg(long, value_name = "N|all", value_parser = parse_members)]
+    pub members: Option<Members>,
+}
+
+/// `--members`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Members {
+    All,
+    First(u64),
+}
+
+fn parse_members(text: &str) -> Result<Members, String> {
+    if text == "all" {
+        return Ok(Members::All);
+    }
+    text.parse()
+        .map(Members::First)
+        .map_err(|_| format!("{text:?} is neither a number nor `all`"))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

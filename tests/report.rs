@@ -1536,3 +1536,29 @@ fn lang_ja_translates_every_human_rendering_and_leaves_ids_json_and_figures_alon
         assert_eq!(number(&row[1]), c["budget_yen"].as_i64().unwrap());
     }
 }
+
+#[test]
+fn the_page_lists_the_first_members_and_points_at_the_full_list() {
+    let db = fresh_db();
+    db.make_legacy_baselined(1000);
+    let over = expected_members(&db, 2000, false).len();
+    assert!(over > 200, "{over}");
+    let rows = |html: &str| html.matches("<tr><td>m0").count();
+    let r = db.run(&["report", "overruns", "--format", "html"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert_eq!(rows(&r.stdout), 200);
+    assert!(r.stdout.contains(&format!(
+        "... and {} more member-months",
+        group(over as i64 - 200)
+    )));
+    // The histogram still counts every member-month.
+    let counted: usize = regex::Regex::new(r"<title>(\d+) member-months over by")
+        .unwrap()
+        .captures_iter(&r.stdout)
+        .map(|c| c[1].parse::<usize>().unwrap())
+        .sum();
+    assert_eq!(counted, over);
+    let r = db.run(&["report", "overruns", "--format", "html", "--members", "all"]);
+    assert_eq!(rows(&r.stdout), over);
+    assert!(!r.stdout.contains("more member-months"));
+}

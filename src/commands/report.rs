@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 
 use super::{open, snapshot};
-use crate::cli::{CsvSection, Format, OverrunsArgs, ReportLang};
+use crate::cli::{CsvSection, Format, Members, OverrunsArgs, ReportLang};
 use crate::error::{Outcome, PgContext};
 use crate::report::{
     self, Csv, Database, Html, Json, Lang, Render, Section, Summary, Text, TextStyle, Xlsx,
@@ -18,6 +18,12 @@ pub fn overruns(args: &OverrunsArgs, given: Option<Format>) -> Result<Outcome> {
     let format = format_for(args.output.as_deref(), given)?;
     if args.excel && format != Format::Csv {
         bail!("--excel only applies to --format csv (it adds the byte order mark Excel needs)");
+    }
+    if args.members.is_some() && matches!(format, Format::Json | Format::Csv | Format::Xlsx) {
+        bail!(
+            "--members only applies to the table, Markdown and HTML; --format {} always holds every row",
+            format.name()
+        );
     }
     if format == Format::Xlsx && args.output.is_none() {
         bail!("--format xlsx writes a workbook, not text: give --output FILE.xlsx");
@@ -157,20 +163,44 @@ fn write<W: Write>(
     format: Format,
     mut outs: Vec<(Section, W)>,
 ) -> Result<Summary> {
+    let limit = member_limit(args, format);
     let mut renderer: Box<dyn Render + '_> = if format == Format::Csv {
         Box::new(Csv::new(outs, args.excel, lang(args))?)
     } else {
         let out = outs.pop().expect("one output").1;
         match format {
-            Format::Human => Box::new(Text::new(out, TextStyle::Table, lang(args))),
-            Format::Markdown => Box::new(Text::new(out, TextStyle::Markdown, lang(args))),
+            Format::Human => {
+                Box::new(Text::new(out, TextStyle::Table, lang(args)).with_member_limit(limit))
+            }
+            Format::Markdown => {
+                Box::new(Text::new(out, TextStyle::Markdown, lang(args)).with_member_limit(limit))
+            }
             Format::Json => Box::new(Json::new(out)),
-            Format::Html => Box::new(Html::new(out, lang(args))),
+            Format::Html => Box::new(Html::new(out, lang(args)).with_member_limit(limit)),
             Format::Csv => unreachable!("handled above"),
             Format::Xlsx => unreachable!("written to a file by its own renderer"),
         }
     };
     report::generate(tx, database, args.monthly_cap_yen, renderer.as_mut())
+}
+
+/// Terminal rows shown before the list is cut, and rows on the HTML page, by default.
+const TERMINAL_MEMBERS: u64 = 20;
+const PAGE_MEMBERS: u64 = 200;
+
+/// How many member rows the rendering lists: `--members`, else the first few on a terminal
+/// (so the totals do not scroll away) and on the page, else every row.
+fn member_limit(args: &OverrunsArgs, format: Format) -> Option<u64> {
+    use std::io::IsTerminal;
+    match (args.members, format) {
+        (Some(Members::All), _) => None,
+        (Some(Members::First(n)), _) => Some(n),
+        (None, Format::Human) if args.output.is_none() && std::io::stdout().is_terminal() => {
+            Some(TERMINAL_MEMBERS)
+        }
+        (None, Format::Html) => Some(PAGE_MEMBERS),
+        (None, _) => None,
+    }
 }
 
 fn lang(args: &OverrunsArgs) -> Lang {

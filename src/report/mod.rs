@@ -341,7 +341,7 @@ pub fn generate(
                 overrun_yen: used_yen - monthly_cap_yen,
             })?;
         }
-        if page.len() < PAGE as usize {
+        if page.len() < PAGE as usize || !out.wants_more_members() {
             break;
         }
         page = tx

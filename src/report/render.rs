@@ -19,6 +19,11 @@ pub trait Render {
     fn redeemed_duplicate(&mut self, _row: &DuplicateRow) -> io::Result<()> {
         Ok(())
     }
+    /// False once the rendering has shown all the member rows it will show: the report
+    /// stops fetching them.
+    fn wants_more_members(&self) -> bool {
+        true
+    }
     fn end(&mut self, header: &Header) -> io::Result<()>;
 }
 
@@ -125,6 +130,44 @@ pub struct Text<W: Write> {
     style: TextStyle,
     lang: Lang,
     members: Vec<Column>,
+    shown: Shown,
+}
+
+/// How many member rows a rendering shows (`--members`), and has shown.
+#[derive(Debug, Clone, Copy, Default)]
+struct Shown {
+    limit: Option<u64>,
+    rows: u64,
+}
+
+impl Shown {
+    /// Whether the next row is shown; counts it if so.
+    fn next(&mut self) -> bool {
+        if self.limit.is_some_and(|l| self.rows >= l) {
+            return false;
+        }
+        self.rows += 1;
+        true
+    }
+
+    fn full(&self) -> bool {
+        self.limit.is_some_and(|l| self.rows >= l)
+    }
+
+    /// The line that says how many rows were left out and how to get them, if any were.
+    fn left_out(&self, lang: Lang, total: i64) -> Option<String> {
+        let more = total - self.rows as i64;
+        (more > 0).then(|| match lang {
+            Lang::En => format!(
+                "... and {} more member-months over the cap, not shown. Every row: add --members all, or write a file: --output overruns.xlsx (or overruns.csv).",
+                yen(more)
+            ),
+            Lang::Ja => format!(
+                "…ほかに {} 件の会員・月は表示していません。すべて表示するには --members all、ファイルに書くには --output overruns.xlsx（または overruns.csv）。",
+                yen(more)
+            ),
+        })
+    }
 }
 
 impl<W: Write> Text<W> {
@@ -134,7 +177,14 @@ impl<W: Write> Text<W> {
             style,
             lang,
             members: Vec::new(),
+            shown: Shown::default(),
         }
+    }
+
+    /// Shows the first `limit` member rows only (None: every row).
+    pub fn with_member_limit(mut self, limit: Option<u64>) -> Self {
+        self.shown.limit = limit;
+        self
     }
 
     fn cell(&self, text: &str) -> String {
@@ -342,6 +392,9 @@ impl<W: Write> Render for Text<W> {
     }
 
     fn member(&mut self, m: &MemberRow) -> io::Result<()> {
+        if !self.shown.next() {
+            return Ok(());
+        }
         let cells = [
             self.cell(&m.member_id),
             self.cell(&m.month),
@@ -355,7 +408,20 @@ impl<W: Write> Render for Text<W> {
         result
     }
 
-    fn end(&mut self, _h: &Header) -> io::Result<()> {
+    fn wants_more_members(&self) -> bool {
+        !self.shown.full()
+    }
+
+    fn end(&mut self, h: &Header) -> io::Result<()> {
+        if let Some(line) = self
+            .shown
+            .left_out(self.lang, h.totals.members_over_monthly_cap)
+        {
+            match self.style {
+                TextStyle::Table => writeln!(self.out, "{line}")?,
+                TextStyle::Markdown => writeln!(self.out, "\n{}", markdown_text(&line))?,
+            }
+        }
         self.out.flush()
     }
 }
@@ -454,6 +520,7 @@ impl<W: Write> Render for Json<W> {
 pub struct Html<W: Write> {
     out: W,
     lang: Lang,
+    shown: Shown,
     /// Bucket width in yen and counts, fixed at `begin` from the largest overrun.
     bucket: i64,
     counts: Vec<u64>,
@@ -464,9 +531,17 @@ impl<W: Write> Html<W> {
         Html {
             out,
             lang,
+            shown: Shown::default(),
             bucket: 1,
             counts: Vec::new(),
         }
+    }
+
+    /// Lists the first `limit` member rows only (None: every row); the histogram still counts
+    /// every row.
+    pub fn with_member_limit(mut self, limit: Option<u64>) -> Self {
+        self.shown.limit = limit;
+        self
     }
 }
 
@@ -676,6 +751,9 @@ impl<W: Write> Render for Html<W> {
                 *c += 1;
             }
         }
+        if !self.shown.next() {
+            return Ok(());
+        }
         writeln!(
             self.out,
             "<tr><td>{}</td><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
@@ -687,8 +765,15 @@ impl<W: Write> Render for Html<W> {
         )
     }
 
-    fn end(&mut self, _h: &Header) -> io::Result<()> {
-        writeln!(self.out, "</table></section>")?;
+    fn end(&mut self, h: &Header) -> io::Result<()> {
+        writeln!(self.out, "</table>")?;
+        if let Some(line) = self
+            .shown
+            .left_out(self.lang, h.totals.members_over_monthly_cap)
+        {
+            writeln!(self.out, "<p class=\"more\">{}</p>", esc(&line))?;
+        }
+        writeln!(self.out, "</section>")?;
         writeln!(
             self.out,
             "<section style=\"order:3\"><h2>{}</h2>",
