@@ -1543,7 +1543,7 @@ fn the_page_lists_the_first_members_and_points_at_the_full_list() {
     db.make_legacy_baselined(1000);
     let over = expected_members(&db, 2000, false).len();
     assert!(over > 200, "{over}");
-    let rows = |html: &str| html.matches("<tr><td>m0").count();
+    let rows = |html: &str| html.matches("<tr><td class=\"id\">m0").count();
     let r = db.run(&["report", "overruns", "--format", "html"]);
     assert_eq!(r.code, 0, "{}", r.both());
     assert_eq!(rows(&r.stdout), 200);

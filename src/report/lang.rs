@@ -23,6 +23,18 @@ impl Lang {
         }
     }
 
+    /// A column's header in words (the page's tables): English words, or the Japanese.
+    pub fn words(self, column: &'static str) -> &'static str {
+        match self {
+            Lang::En => EN_WORDS
+                .iter()
+                .find(|(name, _)| *name == column)
+                .map(|(_, words)| *words)
+                .unwrap_or(column),
+            Lang::Ja => self.tr(column),
+        }
+    }
+
     /// `english` in this language.
     pub fn tr(self, english: &'static str) -> &'static str {
         match self {
@@ -35,6 +47,31 @@ impl Lang {
         }
     }
 }
+
+/// Column name → its header in English words.
+const EN_WORDS: &[(&str, &str)] = &[
+    ("campaign_id", "Campaign"),
+    ("budget_yen", "Budget (yen)"),
+    ("issued_yen", "Issued (yen)"),
+    ("overrun_yen", "Over (yen)"),
+    ("coupons", "Coupons"),
+    ("voided_coupons", "Voided coupons"),
+    ("voided_yen", "Voided (yen)"),
+    ("redeemed_legacy_duplicates", "Redeemed duplicates"),
+    (
+        "redeemed_legacy_duplicates_yen",
+        "Redeemed duplicates (yen)",
+    ),
+    ("voided_then_redeemed", "Voided, then redeemed"),
+    ("voided_then_redeemed_yen", "Voided, then redeemed (yen)"),
+    ("legacy_counter_yen", "Legacy counter (yen)"),
+    ("old_system_issued_yen", "Issued by the old system (yen)"),
+    ("lost_update_yen", "Lost updates (yen)"),
+    ("member_id", "Member"),
+    ("month", "Month"),
+    ("used_yen", "Used (yen)"),
+    ("cap_yen", "Cap (yen)"),
+];
 
 /// English → Japanese. Column names are the JSON's field names.
 pub(crate) const JA: &[(&str, &str)] = &[

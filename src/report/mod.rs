@@ -14,6 +14,7 @@
 //! duplicates is reported before the repair too.
 
 mod csv_sections;
+mod html;
 mod lang;
 pub mod legacy_counter;
 mod render;
@@ -27,9 +28,10 @@ use crate::db::conninfo::ConnParams;
 use crate::error::PgContext;
 
 pub use csv_sections::{neutralise, Csv, Section, CAMPAIGN_NUMBER_COLUMNS};
+pub use html::Html;
 pub use lang::Lang;
 pub use legacy_counter::Source as LegacyCounterSource;
-pub use render::{Html, Json, Render, Text, TextStyle};
+pub use render::{Json, Render, Text, TextStyle};
 pub use xlsx::{Xlsx, EXCEL_ROWS};
 
 /// How far the release has got, read from the catalog.
@@ -238,6 +240,9 @@ pub struct Header {
     pub totals: Totals,
     /// Upper bounds of the member section's column contents, for aligned text tables.
     pub member_widths: MemberWidths,
+    /// The greatest common divisor of the campaigns' coupon amounts (1 without campaigns):
+    /// every overrun is the cap's remainder plus multiples of it, which the histogram follows.
+    pub coupon_step_yen: i64,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -328,6 +333,7 @@ pub fn generate(
         campaigns,
         totals,
         member_widths: widths,
+        coupon_step_yen: coupon_step(tx)?,
     };
     out.begin(&header)?;
     loop {
@@ -393,6 +399,23 @@ fn redeemed_duplicates(
             return Ok(());
         }
     }
+}
+
+fn coupon_step(tx: &mut Transaction<'_>) -> Result<i64> {
+    let amounts: Vec<i64> = tx
+        .query_one(
+            "SELECT coalesce(array_agg(DISTINCT abs(discount_yen)::int8), '{}') FROM campaigns",
+            &[],
+        )
+        .doing("reading the coupon amounts")?
+        .get(0);
+    let gcd = |mut a: i64, mut b: i64| {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    };
+    Ok(amounts.into_iter().fold(0, gcd).max(1))
 }
 
 fn state(tx: &mut Transaction<'_>) -> Result<State> {

@@ -28,7 +28,7 @@ pub trait Render {
 }
 
 /// The campaign fields, in the order every rendering shows them (the JSON contract's names).
-const CAMPAIGN_FIELDS: [&str; 11] = [
+pub(super) const CAMPAIGN_FIELDS: [&str; 11] = [
     "campaign_id",
     "budget_yen",
     "issued_yen",
@@ -42,14 +42,15 @@ const CAMPAIGN_FIELDS: [&str; 11] = [
     "voided_then_redeemed_yen",
 ];
 
-fn campaign_numbers(c: &CampaignRow) -> [i64; 10] {
+pub(super) fn campaign_numbers(c: &CampaignRow) -> [i64; 10] {
     c.numbers()
 }
 
-const MEMBER_FIELDS: [&str; 5] = ["member_id", "month", "used_yen", "cap_yen", "overrun_yen"];
+pub(super) const MEMBER_FIELDS: [&str; 5] =
+    ["member_id", "month", "used_yen", "cap_yen", "overrun_yen"];
 
 /// The facts above the tables, as (label, value), in `lang`.
-fn facts(lang: Lang, h: &Header) -> [(&'static str, String); 4] {
+pub(super) fn facts(lang: Lang, h: &Header) -> [(&'static str, String); 4] {
     [
         (
             lang.tr("As of"),
@@ -69,7 +70,7 @@ fn facts(lang: Lang, h: &Header) -> [(&'static str, String); 4] {
 }
 
 /// The totals as (label for people, amount in yen with separators), in `lang`.
-fn totals_lines(lang: Lang, t: &Totals) -> [(&'static str, String); 6] {
+pub(super) fn totals_lines(lang: Lang, t: &Totals) -> [(&'static str, String); 6] {
     let lines = [
         ("Campaign overruns (yen)", yen(t.campaign_overrun_yen)),
         (
@@ -135,14 +136,14 @@ pub struct Text<W: Write> {
 
 /// How many member rows a rendering shows (`--members`), and has shown.
 #[derive(Debug, Clone, Copy, Default)]
-struct Shown {
-    limit: Option<u64>,
-    rows: u64,
+pub(super) struct Shown {
+    pub(super) limit: Option<u64>,
+    pub(super) rows: u64,
 }
 
 impl Shown {
     /// Whether the next row is shown; counts it if so.
-    fn next(&mut self) -> bool {
+    pub(super) fn next(&mut self) -> bool {
         if self.limit.is_some_and(|l| self.rows >= l) {
             return false;
         }
@@ -155,7 +156,7 @@ impl Shown {
     }
 
     /// The line that says how many rows were left out and how to get them, if any were.
-    fn left_out(&self, lang: Lang, total: i64) -> Option<String> {
+    pub(super) fn left_out(&self, lang: Lang, total: i64) -> Option<String> {
         let more = total - self.rows as i64;
         (more > 0).then(|| match lang {
             Lang::En => format!(
@@ -294,10 +295,10 @@ impl<W: Write> Text<W> {
     }
 }
 
-const LOST_UPDATES_TITLE: &str =
+pub(super) const LOST_UPDATES_TITLE: &str =
     "Lost updates: the legacy counter (campaigns.issued_yen) against what the old system issued";
 
-const LOST_UPDATE_FIELDS: [&str; 4] = [
+pub(super) const LOST_UPDATE_FIELDS: [&str; 4] = [
     "campaign_id",
     "legacy_counter_yen",
     "old_system_issued_yen",
@@ -509,343 +510,5 @@ impl<W: Write> Render for Json<W> {
         writeln!(self.out, "  \"totals\": {}", to_json(&h.totals)?)?;
         writeln!(self.out, "}}")?;
         self.out.flush()
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// HTML: one self-contained page (no scripts, no external files). The member table streams;
-// the distribution of member overruns is only known at the end, so it is written last and
-// shown before the table with CSS `order`.
-
-pub struct Html<W: Write> {
-    out: W,
-    lang: Lang,
-    shown: Shown,
-    /// Bucket width in yen and counts, fixed at `begin` from the largest overrun.
-    bucket: i64,
-    counts: Vec<u64>,
-}
-
-impl<W: Write> Html<W> {
-    pub fn new(out: W, lang: Lang) -> Self {
-        Html {
-            out,
-            lang,
-            shown: Shown::default(),
-            bucket: 1,
-            counts: Vec::new(),
-        }
-    }
-
-    /// Lists the first `limit` member rows only (None: every row); the histogram still counts
-    /// every row.
-    pub fn with_member_limit(mut self, limit: Option<u64>) -> Self {
-        self.shown.limit = limit;
-        self
-    }
-}
-
-fn esc(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-/// A round bucket width (1, 2 or 5 times a power of ten) giving at most ten buckets.
-fn bucket_width(max: i64) -> i64 {
-    let raw = (max.max(1) + 9) / 10;
-    let mut power = 1i64;
-    loop {
-        for step in [1, 2, 5] {
-            if step * power >= raw {
-                return step * power;
-            }
-        }
-        power *= 10;
-    }
-}
-
-const STYLE: &str = "body{font:14px/1.4 system-ui,sans-serif;margin:2em;color:#222}\
-main{display:flex;flex-direction:column;gap:1.5em}\
-table{border-collapse:collapse}td,th{padding:2px 8px;border-bottom:1px solid #ddd}\
-td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}\
-.budget{fill:#9aa5b1}.issued{fill:#2f6fb0}.over{fill:#c0392b}.bar{fill:#c0392b}\
-svg text{font:12px system-ui,sans-serif;fill:#222}";
-
-impl<W: Write> Html<W> {
-    fn campaign_chart(&mut self, h: &Header) -> io::Result<()> {
-        let scale_max = h
-            .campaigns
-            .iter()
-            .map(|c| c.budget_yen.max(c.issued_yen))
-            .max()
-            .unwrap_or(0)
-            .max(1) as f64;
-        let label_w = 160.0;
-        let bar_w = 520.0;
-        let row_h = 34.0;
-        let height = 20.0 + row_h * h.campaigns.len() as f64;
-        writeln!(
-            self.out,
-            "<svg role=\"img\" aria-label=\"Budget versus issued per campaign\" width=\"{}\" height=\"{height}\" viewBox=\"0 0 {} {height}\">",
-            label_w + bar_w + 140.0,
-            label_w + bar_w + 140.0
-        )?;
-        for (i, c) in h.campaigns.iter().enumerate() {
-            let y = 10.0 + row_h * i as f64;
-            let bw = bar_w * c.budget_yen as f64 / scale_max;
-            let iw = bar_w * c.issued_yen as f64 / scale_max;
-            let class = if c.overrun_yen > 0 { "over" } else { "issued" };
-            writeln!(
-                self.out,
-                "<g class=\"pair\" data-campaign=\"{id}\"><title>{id}: budget {b} yen, issued {iss} yen, overrun {o} yen</title>\
-<text x=\"0\" y=\"{ty:.1}\">{id}</text>\
-<rect class=\"budget\" x=\"{label_w}\" y=\"{y:.1}\" width=\"{bw:.1}\" height=\"12\"/>\
-<rect class=\"{class}\" x=\"{label_w}\" y=\"{y2:.1}\" width=\"{iw:.1}\" height=\"12\"/>\
-<text x=\"{tx:.1}\" y=\"{ty:.1}\">{iss} / {b}</text></g>",
-                id = esc(&c.campaign_id),
-                b = yen(c.budget_yen),
-                iss = yen(c.issued_yen),
-                o = yen(c.overrun_yen),
-                ty = y + 16.0,
-                y2 = y + 13.0,
-                tx = label_w + bw.max(iw) + 6.0,
-            )?;
-        }
-        writeln!(self.out, "</svg>")?;
-        writeln!(
-            self.out,
-            "<p><svg width=\"12\" height=\"12\"><rect class=\"budget\" width=\"12\" height=\"12\"/></svg> {} \
-<svg width=\"12\" height=\"12\"><rect class=\"issued\" width=\"12\" height=\"12\"/></svg> {} \
-<svg width=\"12\" height=\"12\"><rect class=\"over\" width=\"12\" height=\"12\"/></svg> {}</p>",
-            self.lang.tr("budget"),
-            self.lang.tr("issued"),
-            self.lang.tr("issued, over budget"),
-        )
-    }
-}
-
-impl<W: Write> Render for Html<W> {
-    fn begin(&mut self, h: &Header) -> io::Result<()> {
-        let max_overrun = h.member_widths.max_used_yen - h.monthly_cap_yen;
-        if h.totals.members_over_monthly_cap > 0 {
-            self.bucket = bucket_width(max_overrun);
-            self.counts = vec![0; ((max_overrun + self.bucket - 1) / self.bucket) as usize];
-        }
-        writeln!(
-            self.out,
-            "<!DOCTYPE html>\n<html lang=\"{}\">\n<head>\n<meta charset=\"utf-8\">",
-            self.lang.code()
-        )?;
-        let lang = self.lang;
-        let title = lang.tr("Coupon overrun report");
-        writeln!(
-            self.out,
-            "<title>{title}, {}</title>\n<style>{STYLE}</style>\n</head>\n<body>",
-            esc(&h.as_of)
-        )?;
-        writeln!(self.out, "<h1>{title}</h1>\n<dl>")?;
-        for (k, v) in facts(lang, h) {
-            writeln!(self.out, "<dt>{k}</dt><dd>{}</dd>", esc(&v))?;
-        }
-        writeln!(self.out, "</dl>\n<main>")?;
-
-        writeln!(
-            self.out,
-            "<section style=\"order:1\"><h2>{}</h2><table>",
-            lang.tr("Totals")
-        )?;
-        for (label, v) in totals_lines(lang, &h.totals) {
-            writeln!(
-                self.out,
-                "<tr><td>{}</td><td class=\"n\">{}</td></tr>",
-                esc(label),
-                esc(&v)
-            )?;
-        }
-        writeln!(self.out, "</table></section>")?;
-
-        writeln!(
-            self.out,
-            "<section style=\"order:2\"><h2>{}</h2>",
-            lang.tr("Budget versus issued, per campaign")
-        )?;
-        self.campaign_chart(h)?;
-        writeln!(self.out, "</section>")?;
-
-        writeln!(
-            self.out,
-            "<section style=\"order:4\"><h2>{} ({})</h2><table>\n<tr>",
-            lang.tr("Campaigns"),
-            yen(h.campaigns.len() as i64)
-        )?;
-        for (i, f) in CAMPAIGN_FIELDS.iter().enumerate() {
-            let class = if i == 0 { "" } else { " class=\"n\"" };
-            write!(self.out, "<th{class}>{}</th>", lang.tr(f))?;
-        }
-        writeln!(self.out, "</tr>")?;
-        for c in &h.campaigns {
-            write!(self.out, "<tr><td>{}</td>", esc(&c.campaign_id))?;
-            for v in campaign_numbers(c) {
-                write!(self.out, "<td class=\"n\">{}</td>", yen(v))?;
-            }
-            writeln!(self.out, "</tr>")?;
-        }
-        writeln!(self.out, "</table></section>")?;
-
-        writeln!(
-            self.out,
-            "<section style=\"order:4\"><h2>{}</h2><p>{}: {}</p><table>\n<tr>",
-            esc(lang.tr(LOST_UPDATES_TITLE)),
-            lang.tr("Source"),
-            esc(&h.legacy_counter.explain(lang))
-        )?;
-        for (i, f) in LOST_UPDATE_FIELDS.iter().enumerate() {
-            let class = if i == 0 { "" } else { " class=\"n\"" };
-            write!(self.out, "<th{class}>{}</th>", lang.tr(f))?;
-        }
-        writeln!(self.out, "</tr>")?;
-        for c in h
-            .campaigns
-            .iter()
-            .filter(|c| c.legacy_counter_yen.is_some())
-        {
-            write!(self.out, "<tr><td>{}</td>", esc(&c.campaign_id))?;
-            for v in c.lost_updates() {
-                write!(
-                    self.out,
-                    "<td class=\"n\">{}</td>",
-                    v.map(yen).unwrap_or_default()
-                )?;
-            }
-            writeln!(self.out, "</tr>")?;
-        }
-        writeln!(self.out, "</table></section>")?;
-
-        writeln!(
-            self.out,
-            "<section style=\"order:5\"><h2>{} ({})</h2><table>\n<tr><th>{}</th><th>{}</th><th class=\"n\">{}</th><th class=\"n\">{}</th><th class=\"n\">{}</th></tr>",
-            lang.tr("Members over the monthly cap"),
-            yen(h.totals.members_over_monthly_cap),
-            lang.tr("member_id"),
-            lang.tr("month"),
-            lang.tr("used_yen"),
-            lang.tr("cap_yen"),
-            lang.tr("overrun_yen"),
-        )
-    }
-
-    fn member(&mut self, m: &MemberRow) -> io::Result<()> {
-        if m.overrun_yen > 0 {
-            let i = ((m.overrun_yen - 1) / self.bucket) as usize;
-            if let Some(c) = self.counts.get_mut(i) {
-                *c += 1;
-            }
-        }
-        if !self.shown.next() {
-            return Ok(());
-        }
-        writeln!(
-            self.out,
-            "<tr><td>{}</td><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
-            esc(&m.member_id),
-            esc(&m.month),
-            yen(m.used_yen),
-            yen(m.cap_yen),
-            yen(m.overrun_yen)
-        )
-    }
-
-    fn end(&mut self, h: &Header) -> io::Result<()> {
-        writeln!(self.out, "</table>")?;
-        if let Some(line) = self
-            .shown
-            .left_out(self.lang, h.totals.members_over_monthly_cap)
-        {
-            writeln!(self.out, "<p class=\"more\">{}</p>", esc(&line))?;
-        }
-        writeln!(self.out, "</section>")?;
-        writeln!(
-            self.out,
-            "<section style=\"order:3\"><h2>{}</h2>",
-            self.lang
-                .tr("Distribution of member overruns past the monthly cap")
-        )?;
-        if self.counts.is_empty() {
-            writeln!(
-                self.out,
-                "<p>{}</p>",
-                self.lang.tr("No member is over the monthly cap.")
-            )?;
-        } else {
-            let most = *self.counts.iter().max().unwrap_or(&1).max(&1) as f64;
-            let col_w = 70.0;
-            let chart_h = 160.0;
-            let width = 50.0 + col_w * self.counts.len() as f64;
-            writeln!(
-                self.out,
-                "<svg role=\"img\" aria-label=\"Member-months by overrun\" width=\"{width}\" height=\"{}\" viewBox=\"0 0 {width} {}\">",
-                chart_h + 64.0,
-                chart_h + 64.0
-            )?;
-            for (i, count) in self.counts.iter().enumerate() {
-                let h = chart_h * *count as f64 / most;
-                let x = 40.0 + col_w * i as f64;
-                let low = self.bucket * i as i64 + 1;
-                let high = self.bucket * (i as i64 + 1);
-                writeln!(
-                    self.out,
-                    "<g class=\"bucket\"><title>{count} member-months over by {}–{} yen</title>\
-<rect class=\"bar\" x=\"{x:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{h:.1}\"/>\
-<text x=\"{x:.1}\" y=\"{:.1}\">{count}</text>\
-<text x=\"{x:.1}\" y=\"{:.1}\">≤{}</text></g>",
-                    yen(low),
-                    yen(high),
-                    24.0 + chart_h - h,
-                    col_w - 8.0,
-                    20.0 + chart_h - h,
-                    chart_h + 42.0,
-                    yen(high),
-                )?;
-            }
-            writeln!(
-                self.out,
-                "</svg>\n<p>{}</p>",
-                self.lang
-                    .tr("Member-months per overrun range, in yen past the cap.")
-            )?;
-        }
-        writeln!(self.out, "</section>\n</main>\n</body>\n</html>")?;
-        self.out.flush()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::bucket_width;
-
-    #[test]
-    fn buckets_are_round_and_at_most_ten() {
-        for (max, width) in [
-            (1, 1),
-            (10, 1),
-            (11, 2),
-            (1000, 100),
-            (2000, 200),
-            (2001, 500),
-            (12345, 2000),
-        ] {
-            assert_eq!(bucket_width(max), width, "max {max}");
-            assert!((max + width - 1) / width <= 10);
-        }
     }
 }

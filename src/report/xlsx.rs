@@ -365,6 +365,7 @@ mod tests {
             campaigns: Vec::new(),
             totals: Totals::default(),
             member_widths: MemberWidths::default(),
+            coupon_step_yen: 1,
         }
     }
 
