@@ -39,24 +39,41 @@ pub fn overruns(args: &OverrunsArgs, given: Option<Format>) -> Result<Outcome> {
     let mut tx = snapshot(&mut session.client)?;
 
     if targets[0].0.is_none() {
-        let stdout = crate::output::stdout();
-        let sections = vec![(targets[0].1, BufWriter::new(stdout))];
-        write(&mut tx, database, args, format, sections)?;
-        tx.rollback().doing("closing the snapshot")?;
-        return Ok(Outcome::Done);
+        let stdout = BufWriter::new(crate::output::stdout());
+        write(
+            &mut tx,
+            database,
+            args,
+            format,
+            vec![(targets[0].1, stdout)],
+        )?;
+    } else {
+        write_files(&mut tx, database, args, format, &targets)?;
     }
+    tx.rollback().doing("closing the snapshot")?;
+    Ok(Outcome::Done)
+}
 
+/// Writes the report into a temporary file beside each target, then renames them into place
+/// (all after the last row), and says what it wrote.
+fn write_files(
+    tx: &mut postgres::Transaction<'_>,
+    database: Database,
+    args: &OverrunsArgs,
+    format: Format,
+    targets: &[(Option<PathBuf>, Section)],
+) -> Result<()> {
     let mut files = Vec::new();
-    for (path, section) in &targets {
+    for (path, section) in targets {
         let path = path.as_deref().expect("every target is a file");
         files.push((temporary_beside(path)?, *section));
     }
     let summary = if format == Format::Xlsx {
         let mut book = Xlsx::new(BufWriter::new(files[0].0.as_file()), lang(args));
-        report::generate(&mut tx, database, args.monthly_cap_yen, &mut book)?
+        report::generate(tx, database, args.monthly_cap_yen, &mut book)?
     } else {
         write(
-            &mut tx,
+            tx,
             database,
             args,
             format,
@@ -72,7 +89,7 @@ pub fn overruns(args: &OverrunsArgs, given: Option<Format>) -> Result<Outcome> {
             .with_context(|| format!("cannot flush the report to {}", file.path().display()))?;
     }
     let mut written = Vec::new();
-    for ((file, _), (path, _)) in files.into_iter().zip(&targets) {
+    for ((file, _), (path, _)) in files.into_iter().zip(targets) {
         let path = path.as_deref().expect("every target is a file");
         let result = if args.force {
             file.persist(path).map(|_| ())
@@ -96,8 +113,7 @@ pub fn overruns(args: &OverrunsArgs, given: Option<Format>) -> Result<Outcome> {
         report::yen(summary.totals.members_over_monthly_cap),
         report::yen(summary.totals.member_overrun_yen),
     );
-    tx.rollback().doing("closing the snapshot")?;
-    Ok(Outcome::Done)
+    Ok(())
 }
 
 /// Where each part of the report goes (None: stdout), and for CSV which section it holds.

@@ -12,7 +12,7 @@
 
 use std::io::{self, Write};
 
-use super::{Header, Lang, LegacyCounterSource, MemberRow};
+use super::{Header, Lang, LegacyCounterSource, MemberRow, CAMPAIGN_NUMBERS, LOST_UPDATE_NUMBERS};
 
 /// A CSV section, as `--section` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,24 +55,6 @@ impl Cell<'_> {
         v.map(Cell::Number).unwrap_or(Cell::Empty)
     }
 }
-
-/// The campaign columns after `campaign_id`, each with its total in the summary (so the test
-/// and the reader can check that a column sums to its total).
-pub const CAMPAIGN_NUMBER_COLUMNS: [&str; 13] = [
-    "budget_yen",
-    "issued_yen",
-    "overrun_yen",
-    "coupons",
-    "voided_coupons",
-    "voided_yen",
-    "redeemed_legacy_duplicates",
-    "redeemed_legacy_duplicates_yen",
-    "voided_then_redeemed",
-    "voided_then_redeemed_yen",
-    "legacy_counter_yen",
-    "old_system_issued_yen",
-    "lost_update_yen",
-];
 
 const PROVENANCE: [&str; 3] = ["as_of", "state", "database"];
 
@@ -194,7 +176,8 @@ impl<W: Write> super::Render for Csv<W> {
         }
         if let Some(sheet) = &mut self.campaigns {
             let names: Vec<&str> = std::iter::once("campaign_id")
-                .chain(CAMPAIGN_NUMBER_COLUMNS)
+                .chain(CAMPAIGN_NUMBERS)
+                .chain(LOST_UPDATE_NUMBERS)
                 .chain(PROVENANCE)
                 .collect();
             sheet.header(self.lang, &names)?;

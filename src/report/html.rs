@@ -14,11 +14,8 @@ use std::io::{self, Write};
 use maud::{html, Markup, PreEscaped, DOCTYPE};
 use unicode_width::UnicodeWidthStr;
 
-use super::render::{
-    campaign_numbers, facts, totals_lines, Shown, CAMPAIGN_FIELDS, LOST_UPDATES_TITLE,
-    LOST_UPDATE_FIELDS, MEMBER_FIELDS,
-};
-use super::{yen, Header, Lang, MemberRow, Render};
+use super::render::{facts, titled, totals_lines, Shown, LOST_UPDATES_TITLE, MEMBER_FIELDS};
+use super::{yen, Header, Lang, MemberRow, Render, CAMPAIGN_NUMBERS, LOST_UPDATE_NUMBERS};
 
 const STYLE: &str = "
 body{font:14px/1.45 system-ui,sans-serif;margin:0 auto;padding:24px;max-width:1100px;color:#222}
@@ -318,10 +315,10 @@ fn head(h: &Header, lang: Lang) -> Markup {
         section.campaigns {
             h2 { (lang.tr("Campaigns")) " (" (yen(h.campaigns.len() as i64)) ")" }
             div.scroll { table {
-                (table_head(lang, &CAMPAIGN_FIELDS, 1))
+                (table_head(lang, &titled("campaign_id", &CAMPAIGN_NUMBERS), 1))
                 tbody { @for c in &h.campaigns { tr {
                     td.id { (c.campaign_id) }
-                    @for v in campaign_numbers(c) { td.n { (yen(v)) } }
+                    @for v in c.numbers() { td.n { (yen(v)) } }
                 } } }
             } }
         }
@@ -329,7 +326,7 @@ fn head(h: &Header, lang: Lang) -> Markup {
             h2 { (lang.tr(LOST_UPDATES_TITLE)) }
             p { (lang.tr("Source")) ": " (h.legacy_counter.explain(lang)) }
             div.scroll { table {
-                (table_head(lang, &LOST_UPDATE_FIELDS, 1))
+                (table_head(lang, &titled("campaign_id", &LOST_UPDATE_NUMBERS), 1))
                 tbody { @for c in h.campaigns.iter().filter(|c| c.legacy_counter_yen.is_some()) { tr {
                     td.id { (c.campaign_id) }
                     @for v in c.lost_updates() { td.n { (v.map(yen).unwrap_or_default()) } }

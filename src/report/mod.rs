@@ -27,7 +27,7 @@ use serde::Serialize;
 use crate::db::conninfo::ConnParams;
 use crate::error::PgContext;
 
-pub use csv_sections::{neutralise, Csv, Section, CAMPAIGN_NUMBER_COLUMNS};
+pub use csv_sections::{neutralise, Csv, Section};
 pub use html::Html;
 pub use lang::Lang;
 pub use legacy_counter::Source as LegacyCounterSource;
@@ -117,6 +117,29 @@ pub struct CampaignRow {
     /// `old_system_issued_yen - legacy_counter_yen`: the increments the counter lost.
     pub lost_update_yen: Option<i64>,
 }
+
+/// The names (the JSON's keys) of [`CampaignRow::numbers`], in order; every rendering shows
+/// them in this order, each with its total of the same name in [`Totals`] but `overrun_yen`
+/// (`campaign_overrun_yen`).
+pub const CAMPAIGN_NUMBERS: [&str; 10] = [
+    "budget_yen",
+    "issued_yen",
+    "overrun_yen",
+    "coupons",
+    "voided_coupons",
+    "voided_yen",
+    "redeemed_legacy_duplicates",
+    "redeemed_legacy_duplicates_yen",
+    "voided_then_redeemed",
+    "voided_then_redeemed_yen",
+];
+
+/// The names of [`CampaignRow::lost_updates`], in order.
+pub const LOST_UPDATE_NUMBERS: [&str; 3] = [
+    "legacy_counter_yen",
+    "old_system_issued_yen",
+    "lost_update_yen",
+];
 
 impl CampaignRow {
     /// The lost-update figures, in the order every rendering shows them.

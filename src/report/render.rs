@@ -6,7 +6,9 @@ use std::io::{self, Write};
 
 use unicode_width::UnicodeWidthStr;
 
-use super::{yen, CampaignRow, DuplicateRow, Header, Lang, MemberRow, Totals};
+use super::{
+    yen, DuplicateRow, Header, Lang, MemberRow, Totals, CAMPAIGN_NUMBERS, LOST_UPDATE_NUMBERS,
+};
 
 pub trait Render {
     fn begin(&mut self, header: &Header) -> io::Result<()>;
@@ -27,23 +29,9 @@ pub trait Render {
     fn end(&mut self, header: &Header) -> io::Result<()>;
 }
 
-/// The campaign fields, in the order every rendering shows them (the JSON contract's names).
-pub(super) const CAMPAIGN_FIELDS: [&str; 11] = [
-    "campaign_id",
-    "budget_yen",
-    "issued_yen",
-    "overrun_yen",
-    "coupons",
-    "voided_coupons",
-    "voided_yen",
-    "redeemed_legacy_duplicates",
-    "redeemed_legacy_duplicates_yen",
-    "voided_then_redeemed",
-    "voided_then_redeemed_yen",
-];
-
-pub(super) fn campaign_numbers(c: &CampaignRow) -> [i64; 10] {
-    c.numbers()
+/// `first` and then `rest`: a table's column names.
+pub(super) fn titled(first: &'static str, rest: &[&'static str]) -> Vec<&'static str> {
+    std::iter::once(first).chain(rest.iter().copied()).collect()
 }
 
 pub(super) const MEMBER_FIELDS: [&str; 5] =
@@ -285,7 +273,7 @@ impl<W: Write> Text<W> {
         if rows.is_empty() {
             return self.none();
         }
-        let mut cols = columns(self.lang, &LOST_UPDATE_FIELDS, 1);
+        let mut cols = columns(self.lang, &titled("campaign_id", &LOST_UPDATE_NUMBERS), 1);
         widen(&mut cols, rows.iter().map(|c| c.as_slice()));
         self.head(&cols)?;
         for r in &rows {
@@ -297,13 +285,6 @@ impl<W: Write> Text<W> {
 
 pub(super) const LOST_UPDATES_TITLE: &str =
     "Lost updates: the legacy counter (campaigns.issued_yen) against what the old system issued";
-
-pub(super) const LOST_UPDATE_FIELDS: [&str; 4] = [
-    "campaign_id",
-    "legacy_counter_yen",
-    "old_system_issued_yen",
-    "lost_update_yen",
-];
 
 impl<W: Write> Render for Text<W> {
     fn begin(&mut self, h: &Header) -> io::Result<()> {
@@ -347,13 +328,13 @@ impl<W: Write> Render for Text<W> {
         if h.campaigns.is_empty() {
             self.none()?;
         } else {
-            let mut cols = columns(lang, &CAMPAIGN_FIELDS, 1);
+            let mut cols = columns(lang, &titled("campaign_id", &CAMPAIGN_NUMBERS), 1);
             let cells: Vec<Vec<String>> = h
                 .campaigns
                 .iter()
                 .map(|c| {
                     std::iter::once(self.cell(&c.campaign_id))
-                        .chain(campaign_numbers(c).iter().map(|v| yen(*v)))
+                        .chain(c.numbers().iter().map(|v| yen(*v)))
                         .collect()
                 })
                 .collect();

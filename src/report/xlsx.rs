@@ -152,7 +152,8 @@ impl<W: Write + Send> Xlsx<W> {
 
     fn campaigns(&mut self, h: &Header) -> Result<(), XlsxError> {
         let columns: Vec<&str> = std::iter::once("campaign_id")
-            .chain(super::CAMPAIGN_NUMBER_COLUMNS)
+            .chain(super::CAMPAIGN_NUMBERS)
+            .chain(super::LOST_UPDATE_NUMBERS)
             .collect();
         let formats: Vec<Format> = columns.iter().map(|c| self.amount(c).clone()).collect();
         let (header, lang) = (self.header.clone(), self.lang);
