@@ -295,25 +295,23 @@ impl<W: Write + Send> Xlsx<W> {
 
     fn write_member(&mut self, m: &MemberRow) -> Result<(), XlsxError> {
         let (index, row) = self.next_row(|x| &mut x.members)?;
-        let (yen_format, yen2) = (self.yen.clone(), self.yen.clone());
         let sheet = self.book.worksheet_from_index(index)?;
         sheet.write_string(row, 0, &m.member_id)?;
         sheet.write_string(row, 1, &m.month)?;
-        sheet.write_number_with_format(row, 2, m.used_yen as f64, &yen_format)?;
-        sheet.write_number_with_format(row, 3, m.cap_yen as f64, &yen2)?;
-        sheet.write_number_with_format(row, 4, m.overrun_yen as f64, &yen_format)?;
+        sheet.write_number_with_format(row, 2, m.used_yen as f64, &self.yen)?;
+        sheet.write_number_with_format(row, 3, m.cap_yen as f64, &self.yen)?;
+        sheet.write_number_with_format(row, 4, m.overrun_yen as f64, &self.yen)?;
         Ok(())
     }
 
     fn write_duplicate(&mut self, d: &DuplicateRow) -> Result<(), XlsxError> {
         let (index, row) = self.next_row(|x| &mut x.duplicates)?;
-        let yen_format = self.yen.clone();
         let sheet = self.book.worksheet_from_index(index)?;
         sheet.write_string(row, 0, &d.coupon_id)?;
         sheet.write_string(row, 1, &d.campaign_id)?;
         sheet.write_string(row, 2, &d.member_id)?;
         sheet.write_string(row, 3, &d.month)?;
-        sheet.write_number_with_format(row, 4, d.amount_yen as f64, &yen_format)?;
+        sheet.write_number_with_format(row, 4, d.amount_yen as f64, &self.yen)?;
         sheet.write_string(row, 5, &d.issued_at)?;
         sheet.write_string(row, 6, &d.redeemed_at)?;
         Ok(())
