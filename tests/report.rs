@@ -966,6 +966,19 @@ fn hostile_ids_are_neutralised_in_csv_and_escaped_in_markdown_and_every_figure_h
         hostile_ids().iter().map(|id| neutralised(id)).collect();
     assert_eq!(ids, want);
 
+    // The page escapes every id (maud): no tag from the data, the ids there as text.
+    let r = db.run(&["report", "overruns", "--format", "html"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(
+        !r.stdout.contains("<script") && !r.stdout.contains("<img"),
+        "{}",
+        r.stdout
+    );
+    assert!(r.stdout.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+    assert!(r
+        .stdout
+        .contains("=HYPERLINK(&quot;http://evil.example/&quot;,&quot;click&quot;)"));
+
     // The Markdown, rendered by a CommonMark renderer, holds no tag from the data; the ids
     // are there as text.
     let r = db.run(&["report", "overruns", "--format", "markdown"]);
