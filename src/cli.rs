@@ -129,7 +129,7 @@ pub struct CompletionsArgs {
 pub enum ReportCommand {
     /// Campaign overruns, members past the monthly cap, what the repair voided and what
     /// duplicates cost. Read-only; works on a hot standby and before the release.
-    /// Formats: table (default), csv, json, markdown, html.
+    /// Formats: table (default), csv, json, markdown, html, xlsx.
     Overruns(OverrunsArgs),
 }
 
@@ -151,6 +151,52 @@ pub struct OverrunsArgs {
     /// The monthly cap per member, in yen.
     #[arg(long, value_name = "YEN", default_value_t = 2000, value_parser = clap::value_parser!(i64).range(0..))]
     pub monthly_cap_yen: i64,
+    /// With --format csv: the one section to write (a CSV holds one section, so a column
+    /// never sums totals with rows). Without it, --output NAME.csv writes NAME-summary.csv,
+    /// NAME-campaigns.csv and NAME-members.csv from the same snapshot.
+    #[arg(long, value_enum)]
+    pub section: Option<CsvSection>,
+    /// The language of the table, Markdown, HTML, workbook and CSV headers (en, ja). Ids,
+    /// JSON keys and error messages never change.
+    #[arg(long, value_enum, default_value = "en")]
+    pub lang: ReportLang,
+    /// How many member-months over the cap the table, Markdown and HTML list: a number or
+    /// `all`. Default: the first 20 on a terminal, the first 200 on the HTML page, all
+    /// elsewhere. JSON, CSV and the workbook always hold every row.
+    #[arg(long, value_name = "N|all", value_parser = parse_members)]
+    pub members: Option<Members>,
+}
+
+/// `--members`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Members {
+    All,
+    First(u64),
+}
+
+fn parse_members(text: &str) -> Result<Members, String> {
+    if text == "all" {
+        return Ok(Members::All);
+    }
+    text.parse()
+        .map(Members::First)
+        .map_err(|_| format!("{text:?} is neither a number nor `all`"))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ReportLang {
+    En,
+    Ja,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CsvSection {
+    /// Where and when the figures come from, and every total.
+    Summary,
+    /// One row per campaign.
+    Campaigns,
+    /// One row per member-month over the monthly cap.
+    Members,
 }
 
 #[derive(Debug, Subcommand)]
@@ -351,7 +397,7 @@ pub struct DemoArgs {
     /// Leave the server running and print how to connect to it.
     #[arg(long)]
     pub keep: bool,
-    /// Where the finance reports (overruns.csv, overruns.json, overruns.html) are written;
+    /// Where the finance reports (overruns.xlsx, overruns-*.csv, overruns.json, overruns.html) are written;
     /// created if missing, files in it replaced.
     #[arg(long, value_name = "DIR", default_value = "pgmend-demo-reports")]
     pub reports_dir: std::path::PathBuf,
@@ -432,6 +478,8 @@ pub enum Format {
     Csv,
     Markdown,
     Html,
+    /// An Excel workbook; `report overruns` only, with --output FILE.xlsx.
+    Xlsx,
 }
 
 impl Format {
@@ -443,6 +491,7 @@ impl Format {
             Format::Csv => "csv",
             Format::Markdown => "markdown",
             Format::Html => "html",
+            Format::Xlsx => "xlsx",
         }
     }
 }

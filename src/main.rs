@@ -50,7 +50,7 @@ fn main() -> ExitCode {
     let report = matches!(cli.command, Command::Report(_));
     let csv_ok = report || matches!(cli.command, Command::Repair(RepairCommand::Log(_)));
     if (format == Format::Csv && !csv_ok)
-        || (matches!(format, Format::Markdown | Format::Html) && !report)
+        || (matches!(format, Format::Markdown | Format::Html | Format::Xlsx) && !report)
     {
         pgmend::say!(
             "pgmend: error: --format {} is only for {}; use human or json",

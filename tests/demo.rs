@@ -65,9 +65,41 @@ fn the_demo_tells_the_whole_release_on_a_dirty_legacy_database() {
         serde_json::from_str(&std::fs::read_to_string(dir.join("overruns.json")).unwrap()).unwrap();
     assert_eq!(json["state"], "released");
     assert_eq!(json["campaigns"][0]["overrun_yen"], overrun);
-    assert!(std::fs::read(dir.join("overruns.csv"))
+    // The legacy counter against the truth: told in the story, recorded at the deploy gate.
+    // No coupon is issued after the gate in the demo, so what the old system issued is every
+    // coupon there is: the live ones and the voided ones.
+    assert!(r.stderr.contains("yen of lost updates"), "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("pgmend report overruns --output overruns.xlsx"),
+        "the demo ends pointing at the workbook: {}",
+        r.stderr
+    );
+    assert!(std::fs::read(dir.join("overruns.xlsx"))
         .unwrap()
-        .starts_with("\u{feff}".as_bytes()));
+        .starts_with(b"PK"));
+    assert_eq!(json["legacy_counter"]["source"], "deploy_gate");
+    for c in json["campaigns"].as_array().unwrap() {
+        let n = |k: &str| c[k].as_i64().unwrap();
+        assert_eq!(
+            n("old_system_issued_yen"),
+            n("issued_yen") + n("voided_yen"),
+            "{c}"
+        );
+        assert_eq!(
+            n("lost_update_yen"),
+            n("old_system_issued_yen") - n("legacy_counter_yen")
+        );
+        assert!(
+            n("lost_update_yen") > 0,
+            "the demo's counter lost updates: {c}"
+        );
+    }
+    for section in ["summary", "campaigns", "members"] {
+        assert!(std::fs::read(dir.join(format!("overruns-{section}.csv")))
+            .unwrap()
+            .starts_with("\u{feff}".as_bytes()));
+    }
     assert!(std::fs::read_to_string(dir.join("overruns.html"))
         .unwrap()
         .contains("class=\"pair\""));
@@ -99,7 +131,14 @@ fn the_readme_quick_start_runs_as_written() {
     let r = run(pgmend_command().args(&args).current_dir(dir.path()), "");
     assert_eq!(r.code, 0, "{}", r.both());
     assert!(r.stdout.contains("Every invariant holds."), "{}", r.stdout);
-    for file in ["overruns.csv", "overruns.json", "overruns.html"] {
+    for file in [
+        "overruns-summary.csv",
+        "overruns-campaigns.csv",
+        "overruns-members.csv",
+        "overruns.json",
+        "overruns.html",
+        "overruns.xlsx",
+    ] {
         assert!(
             dir.path().join("pgmend-demo-reports").join(file).is_file(),
             "{file} was not written where the demo says"

@@ -97,6 +97,12 @@ const CAMPAIGN_NUMBERS: [&str; 9] = [
     "voided_then_redeemed_yen",
 ];
 
+const LOST_UPDATE_NUMBERS: [&str; 3] = [
+    "legacy_counter_yen",
+    "old_system_issued_yen",
+    "lost_update_yen",
+];
+
 /// Checks the JSON document against the independent figures; returns it.
 fn check_json(
     db: &TestDb,
@@ -116,6 +122,7 @@ fn check_json(
             "as_of",
             "campaigns",
             "database",
+            "legacy_counter",
             "members_over_monthly_cap",
             "monthly_cap_yen",
             "state",
@@ -180,24 +187,105 @@ fn check_json(
     doc
 }
 
-/// Parses the CSV back and checks it says what the JSON says.
-fn check_csv_matches_json(db: &TestDb, doc: &Value) {
-    let r = db.run(&["report", "overruns", "--format", "csv"]);
+/// The CSV sections, written by one `--output NAME.csv` (one snapshot), parsed back with the
+/// `csv` crate: section name → (header, records).
+fn csv_sections(
+    db: &TestDb,
+    extra: &[&str],
+) -> BTreeMap<String, (Vec<String>, Vec<csv::StringRecord>)> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r.csv");
+    let mut args = vec!["report", "overruns", "--output", path.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let r = db.run(&args);
     assert_eq!(r.code, 0, "{}", r.both());
-    assert!(r.stdout.contains("\r\n"), "RFC 4180 lines end in CRLF");
-    let mut reader = csv::Reader::from_reader(r.stdout.as_bytes());
-    let header = reader.headers().unwrap().clone();
-    let col = |name: &str| header.iter().position(|h| h == name).unwrap();
-    let num = |rec: &csv::StringRecord, name: &str| -> i64 { rec[col(name)].parse().unwrap() };
-    let records: Vec<csv::StringRecord> = reader.records().map(|r| r.unwrap()).collect();
+    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["r-campaigns.csv", "r-members.csv", "r-summary.csv"],
+        "one file per section, nothing else"
+    );
+    let mut out = BTreeMap::new();
+    for section in ["summary", "campaigns", "members"] {
+        let bytes = std::fs::read(dir.path().join(format!("r-{section}.csv"))).unwrap();
+        let text = String::from_utf8(bytes).unwrap();
+        assert!(text.ends_with("\r\n"), "RFC 4180 lines end in CRLF");
+        let mut reader = csv::Reader::from_reader(text.as_bytes());
+        let header: Vec<String> = reader.headers().unwrap().iter().map(String::from).collect();
+        let records: Vec<csv::StringRecord> = reader.records().map(|r| r.unwrap()).collect();
+        for rec in &records {
+            assert_eq!(
+                rec.len(),
+                header.len(),
+                "{section}: every record has every column"
+            );
+        }
+        out.insert(section.to_string(), (header, records));
+    }
+    out
+}
 
-    let campaigns: Vec<_> = records.iter().filter(|r| &r[0] == "campaign").collect();
+/// A text cell as the CSV writes it: OWASP's leading `'` before a formula character.
+fn neutralised(text: &str) -> String {
+    match text.chars().next() {
+        Some('=' | '+' | '-' | '@' | '\t' | '\r') => format!("'{text}"),
+        _ => text.to_string(),
+    }
+}
+
+/// Parses the CSV sections back and checks they say what the JSON says, that no section
+/// holds a total, and that summing a column gives the summary's total.
+fn check_csv_matches_json(db: &TestDb, doc: &Value) {
+    let sections = csv_sections(db, &[]);
+    let t = &doc["totals"];
+
+    let (header, summary) = &sections["summary"];
+    assert_eq!(header, &["key", "value"]);
+    let summary: BTreeMap<&str, &str> = summary
+        .iter()
+        .map(|r| (r.get(0).unwrap(), r.get(1).unwrap()))
+        .collect();
+    assert_eq!(summary["state"], doc["state"].as_str().unwrap());
+    assert_eq!(
+        summary["monthly_cap_yen"],
+        doc["monthly_cap_yen"].to_string()
+    );
+    for (key, value) in t.as_object().unwrap() {
+        let want = if value.is_null() {
+            String::new()
+        } else {
+            value.to_string()
+        };
+        assert_eq!(summary[key.as_str()], want, "summary {key}");
+    }
+    assert_eq!(
+        summary["legacy_counter_source"],
+        doc["legacy_counter"]["source"].as_str().unwrap()
+    );
+
+    let (header, campaigns) = &sections["campaigns"];
+    let col = |name: &str| header.iter().position(|h| h == name).unwrap();
     let json_campaigns = doc["campaigns"].as_array().unwrap();
-    assert_eq!(campaigns.len(), json_campaigns.len());
+    assert_eq!(
+        campaigns.len(),
+        json_campaigns.len(),
+        "campaign rows only, no total row"
+    );
     for (rec, c) in campaigns.iter().zip(json_campaigns) {
-        assert_eq!(&rec[col("campaign_id")], c["campaign_id"].as_str().unwrap());
+        assert_eq!(
+            &rec[col("campaign_id")],
+            neutralised(c["campaign_id"].as_str().unwrap())
+        );
         for field in CAMPAIGN_NUMBERS.iter().chain(&["overrun_yen"]) {
-            assert_eq!(Some(num(rec, field)), c[field].as_i64(), "{field}");
+            assert_eq!(
+                rec[col(field)].parse::<i64>().ok(),
+                c[field].as_i64(),
+                "{field}"
+            );
         }
         // Two runs, two snapshots: as_of may tick over a second between them.
         let at = |s: &str| chrono::DateTime::parse_from_rfc3339(s).unwrap();
@@ -209,42 +297,74 @@ fn check_csv_matches_json(db: &TestDb, doc: &Value) {
             &rec[col("as_of")]
         );
         assert_eq!(&rec[col("state")], doc["state"].as_str().unwrap());
+        assert_eq!(
+            &rec[col("as_of")],
+            summary["as_of"],
+            "the same snapshot as the summary"
+        );
     }
-    let members: Vec<_> = records
-        .iter()
-        .filter(|r| &r[0] == "member_over_cap")
-        .collect();
-    let json_members = doc["members_over_monthly_cap"].as_array().unwrap();
-    assert_eq!(members.len(), json_members.len());
-    for (rec, m) in members.iter().zip(json_members) {
-        assert_eq!(&rec[col("member_id")], m["member_id"].as_str().unwrap());
-        assert_eq!(&rec[col("month")], m["month"].as_str().unwrap());
-        for field in ["used_yen", "cap_yen", "overrun_yen"] {
-            assert_eq!(Some(num(rec, field)), m[field].as_i64(), "{field}");
+    for (rec, c) in campaigns.iter().zip(json_campaigns) {
+        for field in LOST_UPDATE_NUMBERS {
+            assert_eq!(
+                rec[col(field)].parse::<i64>().ok(),
+                c[field].as_i64(),
+                "{field}"
+            );
         }
     }
-    let total = |section: &str| records.iter().find(|r| &r[0] == section).unwrap();
-    let t = &doc["totals"];
+    // Summing a column gives its total: the total is not in the column.
+    for field in CAMPAIGN_NUMBERS
+        .iter()
+        .chain(&["overrun_yen"])
+        .chain(&LOST_UPDATE_NUMBERS)
+    {
+        let sum: i64 = campaigns
+            .iter()
+            .map(|r| r[col(field)].parse::<i64>().unwrap_or(0))
+            .sum();
+        let key = if *field == "overrun_yen" {
+            "campaign_overrun_yen"
+        } else {
+            field
+        };
+        assert_eq!(Some(sum), t[key].as_i64(), "sum of campaigns.{field}");
+    }
+
+    let (header, members) = &sections["members"];
+    let col = |name: &str| header.iter().position(|h| h == name).unwrap();
+    let json_members = doc["members_over_monthly_cap"].as_array().unwrap();
+    assert_eq!(members.len(), json_members.len());
     assert_eq!(
-        Some(num(total("campaign_total"), "overrun_yen")),
-        t["campaign_overrun_yen"].as_i64()
+        Some(members.len() as i64),
+        t["members_over_monthly_cap"].as_i64()
     );
-    assert_eq!(
-        Some(num(total("campaign_total"), "voided_yen")),
-        t["voided_yen"].as_i64()
-    );
-    assert_eq!(
-        Some(num(
-            total("campaign_total"),
-            "redeemed_legacy_duplicates_yen"
-        )),
-        t["redeemed_legacy_duplicates_yen"].as_i64()
-    );
-    assert_eq!(
-        Some(num(total("member_total"), "overrun_yen")),
-        t["member_overrun_yen"].as_i64()
-    );
-    assert_eq!(records.len(), campaigns.len() + members.len() + 2);
+    for (rec, m) in members.iter().zip(json_members) {
+        assert_eq!(
+            &rec[col("member_id")],
+            neutralised(m["member_id"].as_str().unwrap())
+        );
+        assert_eq!(
+            &rec[col("month")],
+            neutralised(m["month"].as_str().unwrap())
+        );
+        for field in ["used_yen", "cap_yen", "overrun_yen"] {
+            assert_eq!(
+                rec[col(field)].parse::<i64>().ok(),
+                m[field].as_i64(),
+                "{field}"
+            );
+        }
+    }
+    for (field, key) in [
+        ("overrun_yen", "member_overrun_yen"),
+        ("used_yen", "member_used_yen"),
+    ] {
+        let sum: i64 = members
+            .iter()
+            .map(|r| r[col(field)].parse::<i64>().unwrap())
+            .sum();
+        assert_eq!(Some(sum), t[key].as_i64(), "sum of members.{field}");
+    }
 }
 
 /// The campaign rows of a text table (psql or Markdown style), as id → numbers.
@@ -476,9 +596,22 @@ fn runs_where_transactions_default_to_read_only_and_gives_the_same_bytes_twice()
         .unwrap();
     let as_of = regex::Regex::new(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+09:00").unwrap();
     for format in ["table", "json", "csv", "markdown", "html"] {
-        let first = db.run(&["report", "overruns", "--format", format]);
+        let args = [
+            "report",
+            "overruns",
+            "--format",
+            format,
+            "--section",
+            "members",
+        ];
+        let args = if format == "csv" {
+            &args[..]
+        } else {
+            &args[..4]
+        };
+        let first = db.run(args);
         assert_eq!(first.code, 0, "{format}: {}", first.both());
-        let second = db.run(&["report", "overruns", "--format", format]);
+        let second = db.run(args);
         assert_eq!(
             as_of.replace_all(&first.stdout, "AS_OF"),
             as_of.replace_all(&second.stdout, "AS_OF"),
@@ -499,7 +632,15 @@ fn output_is_written_atomically_and_never_replaced_without_force() {
     let file = path.to_str().unwrap();
 
     let r = db.run(&[
-        "report", "overruns", "--format", "csv", "--excel", "--output", file,
+        "report",
+        "overruns",
+        "--format",
+        "csv",
+        "--section",
+        "campaigns",
+        "--excel",
+        "--output",
+        file,
     ]);
     assert_eq!(r.code, 0, "{}", r.both());
     assert!(
@@ -516,20 +657,35 @@ fn output_is_written_atomically_and_never_replaced_without_force() {
     std::fs::remove_file(&plain).unwrap();
     let bytes = std::fs::read(&path).unwrap();
     assert!(
-        bytes.starts_with("\u{feff}section,".as_bytes()),
+        bytes.starts_with("\u{feff}\"campaign_id\",".as_bytes()),
         "Excel's BOM, then the header"
     );
 
     std::fs::write(&path, "keep me").unwrap();
-    let r = db.run(&["report", "overruns", "--format", "csv", "--output", file]);
+    let r = db.run(&[
+        "report",
+        "overruns",
+        "--section",
+        "campaigns",
+        "--output",
+        file,
+    ]);
     assert_eq!(r.code, 2, "{}", r.both());
     assert!(r.stderr.contains("--force"), "{}", r.stderr);
     assert_eq!(std::fs::read_to_string(&path).unwrap(), "keep me");
 
-    let r = db.run(&["report", "overruns", "--output", file, "--force"]);
+    let r = db.run(&[
+        "report",
+        "overruns",
+        "--output",
+        file,
+        "--force",
+        "--section",
+        "summary",
+    ]);
     assert_eq!(r.code, 0, "{}", r.both());
     let text = std::fs::read_to_string(&path).unwrap();
-    assert!(text.starts_with("section,"), "replaced, as CSV: {text}");
+    assert!(text.starts_with("\"key\","), "replaced, as CSV: {text}");
     let names: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
         .map(|e| e.unwrap().file_name())
@@ -571,14 +727,30 @@ fn the_output_format_comes_from_the_file_name_unless_they_disagree() {
     for (name, extra, expect) in [
         (
             "r.csv",
-            &[][..],
-            db.run(&["report", "overruns", "--format", "csv"]).stdout,
+            &["--section", "campaigns"][..],
+            db.run(&[
+                "report",
+                "overruns",
+                "--format",
+                "csv",
+                "--section",
+                "campaigns",
+            ])
+            .stdout,
         ),
         (
             "r.CSV",
-            &["--excel"][..],
-            db.run(&["report", "overruns", "--format", "csv", "--excel"])
-                .stdout,
+            &["--excel", "--section", "members"][..],
+            db.run(&[
+                "report",
+                "overruns",
+                "--format",
+                "csv",
+                "--excel",
+                "--section",
+                "members",
+            ])
+            .stdout,
         ),
         ("r.json", &[][..], json.clone()),
         (
@@ -673,15 +845,733 @@ fn renderings_are_stable() {
     let mut settings = insta::Settings::clone_current();
     settings.add_filter(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+09:00", "[as_of]");
     settings.add_filter(
-        r"host=\S+ port=\d+ dbname=\w+",
+        r"host=\S+ port=\d+ dbname=[\w\\]+",
         "host=[host] port=[port] dbname=[db]",
     );
     settings.set_prepend_module_to_snapshot(false);
     settings.bind(|| {
-        for format in ["table", "markdown", "csv"] {
+        for format in ["table", "markdown"] {
             let r = db.run(&["report", "overruns", "--format", format]);
             assert_eq!(r.code, 0, "{}", r.both());
             insta::assert_snapshot!(format!("report_{format}"), r.stdout);
         }
+        for section in ["summary", "campaigns", "members"] {
+            let r = db.run(&[
+                "report",
+                "overruns",
+                "--format",
+                "csv",
+                "--section",
+                section,
+            ]);
+            assert_eq!(r.code, 0, "{}", r.both());
+            insta::assert_snapshot!(format!("report_csv_{section}"), r.stdout);
+        }
     });
+}
+
+/// Ids a hostile or careless source could put in the data: formulas, quotes and separators,
+/// HTML, Japanese, control characters and a 10 kB string.
+fn hostile_ids() -> Vec<String> {
+    vec![
+        "=HYPERLINK(\"http://evil.example/\",\"click\")".into(),
+        "+1+1".into(),
+        "-2+3".into(),
+        "@SUM(A1:A9)".into(),
+        "\t=1+1".into(),
+        "\r=1+1".into(),
+        "a,b;c\"d'e".into(),
+        "<script>alert(1)</script>".into(),
+        "<img src=x onerror=alert(1)>".into(),
+        "秋-セール|割引".into(),
+        "line\nbreak".into(),
+        "0012".into(),
+        "x".repeat(10_000),
+    ]
+}
+
+/// A hand-made database whose campaign and member ids are all hostile: one campaign per id,
+/// over budget, and one member-month per id over the cap (two coupons of 1,500 yen).
+fn hostile_db() -> TestDb {
+    let db = fresh_db();
+    let v1 = std::fs::read_to_string(repo().join("migrations/V1__legacy_baseline.sql")).unwrap();
+    let mut c = db.client();
+    c.batch_execute(&v1).unwrap();
+    for (i, id) in hostile_ids().iter().enumerate() {
+        c.execute("INSERT INTO campaigns VALUES ($1, 1500, 2000, 0)", &[id])
+            .unwrap();
+        for k in 0..2 {
+            c.execute(
+                "INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen)
+                 VALUES (gen_random_uuid(), $1, $1, '2026-09', 1500)",
+                &[id],
+            )
+            .unwrap_or_else(|e| panic!("coupon {i}/{k}: {e}"));
+        }
+    }
+    db
+}
+
+#[test]
+fn hostile_ids_are_neutralised_in_csv_and_escaped_in_markdown_and_every_figure_holds() {
+    let db = hostile_db();
+    let doc = check_json(
+        &db,
+        &[],
+        &expected_campaigns(&db, false),
+        &expected_members(&db, 2000, false),
+        2000,
+    );
+    check_csv_matches_json(&db, &doc);
+    // The workbook writes ids as strings, which Excel never evaluates: exactly as they are.
+    let book = check_workbook_matches_json(&db, &doc);
+    let ids: std::collections::BTreeSet<String> = book["campaigns"][1..]
+        .iter()
+        .map(|r| string(&r[0]))
+        .collect();
+    assert_eq!(ids, hostile_ids().into_iter().collect());
+
+    // No text cell of any section starts a formula; every id is there, only neutralised.
+    let sections = csv_sections(&db, &[]);
+    let numeric = |name: &str| {
+        name.ends_with("_yen")
+            || name.ends_with("coupons")
+            || name.ends_with("duplicates")
+            || name == "voided_then_redeemed"
+    };
+    for (section, (header, records)) in &sections {
+        for rec in records {
+            for (name, cell) in header.iter().zip(rec.iter()) {
+                if numeric(name)
+                    || (section == "summary" && name == "value" && cell.parse::<i64>().is_ok())
+                {
+                    assert!(
+                        cell.parse::<i64>().is_ok(),
+                        "{section}.{name} is a number: {cell:?}"
+                    );
+                } else {
+                    assert!(
+                        !cell.starts_with(['=', '+', '-', '@', '\t', '\r']),
+                        "{section}.{name} starts a formula: {cell:?}"
+                    );
+                }
+            }
+        }
+    }
+    let (header, campaigns) = &sections["campaigns"];
+    let id_col = header.iter().position(|h| h == "campaign_id").unwrap();
+    let ids: std::collections::BTreeSet<String> =
+        campaigns.iter().map(|r| r[id_col].to_string()).collect();
+    let want: std::collections::BTreeSet<String> =
+        hostile_ids().iter().map(|id| neutralised(id)).collect();
+    assert_eq!(ids, want);
+
+    // The page escapes every id (maud): no tag from the data, the ids there as text.
+    let r = db.run(&["report", "overruns", "--format", "html"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(
+        !r.stdout.contains("<script") && !r.stdout.contains("<img"),
+        "{}",
+        r.stdout
+    );
+    assert!(r.stdout.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+    assert!(r
+        .stdout
+        .contains("=HYPERLINK(&quot;http://evil.example/&quot;,&quot;click&quot;)"));
+
+    // The Markdown, rendered by a CommonMark renderer, holds no tag from the data; the ids
+    // are there as text.
+    let r = db.run(&["report", "overruns", "--format", "markdown"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let mut html = String::new();
+    pulldown_cmark::html::push_html(
+        &mut html,
+        pulldown_cmark::Parser::new_ext(&r.stdout, pulldown_cmark::Options::ENABLE_TABLES),
+    );
+    for tag in ["<script", "<img"] {
+        assert!(
+            !html.contains(tag),
+            "{tag} from the data reached the HTML:\n{html}"
+        );
+    }
+    assert!(
+        html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+        "{html}"
+    );
+    // Every campaign is one table row of 11 cells whose first cell is its id (control
+    // characters shown as spaces): no separator or markup in an id broke a row or a cell.
+    let campaigns = markdown_tables(&r.stdout)
+        .into_iter()
+        .find(|t| t[0][0] == "campaign_id")
+        .expect("the campaigns table");
+    let ids: std::collections::BTreeSet<String> = campaigns[1..]
+        .iter()
+        .map(|row| {
+            assert_eq!(row.len(), 11, "{row:?}");
+            row[0].clone()
+        })
+        .collect();
+    let want: std::collections::BTreeSet<String> = hostile_ids()
+        .iter()
+        .map(|id| id.replace(|c: char| c.is_control(), " ").trim().to_string())
+        .collect();
+    assert_eq!(ids, want);
+}
+
+/// The tables of a Markdown document as a CommonMark (GFM tables) renderer reads them:
+/// table → rows (the header first) → the text of each cell.
+fn markdown_tables(markdown: &str) -> Vec<Vec<Vec<String>>> {
+    use pulldown_cmark::{Event, Tag, TagEnd};
+    let mut tables: Vec<Vec<Vec<String>>> = Vec::new();
+    let mut in_cell = false;
+    for event in pulldown_cmark::Parser::new_ext(markdown, pulldown_cmark::Options::ENABLE_TABLES) {
+        match event {
+            Event::Start(Tag::Table(_)) => tables.push(Vec::new()),
+            Event::Start(Tag::TableHead | Tag::TableRow) => {
+                tables.last_mut().unwrap().push(Vec::new())
+            }
+            Event::Start(Tag::TableCell) => {
+                in_cell = true;
+                tables
+                    .last_mut()
+                    .unwrap()
+                    .last_mut()
+                    .unwrap()
+                    .push(String::new())
+            }
+            Event::End(TagEnd::TableCell) => in_cell = false,
+            Event::Text(t) | Event::Code(t) | Event::Html(t) | Event::InlineHtml(t) if in_cell => {
+                let row = tables.last_mut().unwrap().last_mut().unwrap();
+                row.last_mut().unwrap().push_str(&t);
+            }
+            _ => {}
+        }
+    }
+    tables
+}
+
+#[test]
+fn a_csv_holds_one_section_and_the_other_formats_refuse_section() {
+    let db = fresh_db();
+    db.make_legacy_baselined(50);
+    let r = db.run(&["report", "overruns", "--format", "csv"]);
+    assert_eq!(r.code, 2, "{}", r.both());
+    assert!(r.stderr.contains("--section"), "{}", r.stderr);
+    let r = db.run(&[
+        "report",
+        "overruns",
+        "--format",
+        "json",
+        "--section",
+        "members",
+    ]);
+    assert_eq!(r.code, 2, "{}", r.both());
+    assert!(
+        r.stderr.contains("--section only applies to --format csv"),
+        "{}",
+        r.stderr
+    );
+    for (section, first) in [
+        ("summary", "\"key\",\"value\""),
+        ("campaigns", "\"campaign_id\","),
+        ("members", "\"member_id\","),
+    ] {
+        let r = db.run(&[
+            "report",
+            "overruns",
+            "--format",
+            "csv",
+            "--section",
+            section,
+        ]);
+        assert_eq!(r.code, 0, "{}", r.both());
+        assert!(r.stdout.starts_with(first), "{section}: {}", r.stdout);
+    }
+}
+
+/// Per campaign, computed apart from the report: the legacy counter `campaigns.issued_yen` and
+/// every coupon of the campaign (voided ones included: the old system counted them).
+fn expected_lost_updates(db: &TestDb) -> BTreeMap<String, (i64, i64)> {
+    db.client()
+        .query(
+            "SELECT c.campaign_id, c.issued_yen::int8,
+                    (SELECT coalesce(sum(amount_yen::numeric), 0) FROM issued_coupons i
+                      WHERE i.campaign_id = c.campaign_id)::int8
+               FROM campaigns c",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), (r.get(1), r.get(2))))
+        .collect()
+}
+
+/// Checks the report's lost-update figures, in JSON, CSV and the table, against `want`.
+fn check_lost_updates(db: &TestDb, want: &BTreeMap<String, (i64, i64)>, source: &str) -> Value {
+    let r = db.run(&["report", "overruns", "--format", "json"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let doc: Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(
+        doc["legacy_counter"]["source"], source,
+        "{}",
+        doc["legacy_counter"]
+    );
+    let (mut counter, mut issued) = (0, 0);
+    for c in doc["campaigns"].as_array().unwrap() {
+        let id = c["campaign_id"].as_str().unwrap();
+        let (want_counter, want_issued) = want[id];
+        assert_eq!(c["legacy_counter_yen"].as_i64(), Some(want_counter), "{id}");
+        assert_eq!(
+            c["old_system_issued_yen"].as_i64(),
+            Some(want_issued),
+            "{id}"
+        );
+        assert_eq!(
+            c["lost_update_yen"].as_i64(),
+            Some(want_issued - want_counter),
+            "{id}"
+        );
+        counter += want_counter;
+        issued += want_issued;
+    }
+    assert_eq!(doc["campaigns"].as_array().unwrap().len(), want.len());
+    let t = &doc["totals"];
+    assert_eq!(t["legacy_counter_yen"].as_i64(), Some(counter));
+    assert_eq!(t["old_system_issued_yen"].as_i64(), Some(issued));
+    assert_eq!(t["lost_update_yen"].as_i64(), Some(issued - counter));
+    check_csv_matches_json(db, &doc);
+    for format in ["table", "markdown", "html"] {
+        let r = db.run(&["report", "overruns", "--format", format]);
+        assert!(
+            r.stdout.contains("Lost updates: the legacy counter"),
+            "{format}"
+        );
+        assert!(
+            r.stdout.contains(&group(issued - counter)),
+            "{format}: the total lost updates"
+        );
+    }
+    doc
+}
+
+#[test]
+fn the_lost_updates_equal_independent_sql_before_the_gate_after_it_and_after_the_rollback_repair() {
+    let db = fresh_db();
+    db.make_legacy_baselined(600);
+    let before = expected_lost_updates(&db);
+    assert!(
+        before.values().all(|(counter, issued)| counter < issued),
+        "the demo's counter lost updates: {before:?}"
+    );
+    check_lost_updates(&db, &before, "live");
+
+    // Up to the gate: duplicates voided (still counted: the old system issued them); the old
+    // code issues one more coupon and its counter update is lost.
+    assert_eq!(db.run(&["apply", "--yes"]).code, 0);
+    db.client()
+        .batch_execute(
+            "INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen)
+             VALUES (gen_random_uuid(), 'SW-B', 'm-late', '2026-09', 1000)",
+        )
+        .unwrap();
+    assert!(db.scalar_i64("SELECT count(*) FROM issued_coupons WHERE voided_at IS NOT NULL") > 0);
+    let at_gate = expected_lost_updates(&db);
+    assert_ne!(at_gate, before);
+    check_lost_updates(&db, &at_gate, "live");
+
+    let r = db.run(&["apply", "--yes", "--confirm", "deploy-new-application"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    // After the deploy the new application issues coupons; the legacy counter does not move.
+    db.client()
+        .batch_execute(
+            "INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen)
+             VALUES (gen_random_uuid(), 'SW-C', 'm-new-app', '2026-09', 1000)",
+        )
+        .unwrap();
+    let doc = check_lost_updates(&db, &at_gate, "deploy_gate");
+    let recorded_at = doc["legacy_counter"]["recorded_at"].as_str().unwrap();
+    assert!(
+        chrono::DateTime::parse_from_rfc3339(recorded_at).is_ok()
+            && recorded_at.ends_with("+09:00"),
+        "{recorded_at}"
+    );
+
+    // Rolling back: the repair overwrites the legacy counter with the truth; the figure at the
+    // deploy stays what it was.
+    let r = db.run(&[
+        "repair",
+        "apply",
+        "restore-legacy-campaign-counters",
+        "--yes",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let overwritten = expected_lost_updates(&db);
+    assert!(
+        at_gate
+            .iter()
+            .all(|(id, (counter, _))| overwritten[id].0 != *counter),
+        "the repair rewrote every counter: {overwritten:?}"
+    );
+    check_lost_updates(&db, &at_gate, "deploy_gate");
+    // Passing the gate again (a rerun) keeps the first record.
+    let r = db.run(&["apply", "--yes", "--confirm", "deploy-new-application"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    check_lost_updates(&db, &at_gate, "deploy_gate");
+}
+
+#[test]
+fn the_lost_updates_on_a_hand_made_database() {
+    let db = fresh_db();
+    let v1 = std::fs::read_to_string(repo().join("migrations/V1__legacy_baseline.sql")).unwrap();
+    let mut c = db.client();
+    c.batch_execute(&v1).unwrap();
+    // LU-A: four coupons, counter 2,000 (two updates lost); LU-B: a counter above the coupons
+    // (a negative difference stays a number); LU-C: no coupon.
+    c.batch_execute(
+        "INSERT INTO campaigns VALUES ('LU-A', 1000, 10000, 2000), ('LU-B', 500, 10000, 2500), ('LU-C', 100, 100, 0);
+         INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen)
+         SELECT gen_random_uuid(), 'LU-A', 'm' || (g % 3), '2026-09', 1000 FROM generate_series(1, 4) g
+         UNION ALL SELECT gen_random_uuid(), 'LU-B', 'm9', '2026-09', 500 FROM generate_series(1, 3);",
+    )
+    .unwrap();
+    let want = expected_lost_updates(&db);
+    assert_eq!(want["LU-A"], (2000, 4000));
+    assert_eq!(want["LU-B"], (2500, 1500));
+    let doc = check_lost_updates(&db, &want, "live");
+    assert_eq!(doc["campaigns"][1]["lost_update_yen"].as_i64(), Some(-1000));
+    let r = db.run(&[
+        "report",
+        "overruns",
+        "--format",
+        "csv",
+        "--section",
+        "campaigns",
+    ]);
+    assert!(
+        r.stdout.contains(",2500,1500,-1000,"),
+        "a negative difference is a bare number: {}",
+        r.stdout
+    );
+}
+
+/// The workbook, read back by calamine: sheet name → rows of cells.
+fn workbook(path: &std::path::Path) -> BTreeMap<String, Vec<Vec<calamine::Data>>> {
+    use calamine::Reader;
+    let mut book: calamine::Xlsx<_> = calamine::open_workbook(path).unwrap();
+    let names = book.sheet_names();
+    assert_eq!(
+        names,
+        [
+            "summary",
+            "campaigns",
+            "member-months over cap",
+            "redeemed duplicates"
+        ],
+        "the sheets, in order"
+    );
+    names
+        .iter()
+        .map(|n| {
+            let range = book.worksheet_range(n).unwrap();
+            (n.clone(), range.rows().map(|r| r.to_vec()).collect())
+        })
+        .collect()
+}
+
+/// A cell that must be a number (not text that looks like one), as an integer.
+fn number(cell: &calamine::Data) -> i64 {
+    match cell {
+        calamine::Data::Float(f) if f.fract() == 0.0 => *f as i64,
+        calamine::Data::Int(i) => *i,
+        other => panic!("not a number: {other:?}"),
+    }
+}
+
+fn string(cell: &calamine::Data) -> String {
+    match cell {
+        calamine::Data::String(s) => s.clone(),
+        other => panic!("not a string: {other:?}"),
+    }
+}
+
+/// Checks every figure of the workbook against the JSON document, and the redeemed
+/// duplicates against independent SQL.
+fn check_workbook_matches_json(
+    db: &TestDb,
+    doc: &Value,
+) -> BTreeMap<String, Vec<Vec<calamine::Data>>> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("overruns.xlsx");
+    let r = db.run(&["report", "overruns", "--output", path.to_str().unwrap()]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let bytes = std::fs::read(&path).unwrap();
+    assert!(
+        bytes.windows(20).any(|w| w == b"xl/charts/chart1.xml"),
+        "the workbook has a chart"
+    );
+    let book = workbook(&path);
+
+    let summary: BTreeMap<String, calamine::Data> = book["summary"][1..]
+        .iter()
+        .map(|r| (string(&r[0]), r[1].clone()))
+        .collect();
+    assert_eq!(string(&summary["state"]), doc["state"].as_str().unwrap());
+    assert_eq!(
+        number(&summary["monthly_cap_yen"]),
+        doc["monthly_cap_yen"].as_i64().unwrap()
+    );
+    for (key, value) in doc["totals"].as_object().unwrap() {
+        match value.as_i64() {
+            Some(v) => assert_eq!(number(&summary[key.as_str()]), v, "summary {key}"),
+            None => assert_eq!(
+                summary[key.as_str()],
+                calamine::Data::Empty,
+                "summary {key}"
+            ),
+        }
+    }
+
+    let rows = &book["campaigns"];
+    let header: Vec<String> = rows[0].iter().map(string).collect();
+    let json = doc["campaigns"].as_array().unwrap();
+    assert_eq!(rows.len() - 1, json.len());
+    for (row, c) in rows[1..].iter().zip(json) {
+        assert_eq!(
+            string(&row[0]),
+            c["campaign_id"].as_str().unwrap(),
+            "ids are strings, as they are"
+        );
+        for (i, field) in header.iter().enumerate().skip(1) {
+            assert_eq!(number(&row[i]), c[field].as_i64().unwrap(), "{field}");
+        }
+    }
+
+    let rows = &book["member-months over cap"];
+    let json = doc["members_over_monthly_cap"].as_array().unwrap();
+    assert_eq!(rows.len() - 1, json.len());
+    for (row, m) in rows[1..].iter().zip(json) {
+        assert_eq!(string(&row[0]), m["member_id"].as_str().unwrap());
+        assert_eq!(string(&row[1]), m["month"].as_str().unwrap());
+        for (i, field) in ["used_yen", "cap_yen", "overrun_yen"].iter().enumerate() {
+            assert_eq!(number(&row[i + 2]), m[field].as_i64().unwrap(), "{field}");
+        }
+    }
+
+    let rows = &book["redeemed duplicates"];
+    let t = &doc["totals"];
+    assert_eq!(
+        rows.len() as i64 - 1,
+        t["redeemed_legacy_duplicates"].as_i64().unwrap()
+    );
+    let sum: i64 = rows[1..].iter().map(|r| number(&r[4])).sum();
+    assert_eq!(sum, t["redeemed_legacy_duplicates_yen"].as_i64().unwrap());
+    book
+}
+
+#[test]
+fn the_workbook_read_back_by_calamine_equals_the_json_and_lists_the_money_lost() {
+    let db = fresh_db();
+    db.make_legacy_baselined(600);
+    let r = db.run(&["apply", "--yes", "--confirm", "deploy-new-application"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let doc = check_json(
+        &db,
+        &[],
+        &expected_campaigns(&db, true),
+        &expected_members(&db, 2000, true),
+        2000,
+    );
+    let book = check_workbook_matches_json(&db, &doc);
+    // The redeemed duplicates are exactly the coupons the release kept as redeemed history.
+    let mut want: Vec<String> = db
+        .client()
+        .query(
+            "SELECT coupon_id::text FROM issued_coupons
+              WHERE legacy_duplicate AND voided_at IS NULL AND redeemed_at IS NOT NULL",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    want.sort();
+    let mut got: Vec<String> = book["redeemed duplicates"][1..]
+        .iter()
+        .map(|r| string(&r[0]))
+        .collect();
+    got.sort();
+    assert!(!want.is_empty());
+    assert_eq!(got, want);
+
+    // Before the release the duplicates are predicted with the release's ranking.
+    let legacy = fresh_db();
+    legacy.make_legacy_baselined(300);
+    let doc = check_json(
+        &legacy,
+        &[],
+        &expected_campaigns(&legacy, false),
+        &expected_members(&legacy, 2000, false),
+        2000,
+    );
+    check_workbook_matches_json(&legacy, &doc);
+
+    let r = db.run(&["report", "overruns", "--format", "xlsx"]);
+    assert_eq!(r.code, 2, "{}", r.both());
+    assert!(r.stderr.contains("--output FILE.xlsx"), "{}", r.stderr);
+    assert!(r.stdout.is_empty());
+}
+
+#[test]
+fn lang_ja_translates_every_human_rendering_and_leaves_ids_json_and_figures_alone() {
+    let db = snapshot_db();
+    let as_of = regex::Regex::new(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+09:00").unwrap();
+    let run = |args: &[&str]| {
+        let r = db.run(args);
+        assert_eq!(r.code, 0, "{}", r.both());
+        as_of.replace_all(&r.stdout, "AS_OF").into_owned()
+    };
+    // JSON never changes with --lang.
+    assert_eq!(
+        run(&["report", "overruns", "--format", "json", "--lang", "ja"]),
+        run(&["report", "overruns", "--format", "json"])
+    );
+    let figure = regex::Regex::new(r"[0-9][0-9,]*|SW-A|秋-セール|EMPTY|m0[0-9]").unwrap();
+    for format in ["table", "markdown", "html"] {
+        let en = run(&["report", "overruns", "--format", format]);
+        let ja = run(&["report", "overruns", "--format", format, "--lang", "ja"]);
+        for word in [
+            "クーポン超過レポート",
+            "キャンペーンID",
+            "予算（円）",
+            "合計",
+            "月間上限を超えた会員",
+            "消失した更新",
+        ] {
+            assert!(ja.contains(word), "{format} lacks {word}:\n{ja}");
+        }
+        for english in [
+            "Coupon overrun report",
+            "budget_yen",
+            "Totals",
+            "Members over the monthly cap",
+        ] {
+            assert!(
+                !ja.contains(english),
+                "{format} still says {english}:\n{ja}"
+            );
+        }
+        // Ids and figures are the same as in English.
+        let figures = |t: &str| -> Vec<String> {
+            figure
+                .find_iter(t)
+                .map(|m| m.as_str().to_string())
+                .filter(|m| m != "2" && m != "000")
+                .collect()
+        };
+        if format != "html" {
+            assert_eq!(figures(&ja), figures(&en), "{format}");
+        }
+    }
+    let html = run(&["report", "overruns", "--format", "html", "--lang", "ja"]);
+    assert!(html.contains("<html lang=\"ja\">"));
+    let mut settings = insta::Settings::clone_current();
+    settings.add_filter(
+        r"host=\S+ port=\d+ dbname=[\w\\]+",
+        "host=[host] port=[port] dbname=[db]",
+    );
+    settings.set_prepend_module_to_snapshot(false);
+    settings.bind(|| {
+        insta::assert_snapshot!(
+            "report_table_ja",
+            run(&["report", "overruns", "--lang", "ja"])
+        );
+    });
+
+    // CSV: the headers change, not a cell.
+    for section in ["summary", "campaigns", "members"] {
+        let en = run(&[
+            "report",
+            "overruns",
+            "--format",
+            "csv",
+            "--section",
+            section,
+        ]);
+        let ja = run(&[
+            "report",
+            "overruns",
+            "--format",
+            "csv",
+            "--section",
+            section,
+            "--lang",
+            "ja",
+        ]);
+        let (en_head, en_rows) = en.split_once("\r\n").unwrap();
+        let (ja_head, ja_rows) = ja.split_once("\r\n").unwrap();
+        assert_eq!(ja_rows, en_rows, "{section}");
+        assert_ne!(ja_head, en_head, "{section}");
+        let header: Vec<String> = csv::Reader::from_reader(ja.as_bytes())
+            .headers()
+            .unwrap()
+            .iter()
+            .map(String::from)
+            .collect();
+        assert!(
+            header[0] == "キャンペーンID" || header[0] == "会員ID" || header[0] == "項目",
+            "{header:?}"
+        );
+    }
+
+    // The workbook: Japanese headers, the same numbers as numbers.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ja.xlsx");
+    let r = db.run(&[
+        "report",
+        "overruns",
+        "--output",
+        path.to_str().unwrap(),
+        "--lang",
+        "ja",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let book = workbook(&path);
+    assert_eq!(string(&book["campaigns"][0][0]), "キャンペーンID");
+    assert_eq!(string(&book["campaigns"][0][1]), "予算（円）");
+    assert_eq!(string(&book["member-months over cap"][0][0]), "会員ID");
+    let doc: Value =
+        serde_json::from_str(&run(&["report", "overruns", "--format", "json"])).unwrap();
+    for (row, c) in book["campaigns"][1..]
+        .iter()
+        .zip(doc["campaigns"].as_array().unwrap())
+    {
+        assert_eq!(string(&row[0]), c["campaign_id"].as_str().unwrap());
+        assert_eq!(number(&row[1]), c["budget_yen"].as_i64().unwrap());
+    }
+}
+
+#[test]
+fn the_page_lists_the_first_members_and_points_at_the_full_list() {
+    let db = fresh_db();
+    db.make_legacy_baselined(1000);
+    let over = expected_members(&db, 2000, false).len();
+    assert!(over > 200, "{over}");
+    let rows = |html: &str| html.matches("<tr><td class=\"id\">m0").count();
+    let r = db.run(&["report", "overruns", "--format", "html"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert_eq!(rows(&r.stdout), 200);
+    assert!(r.stdout.contains(&format!(
+        "... and {} more member-months",
+        group(over as i64 - 200)
+    )));
+    // The histogram still counts every member-month.
+    let counted: usize = regex::Regex::new(r"<title>(\d+) member-months over by")
+        .unwrap()
+        .captures_iter(&r.stdout)
+        .map(|c| c[1].parse::<usize>().unwrap())
+        .sum();
+    assert_eq!(counted, over);
+    let r = db.run(&["report", "overruns", "--format", "html", "--members", "all"]);
+    assert_eq!(rows(&r.stdout), over);
+    assert!(!r.stdout.contains("more member-months"));
 }

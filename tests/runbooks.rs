@@ -876,10 +876,16 @@ fn check_finance_overrun_report(db: &TestDb, work: &Path) {
                 .starts_with("overrun-report-")
         })
         .expect("the report directory");
-    let csv = std::fs::read(dir.join("overruns.csv")).unwrap();
+    for section in ["summary", "campaigns", "members"] {
+        let csv = std::fs::read(dir.join(format!("overruns-{section}.csv"))).unwrap();
+        assert!(csv.starts_with("\u{feff}\"".as_bytes()), "Excel's BOM");
+        assert!(dir
+            .join(format!("overruns-cap-3000-{section}.csv"))
+            .exists());
+    }
     assert!(
-        csv.starts_with("\u{feff}section,".as_bytes()),
-        "Excel's BOM"
+        !dir.join("overruns.csv").exists(),
+        "one file per section, no mixed file"
     );
     let doc = json_file(&dir.join("overruns.json"));
     assert_eq!(doc["state"], "released");
@@ -887,7 +893,9 @@ fn check_finance_overrun_report(db: &TestDb, work: &Path) {
     assert!(std::fs::read_to_string(dir.join("overruns.html"))
         .unwrap()
         .contains("<svg"));
-    assert!(dir.join("overruns.md").exists() && dir.join("overruns-cap-3000.csv").exists());
+    assert!(dir.join("overruns.md").exists());
+    let xlsx = std::fs::read(dir.join("overruns-ja.xlsx")).unwrap();
+    assert!(xlsx.starts_with(b"PK"), "a workbook (a zip)");
 }
 
 #[test]

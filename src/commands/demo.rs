@@ -65,6 +65,16 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
         row.get::<_, i64>(0),
         row.get::<_, i64>(1)
     ));
+    let legacy = crate::report::legacy_counter::read(&mut client)?;
+    let (counter, issued) = legacy.campaigns.values().fold((0, 0), |(c, i), f| {
+        (c + f.legacy_counter_yen, i + f.old_system_issued_yen)
+    });
+    say(&format!(
+        "The old system's counter (campaigns.issued_yen) says {} yen were issued; its coupons add up to {} yen: {} yen of lost updates, double taps that read the counter at the same moment. The counter stops at the deploy and the rollback repair rewrites it, so pgmend records both figures when the release passes the deploy gate; the finance report shows them per campaign.",
+        crate::report::yen(counter),
+        crate::report::yen(issued),
+        crate::report::yen(issued - counter),
+    ));
 
     step(
         &url,
@@ -111,7 +121,14 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
         )
     })?;
     let mut written = Vec::new();
-    for (format, extra) in [("csv", Some("--excel")), ("json", None), ("html", None)] {
+    for (format, extra) in [
+        ("xlsx", None),
+        ("csv", Some("--excel")),
+        ("json", None),
+        ("html", None),
+    ] {
+        // A CSV holds one section: `overruns.csv` becomes overruns-summary.csv, -campaigns.csv
+        // and -members.csv.
         let path = args.reports_dir.join(format!("overruns.{format}"));
         let path_arg = path.display().to_string();
         let mut report_args = vec![
@@ -120,13 +137,28 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
         report_args.extend(extra);
         step(
             &url,
-            &format!("The same report as {format}, for the spreadsheet, the scripts and the eyes."),
+            &if format == "xlsx" {
+                "The same report as an Excel workbook, the file accounting works in: summary, campaigns with a chart, the member-months over the cap and the redeemed duplicates, amounts as numbers in yen.".to_string()
+            } else {
+                format!(
+                    "The same report as {format}, for the spreadsheet, the scripts and the eyes."
+                )
+            },
             &report_args,
         )?;
-        written.push(path_arg);
+        if format == "csv" {
+            written.push(
+                args.reports_dir
+                    .join("overruns-{summary,campaigns,members}.csv")
+                    .display()
+                    .to_string(),
+            );
+        } else {
+            written.push(path_arg);
+        }
     }
     say(&format!(
-        "The reports are in {}. On a real database, point DATABASE_URL at it (a read-only replica will do) and run:\n  pgmend report overruns --format html --output overruns.html",
+        "The reports are in {}. On a real database, point DATABASE_URL at it (a read-only replica will do) and run:\n  pgmend report overruns --output overruns.xlsx        (add --lang ja for Japanese headers)",
         written.join(", ")
     ));
 

@@ -385,6 +385,7 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
                         break;
                     }
                     ensure_schema(client, &policy)?;
+                    crate::report::legacy_counter::record_at_gate(client, name)?;
                     let who = format!("{}@{}", os_user(), hostname());
                     client
                         .execute(

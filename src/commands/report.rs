@@ -1,79 +1,175 @@
 //! `pgmend report overruns`: opens one REPEATABLE READ, READ ONLY snapshot, streams the
-//! report into stdout or into a temporary file that is renamed over `--output` at the end.
+//! report into stdout or into temporary files that are renamed over `--output` at the end
+//! (one file per CSV section).
 
 use std::io::{BufWriter, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
 use super::{open, snapshot};
-use crate::cli::{Format, OverrunsArgs};
+use crate::cli::{CsvSection, Format, Members, OverrunsArgs, ReportLang};
 use crate::error::{Outcome, PgContext};
-use crate::report::{self, Csv, Database, Html, Json, Render, Summary, Text, TextStyle};
+use crate::report::{
+    self, Csv, Database, Html, Json, Lang, Render, Section, Summary, Text, TextStyle, Xlsx,
+};
 
 pub fn overruns(args: &OverrunsArgs, given: Option<Format>) -> Result<Outcome> {
     let format = format_for(args.output.as_deref(), given)?;
     if args.excel && format != Format::Csv {
         bail!("--excel only applies to --format csv (it adds the byte order mark Excel needs)");
     }
-    if let Some(path) = &args.output {
-        check_target(path, args.force)?;
+    if args.members.is_some() && matches!(format, Format::Json | Format::Csv | Format::Xlsx) {
+        bail!(
+            "--members only applies to the table, Markdown and HTML; --format {} always holds every row",
+            format.name()
+        );
+    }
+    if format == Format::Xlsx && args.output.is_none() {
+        bail!("--format xlsx writes a workbook, not text: give --output FILE.xlsx");
+    }
+    let targets = targets(args, format)?;
+    for (path, _) in &targets {
+        if let Some(path) = path {
+            check_target(path, args.force)?;
+        }
     }
     let mut session = open(&args.conn)?;
     let database = Database::from_params(&session.params);
     let mut tx = snapshot(&mut session.client)?;
 
-    match &args.output {
-        None => {
-            let stdout = crate::output::stdout();
-            write(&mut tx, database, args, format, BufWriter::new(stdout))?;
-        }
-        Some(path) => {
-            let dir = parent(path);
-            // Mode 0666 is masked by the umask when the file is created, as for any new
-            // file; tempfile's default (0600) would hide the report from the people it is
-            // for.
-            let file = tempfile::Builder::new()
-                .prefix(".pgmend-report-")
-                .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666))
-                .tempfile_in(dir)
-                .with_context(|| {
-                    format!("cannot create a temporary file in {}; check the directory exists and is writable", dir.display())
-                })?;
-            let summary = write(
-                &mut tx,
-                database,
-                args,
-                format,
-                BufWriter::new(file.as_file()),
-            )?;
-            file.as_file()
-                .sync_all()
-                .with_context(|| format!("cannot flush the report to {}", dir.display()))?;
-            let result = if args.force {
-                file.persist(path).map(|_| ())
-            } else {
-                file.persist_noclobber(path).map(|_| ())
-            };
-            result.map_err(|e| e.error).with_context(|| {
-                format!(
-                    "cannot write {} (nothing was written there); it may have been created meanwhile: pass --force to replace it",
-                    path.display()
-                )
-            })?;
-            crate::say!(
-                "pgmend: wrote {} (state {}; {} campaigns, campaign overruns {} yen; {} member-months over the cap, {} yen)",
-                path.display(),
-                summary.state.as_str(),
-                summary.campaigns,
-                report::yen(summary.totals.campaign_overrun_yen),
-                report::yen(summary.totals.members_over_monthly_cap),
-                report::yen(summary.totals.member_overrun_yen),
-            );
-        }
+    if targets[0].0.is_none() {
+        let stdout = BufWriter::new(crate::output::stdout());
+        write(
+            &mut tx,
+            database,
+            args,
+            format,
+            vec![(targets[0].1, stdout)],
+        )?;
+    } else {
+        write_files(&mut tx, database, args, format, &targets)?;
     }
     tx.rollback().doing("closing the snapshot")?;
     Ok(Outcome::Done)
+}
+
+/// Writes the report into a temporary file beside each target, then renames them into place
+/// (all after the last row), and says what it wrote.
+fn write_files(
+    tx: &mut postgres::Transaction<'_>,
+    database: Database,
+    args: &OverrunsArgs,
+    format: Format,
+    targets: &[(Option<PathBuf>, Section)],
+) -> Result<()> {
+    let mut files = Vec::new();
+    for (path, section) in targets {
+        let path = path.as_deref().expect("every target is a file");
+        files.push((temporary_beside(path)?, *section));
+    }
+    let summary = if format == Format::Xlsx {
+        let mut book = Xlsx::new(BufWriter::new(files[0].0.as_file()), lang(args));
+        report::generate(tx, database, args.monthly_cap_yen, &mut book)?
+    } else {
+        write(
+            tx,
+            database,
+            args,
+            format,
+            files
+                .iter()
+                .map(|(file, section)| (*section, BufWriter::new(file.as_file())))
+                .collect(),
+        )?
+    };
+    for (file, _) in &files {
+        file.as_file()
+            .sync_all()
+            .with_context(|| format!("cannot flush the report to {}", file.path().display()))?;
+    }
+    let mut written = Vec::new();
+    for ((file, _), (path, _)) in files.into_iter().zip(targets) {
+        let path = path.as_deref().expect("every target is a file");
+        let result = if args.force {
+            file.persist(path).map(|_| ())
+        } else {
+            file.persist_noclobber(path).map(|_| ())
+        };
+        result.map_err(|e| e.error).with_context(|| {
+            format!(
+                "cannot write {} (nothing was written there); it may have been created meanwhile: pass --force to replace it",
+                path.display()
+            )
+        })?;
+        written.push(path.display().to_string());
+    }
+    crate::say!(
+        "pgmend: wrote {} (state {}; {} campaigns, campaign overruns {} yen; {} member-months over the cap, {} yen)",
+        written.join(", "),
+        summary.state.as_str(),
+        summary.campaigns,
+        report::yen(summary.totals.campaign_overrun_yen),
+        report::yen(summary.totals.members_over_monthly_cap),
+        report::yen(summary.totals.member_overrun_yen),
+    );
+    Ok(())
+}
+
+/// Where each part of the report goes (None: stdout), and for CSV which section it holds.
+/// A CSV holds one section: `--section` names it, or `--output NAME.csv` becomes one file per
+/// section beside it (NAME-summary.csv, ...), all from the same snapshot.
+fn targets(args: &OverrunsArgs, format: Format) -> Result<Vec<(Option<PathBuf>, Section)>> {
+    if format != Format::Csv {
+        if args.section.is_some() {
+            bail!("--section only applies to --format csv; the other formats hold every section");
+        }
+        return Ok(vec![(args.output.clone(), Section::Summary)]);
+    }
+    let section = args.section.map(|s| match s {
+        CsvSection::Summary => Section::Summary,
+        CsvSection::Campaigns => Section::Campaigns,
+        CsvSection::Members => Section::Members,
+    });
+    Ok(match (&args.output, section) {
+        (output, Some(section)) => vec![(output.clone(), section)],
+        (None, None) => bail!(
+            "a CSV holds one section, so that summing a column never adds totals to rows: pass --section summary, campaigns or members, or --output NAME.csv to write NAME-summary.csv, NAME-campaigns.csv and NAME-members.csv from one snapshot"
+        ),
+        (Some(path), None) => Section::ALL
+            .iter()
+            .map(|s| (Some(section_path(path, *s)), *s))
+            .collect(),
+    })
+}
+
+/// `dir/overruns.csv` and `members` → `dir/overruns-members.csv`.
+fn section_path(path: &Path, section: Section) -> PathBuf {
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let ext = path
+        .extension()
+        .map(|e| format!(".{}", e.to_string_lossy()))
+        .unwrap_or_default();
+    path.with_file_name(format!("{stem}-{}{ext}", section.name()))
+}
+
+fn temporary_beside(path: &Path) -> Result<tempfile::NamedTempFile> {
+    let dir = parent(path);
+    // Mode 0666 is masked by the umask when the file is created, as for any new file;
+    // tempfile's default (0600) would hide the report from the people it is for.
+    tempfile::Builder::new()
+        .prefix(".pgmend-report-")
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666))
+        .tempfile_in(dir)
+        .with_context(|| {
+            format!(
+                "cannot create a temporary file in {}; check the directory exists and is writable",
+                dir.display()
+            )
+        })
 }
 
 fn write<W: Write>(
@@ -81,16 +177,53 @@ fn write<W: Write>(
     database: Database,
     args: &OverrunsArgs,
     format: Format,
-    out: W,
+    mut outs: Vec<(Section, W)>,
 ) -> Result<Summary> {
-    let mut renderer: Box<dyn Render + '_> = match format {
-        Format::Human => Box::new(Text::new(out, TextStyle::Table)),
-        Format::Markdown => Box::new(Text::new(out, TextStyle::Markdown)),
-        Format::Json => Box::new(Json::new(out)),
-        Format::Csv => Box::new(Csv::new(out, args.excel)?),
-        Format::Html => Box::new(Html::new(out)),
+    let limit = member_limit(args, format);
+    let mut renderer: Box<dyn Render + '_> = if format == Format::Csv {
+        Box::new(Csv::new(outs, args.excel, lang(args))?)
+    } else {
+        let out = outs.pop().expect("one output").1;
+        match format {
+            Format::Human => {
+                Box::new(Text::new(out, TextStyle::Table, lang(args)).with_member_limit(limit))
+            }
+            Format::Markdown => {
+                Box::new(Text::new(out, TextStyle::Markdown, lang(args)).with_member_limit(limit))
+            }
+            Format::Json => Box::new(Json::new(out)),
+            Format::Html => Box::new(Html::new(out, lang(args)).with_member_limit(limit)),
+            Format::Csv => unreachable!("handled above"),
+            Format::Xlsx => unreachable!("written to a file by its own renderer"),
+        }
     };
     report::generate(tx, database, args.monthly_cap_yen, renderer.as_mut())
+}
+
+/// Terminal rows shown before the list is cut, and rows on the HTML page, by default.
+const TERMINAL_MEMBERS: u64 = 20;
+const PAGE_MEMBERS: u64 = 200;
+
+/// How many member rows the rendering lists: `--members`, else the first few on a terminal
+/// (so the totals do not scroll away) and on the page, else every row.
+fn member_limit(args: &OverrunsArgs, format: Format) -> Option<u64> {
+    use std::io::IsTerminal;
+    match (args.members, format) {
+        (Some(Members::All), _) => None,
+        (Some(Members::First(n)), _) => Some(n),
+        (None, Format::Human) if args.output.is_none() && std::io::stdout().is_terminal() => {
+            Some(TERMINAL_MEMBERS)
+        }
+        (None, Format::Html) => Some(PAGE_MEMBERS),
+        (None, _) => None,
+    }
+}
+
+fn lang(args: &OverrunsArgs) -> Lang {
+    match args.lang {
+        ReportLang::En => Lang::En,
+        ReportLang::Ja => Lang::Ja,
+    }
 }
 
 /// The format: `--format`, else the one `--output`'s extension names (`.csv`, `.json`,
@@ -105,6 +238,7 @@ fn format_for(output: Option<&Path>, given: Option<Format>) -> Result<Format> {
             "json" => Some(Format::Json),
             "md" | "markdown" => Some(Format::Markdown),
             "html" | "htm" => Some(Format::Html),
+            "xlsx" => Some(Format::Xlsx),
             _ => None,
         });
     match (given, named) {

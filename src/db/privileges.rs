@@ -115,6 +115,7 @@ pub fn for_pgmend_schema(why: &str) -> Vec<Need> {
         ("pgmend.repair_ledger", &["SELECT", "INSERT", "UPDATE"][..]),
         ("pgmend.gates", &["SELECT", "INSERT"][..]),
         ("pgmend.release_steps", &["SELECT", "INSERT"][..]),
+        ("pgmend.legacy_counter_at_deploy", &["SELECT", "INSERT"][..]),
     ] {
         for p in privileges {
             needs.push(need(Kind::Table(table.into(), p), why));

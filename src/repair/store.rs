@@ -1,5 +1,6 @@
 //! pgmend's own tables, in schema `pgmend`: repair runs, their frozen targets, the audit
-//! ledger, confirmed gates and finished release steps.
+//! ledger, confirmed gates, finished release steps, and the legacy counter recorded at the
+//! deploy gate (owned by `report::legacy_counter`).
 
 use anyhow::Result;
 use postgres::GenericClient;
@@ -76,6 +77,16 @@ CREATE TABLE IF NOT EXISTS pgmend.released_schema (
   only_row    boolean PRIMARY KEY DEFAULT true CHECK (only_row),
   schema_name text NOT NULL
 );
+-- Per campaign, the legacy counter campaigns.issued_yen and what the old system really issued
+-- (every coupon, voided ones included), recorded once when the release passes the gate
+-- deploy-new-application: the finance report's lost updates (src/report/legacy_counter.rs).
+CREATE TABLE IF NOT EXISTS pgmend.legacy_counter_at_deploy (
+  campaign_id           text PRIMARY KEY,
+  legacy_counter_yen    bigint NOT NULL,
+  old_system_issued_yen bigint NOT NULL,
+  old_system_coupons    bigint NOT NULL,
+  recorded_at           timestamptz NOT NULL DEFAULT now()
+);
 INSERT INTO pgmend.released_schema (schema_name) SELECT current_schema()
   ON CONFLICT (only_row) DO NOTHING;";
 
@@ -99,7 +110,7 @@ pub fn gates_passed(client: &mut impl GenericClient) -> Result<bool> {
 /// Whether pgmend's schema has every table this version of pgmend keeps in it (the last one
 /// [`SCHEMA_SQL`] creates); an older pgmend's schema gets the missing ones added.
 pub fn complete(client: &mut impl GenericClient) -> Result<bool> {
-    exists_table(client, "pgmend.released_schema")
+    exists_table(client, "pgmend.legacy_counter_at_deploy")
 }
 
 fn exists_table(client: &mut impl GenericClient, table: &str) -> Result<bool> {

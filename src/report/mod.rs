@@ -13,7 +13,12 @@
 //! own ranking (redeemed first, then `issued_at`, then `coupon_id`), so money lost to
 //! duplicates is reported before the repair too.
 
+mod csv_sections;
+mod html;
+mod lang;
+pub mod legacy_counter;
 mod render;
+mod xlsx;
 
 use anyhow::{bail, Result};
 use postgres::Transaction;
@@ -22,7 +27,12 @@ use serde::Serialize;
 use crate::db::conninfo::ConnParams;
 use crate::error::PgContext;
 
-pub use render::{Csv, Html, Json, Render, Text, TextStyle};
+pub use csv_sections::{neutralise, Csv, Section};
+pub use html::Html;
+pub use lang::Lang;
+pub use legacy_counter::Source as LegacyCounterSource;
+pub use render::{Json, Render, Text, TextStyle};
+pub use xlsx::{Xlsx, EXCEL_ROWS};
 
 /// How far the release has got, read from the catalog.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -98,6 +108,78 @@ pub struct CampaignRow {
     /// Voided coupons the old cart redeemed anyway. Part of `voided_*`, not of `issued_yen`.
     pub voided_then_redeemed: i64,
     pub voided_then_redeemed_yen: i64,
+    /// What the legacy counter `campaigns.issued_yen` said was issued (at the deploy gate, or
+    /// now before it); None for a campaign the record does not hold.
+    pub legacy_counter_yen: Option<i64>,
+    /// What the old system really issued: every coupon issued before the deploy, voided ones
+    /// included.
+    pub old_system_issued_yen: Option<i64>,
+    /// `old_system_issued_yen - legacy_counter_yen`: the increments the counter lost.
+    pub lost_update_yen: Option<i64>,
+}
+
+/// The names (the JSON's keys) of [`CampaignRow::numbers`], in order; every rendering shows
+/// them in this order, each with its total of the same name in [`Totals`] but `overrun_yen`
+/// (`campaign_overrun_yen`).
+pub const CAMPAIGN_NUMBERS: [&str; 10] = [
+    "budget_yen",
+    "issued_yen",
+    "overrun_yen",
+    "coupons",
+    "voided_coupons",
+    "voided_yen",
+    "redeemed_legacy_duplicates",
+    "redeemed_legacy_duplicates_yen",
+    "voided_then_redeemed",
+    "voided_then_redeemed_yen",
+];
+
+/// The names of [`CampaignRow::lost_updates`], in order.
+pub const LOST_UPDATE_NUMBERS: [&str; 3] = [
+    "legacy_counter_yen",
+    "old_system_issued_yen",
+    "lost_update_yen",
+];
+
+impl CampaignRow {
+    /// The lost-update figures, in the order every rendering shows them.
+    pub fn lost_updates(&self) -> [Option<i64>; 3] {
+        [
+            self.legacy_counter_yen,
+            self.old_system_issued_yen,
+            self.lost_update_yen,
+        ]
+    }
+
+    /// The amounts and counts after the id, in the order every rendering shows them.
+    pub fn numbers(&self) -> [i64; 10] {
+        [
+            self.budget_yen,
+            self.issued_yen,
+            self.overrun_yen,
+            self.coupons,
+            self.voided_coupons,
+            self.voided_yen,
+            self.redeemed_legacy_duplicates,
+            self.redeemed_legacy_duplicates_yen,
+            self.voided_then_redeemed,
+            self.voided_then_redeemed_yen,
+        ]
+    }
+}
+
+/// A legacy duplicate that was already redeemed when the repair ran: kept as history, money
+/// lost (listed in the workbook only).
+#[derive(Debug, Clone, Serialize)]
+pub struct DuplicateRow {
+    pub coupon_id: String,
+    pub campaign_id: String,
+    pub member_id: String,
+    pub month: String,
+    pub amount_yen: i64,
+    /// `YYYY-MM-DD HH:MM:SS` in Asia/Tokyo.
+    pub issued_at: String,
+    pub redeemed_at: String,
 }
 
 /// One member-month whose coupons (not voided) exceed the monthly cap.
@@ -125,6 +207,46 @@ pub struct Totals {
     pub voided_then_redeemed: i64,
     pub members_over_monthly_cap: i64,
     pub member_used_yen: i64,
+    /// The lost-update figures summed over the campaigns that have them; None when none has.
+    pub legacy_counter_yen: Option<i64>,
+    pub old_system_issued_yen: Option<i64>,
+    pub lost_update_yen: Option<i64>,
+}
+
+impl Totals {
+    /// Every total with its JSON key, in the JSON's order.
+    pub fn fields(&self) -> [(&'static str, i64); 13] {
+        [
+            ("campaign_overrun_yen", self.campaign_overrun_yen),
+            ("member_overrun_yen", self.member_overrun_yen),
+            ("voided_yen", self.voided_yen),
+            (
+                "redeemed_legacy_duplicates_yen",
+                self.redeemed_legacy_duplicates_yen,
+            ),
+            ("voided_then_redeemed_yen", self.voided_then_redeemed_yen),
+            ("budget_yen", self.budget_yen),
+            ("issued_yen", self.issued_yen),
+            ("coupons", self.coupons),
+            ("voided_coupons", self.voided_coupons),
+            (
+                "redeemed_legacy_duplicates",
+                self.redeemed_legacy_duplicates,
+            ),
+            ("voided_then_redeemed", self.voided_then_redeemed),
+            ("members_over_monthly_cap", self.members_over_monthly_cap),
+            ("member_used_yen", self.member_used_yen),
+        ]
+    }
+
+    /// The lost-update totals with their JSON keys.
+    pub fn lost_updates(&self) -> [(&'static str, Option<i64>); 3] {
+        [
+            ("legacy_counter_yen", self.legacy_counter_yen),
+            ("old_system_issued_yen", self.old_system_issued_yen),
+            ("lost_update_yen", self.lost_update_yen),
+        ]
+    }
 }
 
 /// Everything known before the first member row is rendered.
@@ -135,10 +257,15 @@ pub struct Header {
     pub monthly_cap_yen: i64,
     pub database: Database,
     pub state: State,
+    /// Where the lost-update figures come from.
+    pub legacy_counter: LegacyCounterSource,
     pub campaigns: Vec<CampaignRow>,
     pub totals: Totals,
     /// Upper bounds of the member section's column contents, for aligned text tables.
     pub member_widths: MemberWidths,
+    /// The greatest common divisor of the campaigns' coupon amounts (1 without campaigns):
+    /// every overrun is the cap's remainder plus multiples of it, which the histogram follows.
+    pub coupon_step_yen: i64,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -174,7 +301,15 @@ pub fn generate(
     let state = state(tx)?;
     let as_of = as_of(tx)?;
     let coupons = coupons_source(state);
-    let campaigns = campaigns(tx, &coupons)?;
+    let mut campaigns = campaigns(tx, &coupons)?;
+    let legacy = legacy_counter::read(tx)?;
+    for c in &mut campaigns {
+        if let Some(f) = legacy.campaigns.get(&c.campaign_id) {
+            c.legacy_counter_yen = Some(f.legacy_counter_yen);
+            c.old_system_issued_yen = Some(f.old_system_issued_yen);
+            c.lost_update_yen = Some(f.old_system_issued_yen - f.legacy_counter_yen);
+        }
+    }
 
     let members_sql = format!(
         "WITH coupons AS ({coupons}),
@@ -217,9 +352,11 @@ pub fn generate(
         monthly_cap_yen,
         database,
         state,
+        legacy_counter: legacy.source,
         campaigns,
         totals,
         member_widths: widths,
+        coupon_step_yen: coupon_step(tx)?,
     };
     out.begin(&header)?;
     loop {
@@ -233,12 +370,15 @@ pub fn generate(
                 overrun_yen: used_yen - monthly_cap_yen,
             })?;
         }
-        if page.len() < PAGE as usize {
+        if page.len() < PAGE as usize || !out.wants_more_members() {
             break;
         }
         page = tx
             .query_portal(&portal, PAGE)
             .doing("reading the members over the monthly cap")?;
+    }
+    if out.wants_redeemed_duplicates() {
+        redeemed_duplicates(tx, &coupons, out)?;
     }
     out.end(&header)?;
     Ok(Summary {
@@ -246,6 +386,59 @@ pub fn generate(
         campaigns: header.campaigns.len(),
         totals: header.totals,
     })
+}
+
+/// Streams the redeemed legacy duplicates (the rows behind `redeemed_legacy_duplicates`).
+fn redeemed_duplicates(
+    tx: &mut Transaction<'_>,
+    coupons: &str,
+    out: &mut dyn Render,
+) -> Result<()> {
+    let sql = format!(
+        "WITH coupons AS ({coupons})
+         SELECT coupon_id, campaign_id, member_id, month, amount_yen::int8,
+                to_char(issued_at AT TIME ZONE 'Asia/Tokyo', 'YYYY-MM-DD HH24:MI:SS'),
+                to_char(redeemed_at AT TIME ZONE 'Asia/Tokyo', 'YYYY-MM-DD HH24:MI:SS')
+           FROM coupons
+          WHERE duplicate AND voided_at IS NULL AND redeemed_at IS NOT NULL
+          ORDER BY campaign_id COLLATE \"C\", member_id COLLATE \"C\", coupon_id COLLATE \"C\""
+    );
+    let doing = "reading the redeemed legacy duplicates";
+    let portal = tx.bind(sql.as_str(), &[]).doing(doing)?;
+    loop {
+        let page = tx.query_portal(&portal, PAGE).doing(doing)?;
+        for r in &page {
+            out.redeemed_duplicate(&DuplicateRow {
+                coupon_id: r.get(0),
+                campaign_id: r.get(1),
+                member_id: r.get(2),
+                month: r.get(3),
+                amount_yen: r.get(4),
+                issued_at: r.get(5),
+                redeemed_at: r.get(6),
+            })?;
+        }
+        if page.len() < PAGE as usize {
+            return Ok(());
+        }
+    }
+}
+
+fn coupon_step(tx: &mut Transaction<'_>) -> Result<i64> {
+    let amounts: Vec<i64> = tx
+        .query_one(
+            "SELECT coalesce(array_agg(DISTINCT abs(discount_yen)::int8), '{}') FROM campaigns",
+            &[],
+        )
+        .doing("reading the coupon amounts")?
+        .get(0);
+    let gcd = |mut a: i64, mut b: i64| {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    };
+    Ok(amounts.into_iter().fold(0, gcd).max(1))
 }
 
 fn state(tx: &mut Transaction<'_>) -> Result<State> {
@@ -285,6 +478,11 @@ fn as_of(tx: &mut Transaction<'_>) -> Result<String> {
         .query_one("SELECT (extract(epoch FROM now()) * 1000000)::int8", &[])
         .doing("reading the snapshot time")?
         .get(0);
+    tokyo(micros)
+}
+
+/// A moment from the server (µs since the epoch) in ISO 8601, Asia/Tokyo, to the second.
+fn tokyo(micros: i64) -> Result<String> {
     let utc = chrono::DateTime::from_timestamp_micros(micros)
         .ok_or_else(|| anyhow::anyhow!("the server's clock reads {micros} µs, out of range"))?;
     let tokyo = chrono::FixedOffset::east_opt(9 * 3600).expect("a valid offset");
@@ -300,21 +498,21 @@ fn coupons_source(state: State) -> String {
                                   ORDER BY redeemed_at IS NULL, issued_at, coupon_id) > 1";
     match state {
         State::Legacy => format!(
-            "SELECT campaign_id, member_id, month, amount_yen, redeemed_at,
-                    NULL::timestamptz AS voided_at, {} AS duplicate
+            "SELECT coupon_id::text AS coupon_id, issued_at, campaign_id, member_id, month,
+                    amount_yen, redeemed_at, NULL::timestamptz AS voided_at, {} AS duplicate
                FROM issued_coupons",
             rank.replace("{partition}", "")
         ),
         State::Partial => format!(
-            "SELECT campaign_id, member_id, month, amount_yen, redeemed_at, voided_at,
-                    legacy_duplicate OR {} AS duplicate
+            "SELECT coupon_id::text AS coupon_id, issued_at, campaign_id, member_id, month,
+                    amount_yen, redeemed_at, voided_at, legacy_duplicate OR {} AS duplicate
                FROM issued_coupons",
             rank.replace("{partition}", ", legacy_duplicate")
         ),
         // The valid unique index leaves one unmarked coupon per group: no ranking needed.
         State::Released => {
-            "SELECT campaign_id, member_id, month, amount_yen, redeemed_at, voided_at,
-                    legacy_duplicate AS duplicate
+            "SELECT coupon_id::text AS coupon_id, issued_at, campaign_id, member_id, month,
+                    amount_yen, redeemed_at, voided_at, legacy_duplicate AS duplicate
                FROM issued_coupons"
                 .to_string()
         }
@@ -377,6 +575,9 @@ fn campaigns(tx: &mut Transaction<'_>, coupons: &str) -> Result<Vec<CampaignRow>
                 redeemed_legacy_duplicates_yen: r.get(7),
                 voided_then_redeemed: r.get(8),
                 voided_then_redeemed_yen: r.get(9),
+                legacy_counter_yen: None,
+                old_system_issued_yen: None,
+                lost_update_yen: None,
             }
         })
         .collect())
@@ -407,6 +608,15 @@ fn campaign_totals(campaigns: &[CampaignRow]) -> Result<Totals> {
             c.redeemed_legacy_duplicates,
         )?;
         add(&mut t.voided_then_redeemed, c.voided_then_redeemed)?;
+        for (sum, v) in [
+            (&mut t.legacy_counter_yen, c.legacy_counter_yen),
+            (&mut t.old_system_issued_yen, c.old_system_issued_yen),
+            (&mut t.lost_update_yen, c.lost_update_yen),
+        ] {
+            if let Some(v) = v {
+                add(sum.get_or_insert(0), v)?;
+            }
+        }
     }
     Ok(t)
 }

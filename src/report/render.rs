@@ -6,64 +6,82 @@ use std::io::{self, Write};
 
 use unicode_width::UnicodeWidthStr;
 
-use super::{yen, CampaignRow, Header, MemberRow, Totals};
+use super::{
+    yen, DuplicateRow, Header, Lang, MemberRow, Totals, CAMPAIGN_NUMBERS, LOST_UPDATE_NUMBERS,
+};
 
 pub trait Render {
     fn begin(&mut self, header: &Header) -> io::Result<()>;
     fn member(&mut self, row: &MemberRow) -> io::Result<()>;
+    /// Whether the rendering lists the redeemed legacy duplicates one by one (the workbook
+    /// does); they are then streamed after the members, before `end`.
+    fn wants_redeemed_duplicates(&self) -> bool {
+        false
+    }
+    fn redeemed_duplicate(&mut self, _row: &DuplicateRow) -> io::Result<()> {
+        Ok(())
+    }
+    /// False once the rendering has shown all the member rows it will show: the report
+    /// stops fetching them.
+    fn wants_more_members(&self) -> bool {
+        true
+    }
     fn end(&mut self, header: &Header) -> io::Result<()>;
 }
 
-/// The campaign fields, in the order every rendering shows them (the JSON contract's names).
-const CAMPAIGN_FIELDS: [&str; 11] = [
-    "campaign_id",
-    "budget_yen",
-    "issued_yen",
-    "overrun_yen",
-    "coupons",
-    "voided_coupons",
-    "voided_yen",
-    "redeemed_legacy_duplicates",
-    "redeemed_legacy_duplicates_yen",
-    "voided_then_redeemed",
-    "voided_then_redeemed_yen",
-];
+/// `first` and then `rest`: a table's column names.
+pub(super) fn titled(first: &'static str, rest: &[&'static str]) -> Vec<&'static str> {
+    std::iter::once(first).chain(rest.iter().copied()).collect()
+}
 
-fn campaign_numbers(c: &CampaignRow) -> [i64; 10] {
+pub(super) const MEMBER_FIELDS: [&str; 5] =
+    ["member_id", "month", "used_yen", "cap_yen", "overrun_yen"];
+
+/// The facts above the tables, as (label, value), in `lang`.
+pub(super) fn facts(lang: Lang, h: &Header) -> [(&'static str, String); 4] {
     [
-        c.budget_yen,
-        c.issued_yen,
-        c.overrun_yen,
-        c.coupons,
-        c.voided_coupons,
-        c.voided_yen,
-        c.redeemed_legacy_duplicates,
-        c.redeemed_legacy_duplicates_yen,
-        c.voided_then_redeemed,
-        c.voided_then_redeemed_yen,
+        (
+            lang.tr("As of"),
+            format!("{} {}", h.as_of, lang.tr("(Asia/Tokyo)")),
+        ),
+        (lang.tr("Database"), h.database.label()),
+        (lang.tr("State"), lang.tr(h.state.explain()).to_string()),
+        (
+            lang.tr("Monthly cap"),
+            format!(
+                "{} {}",
+                yen(h.monthly_cap_yen),
+                lang.tr("yen per member and month")
+            ),
+        ),
     ]
 }
 
-const MEMBER_FIELDS: [&str; 5] = ["member_id", "month", "used_yen", "cap_yen", "overrun_yen"];
-
-/// The totals as (label for people, JSON key, amount).
-fn totals_lines(t: &Totals) -> [(&'static str, i64); 5] {
-    [
-        ("Campaign overruns (yen)", t.campaign_overrun_yen),
+/// The totals as (label for people, amount in yen with separators), in `lang`.
+pub(super) fn totals_lines(lang: Lang, t: &Totals) -> [(&'static str, String); 6] {
+    let lines = [
+        ("Campaign overruns (yen)", yen(t.campaign_overrun_yen)),
         (
             "Member overruns past the monthly cap (yen)",
-            t.member_overrun_yen,
+            yen(t.member_overrun_yen),
         ),
-        ("Voided by the repair (yen)", t.voided_yen),
+        ("Voided by the repair (yen)", yen(t.voided_yen)),
         (
             "Redeemed legacy duplicates: money lost (yen)",
-            t.redeemed_legacy_duplicates_yen,
+            yen(t.redeemed_legacy_duplicates_yen),
         ),
         (
             "Voided, then redeemed anyway by the old cart (yen)",
-            t.voided_then_redeemed_yen,
+            yen(t.voided_then_redeemed_yen),
         ),
-    ]
+        (
+            "Lost updates: issued by the old system, missing from its counter (yen)",
+            t.lost_update_yen
+                .map(yen)
+                .unwrap_or_else(|| lang.tr("not recorded").into()),
+        ),
+    ];
+    lines.map(|(label, v)| (lang.tr(label), v))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -81,14 +99,17 @@ struct Column {
     right: bool,
 }
 
-fn columns(titles: &[&'static str], right_from: usize) -> Vec<Column> {
+fn columns(lang: Lang, titles: &[&'static str], right_from: usize) -> Vec<Column> {
     titles
         .iter()
         .enumerate()
-        .map(|(i, t)| Column {
-            title: t,
-            width: t.width(),
-            right: i >= right_from,
+        .map(|(i, t)| {
+            let title = lang.tr(t);
+            Column {
+                title,
+                width: title.width(),
+                right: i >= right_from,
+            }
         })
         .collect()
 }
@@ -96,16 +117,63 @@ fn columns(titles: &[&'static str], right_from: usize) -> Vec<Column> {
 pub struct Text<W: Write> {
     out: W,
     style: TextStyle,
+    lang: Lang,
     members: Vec<Column>,
+    shown: Shown,
+}
+
+/// How many member rows a rendering shows (`--members`), and has shown.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Shown {
+    pub(super) limit: Option<u64>,
+    pub(super) rows: u64,
+}
+
+impl Shown {
+    /// Whether the next row is shown; counts it if so.
+    pub(super) fn next(&mut self) -> bool {
+        if self.limit.is_some_and(|l| self.rows >= l) {
+            return false;
+        }
+        self.rows += 1;
+        true
+    }
+
+    fn full(&self) -> bool {
+        self.limit.is_some_and(|l| self.rows >= l)
+    }
+
+    /// The line that says how many rows were left out and how to get them, if any were.
+    pub(super) fn left_out(&self, lang: Lang, total: i64) -> Option<String> {
+        let more = total - self.rows as i64;
+        (more > 0).then(|| match lang {
+            Lang::En => format!(
+                "... and {} more member-months over the cap, not shown. Every row: add --members all, or write a file: --output overruns.xlsx (or overruns.csv).",
+                yen(more)
+            ),
+            Lang::Ja => format!(
+                "…ほかに {} 件の会員・月は表示していません。すべて表示するには --members all、ファイルに書くには --output overruns.xlsx（または overruns.csv）。",
+                yen(more)
+            ),
+        })
+    }
 }
 
 impl<W: Write> Text<W> {
-    pub fn new(out: W, style: TextStyle) -> Self {
+    pub fn new(out: W, style: TextStyle, lang: Lang) -> Self {
         Text {
             out,
             style,
+            lang,
             members: Vec::new(),
+            shown: Shown::default(),
         }
+    }
+
+    /// Shows the first `limit` member rows only (None: every row).
+    pub fn with_member_limit(mut self, limit: Option<u64>) -> Self {
+        self.shown.limit = limit;
+        self
     }
 
     fn cell(&self, text: &str) -> String {
@@ -114,12 +182,7 @@ impl<W: Write> Text<W> {
                 .chars()
                 .map(|c| if c.is_control() { '?' } else { c })
                 .collect(),
-            TextStyle::Markdown => text
-                .replace('\\', "\\\\")
-                .replace('|', "\\|")
-                .chars()
-                .map(|c| if c.is_control() { ' ' } else { c })
-                .collect(),
+            TextStyle::Markdown => markdown_text(text),
         }
     }
 
@@ -185,42 +248,71 @@ impl<W: Write> Text<W> {
     }
 
     fn none(&mut self) -> io::Result<()> {
-        writeln!(self.out, "(none)")
+        writeln!(self.out, "{}", self.lang.tr("(none)"))
+    }
+
+    /// The legacy counter against what the old system issued, per campaign.
+    fn lost_updates(&mut self, h: &Header) -> io::Result<()> {
+        self.heading(self.lang.tr(LOST_UPDATES_TITLE))?;
+        let source = self.cell(&h.legacy_counter.explain(self.lang));
+        writeln!(self.out, "{}: {source}\n", self.lang.tr("Source"))?;
+        let rows: Vec<Vec<String>> = h
+            .campaigns
+            .iter()
+            .filter(|c| c.legacy_counter_yen.is_some())
+            .map(|c| {
+                std::iter::once(self.cell(&c.campaign_id))
+                    .chain(
+                        c.lost_updates()
+                            .iter()
+                            .map(|v| v.map(yen).unwrap_or_default()),
+                    )
+                    .collect()
+            })
+            .collect();
+        if rows.is_empty() {
+            return self.none();
+        }
+        let mut cols = columns(self.lang, &titled("campaign_id", &LOST_UPDATE_NUMBERS), 1);
+        widen(&mut cols, rows.iter().map(|c| c.as_slice()));
+        self.head(&cols)?;
+        for r in &rows {
+            self.row(&cols, r)?;
+        }
+        Ok(())
     }
 }
 
+pub(super) const LOST_UPDATES_TITLE: &str =
+    "Lost updates: the legacy counter (campaigns.issued_yen) against what the old system issued";
+
 impl<W: Write> Render for Text<W> {
     fn begin(&mut self, h: &Header) -> io::Result<()> {
-        let facts = [
-            ("As of", format!("{} (Asia/Tokyo)", h.as_of)),
-            ("Database", h.database.label()),
-            ("State", h.state.explain().to_string()),
-            (
-                "Monthly cap",
-                format!("{} yen per member and month", yen(h.monthly_cap_yen)),
-            ),
-        ];
+        let lang = self.lang;
+        let title = lang.tr("Coupon overrun report");
         match self.style {
             TextStyle::Table => {
-                writeln!(self.out, "Coupon overrun report")?;
-                for (k, v) in facts {
-                    writeln!(self.out, "{:<12} {}", format!("{k}:"), self.cell(&v))?;
+                writeln!(self.out, "{title}")?;
+                for (k, v) in facts(lang, h) {
+                    let key = format!("{k}:");
+                    let pad = 12usize.saturating_sub(key.width());
+                    writeln!(self.out, "{key}{} {}", " ".repeat(pad), self.cell(&v))?;
                 }
             }
             TextStyle::Markdown => {
-                writeln!(self.out, "# Coupon overrun report\n")?;
-                for (k, v) in facts {
+                writeln!(self.out, "# {title}\n")?;
+                for (k, v) in facts(lang, h) {
                     writeln!(self.out, "- **{k}:** {}", self.cell(&v))?;
                 }
             }
         }
 
-        self.heading("Totals")?;
-        let lines = totals_lines(&h.totals);
-        let mut cols = columns(&["figure", "yen"], 1);
+        self.heading(lang.tr("Totals"))?;
+        let lines = totals_lines(lang, &h.totals);
+        let mut cols = columns(lang, &["figure", "yen"], 1);
         let cells: Vec<[String; 2]> = lines
             .iter()
-            .map(|(label, v)| [label.to_string(), yen(*v)])
+            .map(|(label, v)| [label.to_string(), v.clone()])
             .collect();
         widen(&mut cols, cells.iter().map(|c| c.as_slice()));
         self.head(&cols)?;
@@ -228,17 +320,21 @@ impl<W: Write> Render for Text<W> {
             self.row(&cols, c)?;
         }
 
-        self.heading(&format!("Campaigns ({})", yen(h.campaigns.len() as i64)))?;
+        self.heading(&format!(
+            "{} ({})",
+            lang.tr("Campaigns"),
+            yen(h.campaigns.len() as i64)
+        ))?;
         if h.campaigns.is_empty() {
             self.none()?;
         } else {
-            let mut cols = columns(&CAMPAIGN_FIELDS, 1);
+            let mut cols = columns(lang, &titled("campaign_id", &CAMPAIGN_NUMBERS), 1);
             let cells: Vec<Vec<String>> = h
                 .campaigns
                 .iter()
                 .map(|c| {
                     std::iter::once(self.cell(&c.campaign_id))
-                        .chain(campaign_numbers(c).iter().map(|v| yen(*v)))
+                        .chain(c.numbers().iter().map(|v| yen(*v)))
                         .collect()
                 })
                 .collect();
@@ -249,12 +345,15 @@ impl<W: Write> Render for Text<W> {
             }
         }
 
+        self.lost_updates(h)?;
+
         self.heading(&format!(
-            "Members over the monthly cap ({})",
+            "{} ({})",
+            lang.tr("Members over the monthly cap"),
             yen(h.totals.members_over_monthly_cap)
         ))?;
         let w = h.member_widths;
-        let mut cols = columns(&MEMBER_FIELDS, 2);
+        let mut cols = columns(lang, &MEMBER_FIELDS, 2);
         let widest = [
             w.member_id,
             w.month,
@@ -275,6 +374,9 @@ impl<W: Write> Render for Text<W> {
     }
 
     fn member(&mut self, m: &MemberRow) -> io::Result<()> {
+        if !self.shown.next() {
+            return Ok(());
+        }
         let cells = [
             self.cell(&m.member_id),
             self.cell(&m.month),
@@ -288,9 +390,43 @@ impl<W: Write> Render for Text<W> {
         result
     }
 
-    fn end(&mut self, _h: &Header) -> io::Result<()> {
+    fn wants_more_members(&self) -> bool {
+        !self.shown.full()
+    }
+
+    fn end(&mut self, h: &Header) -> io::Result<()> {
+        if let Some(line) = self
+            .shown
+            .left_out(self.lang, h.totals.members_over_monthly_cap)
+        {
+            match self.style {
+                TextStyle::Table => writeln!(self.out, "{line}")?,
+                TextStyle::Markdown => writeln!(self.out, "\n{}", markdown_text(&line))?,
+            }
+        }
         self.out.flush()
     }
+}
+
+/// Text from the data, safe in a Markdown table cell: HTML becomes entities (a renderer would
+/// pass `<script>` through), the characters Markdown would read as formatting or as a cell
+/// break are backslash-escaped, and control characters become spaces.
+fn markdown_text(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '\\' | '|' | '`' | '*' | '_' | '[' | ']' | '~' => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if c.is_control() => out.push(' '),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 fn widen<'a>(cols: &mut [Column], rows: impl Iterator<Item = &'a [String]>) {
@@ -329,6 +465,11 @@ impl<W: Write> Render for Json<W> {
         writeln!(self.out, "  \"monthly_cap_yen\": {},", h.monthly_cap_yen)?;
         writeln!(self.out, "  \"database\": {},", to_json(&h.database)?)?;
         writeln!(self.out, "  \"state\": {},", to_json(&h.state)?)?;
+        writeln!(
+            self.out,
+            "  \"legacy_counter\": {},",
+            to_json(&h.legacy_counter)?
+        )?;
         write!(self.out, "  \"campaigns\": [")?;
         for (i, c) in h.campaigns.iter().enumerate() {
             let sep = if i == 0 { "" } else { "," };
@@ -350,417 +491,5 @@ impl<W: Write> Render for Json<W> {
         writeln!(self.out, "  \"totals\": {}", to_json(&h.totals)?)?;
         writeln!(self.out, "}}")?;
         self.out.flush()
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// CSV: one RFC 4180 table (CRLF, header row, raw integers). The first column says what a
-// row is: a campaign, a member-month over the cap, or one of the two total rows; the last
-// three repeat where and when the figures come from, so a sheet carries its own provenance.
-
-const CSV_HEADER: [&str; 19] = [
-    "section",
-    "campaign_id",
-    "member_id",
-    "month",
-    "budget_yen",
-    "cap_yen",
-    "issued_yen",
-    "used_yen",
-    "overrun_yen",
-    "coupons",
-    "voided_coupons",
-    "voided_yen",
-    "redeemed_legacy_duplicates",
-    "redeemed_legacy_duplicates_yen",
-    "voided_then_redeemed",
-    "voided_then_redeemed_yen",
-    "as_of",
-    "state",
-    "database",
-];
-
-pub struct Csv<W: Write> {
-    out: csv::Writer<W>,
-    provenance: [String; 3],
-}
-
-impl<W: Write> Csv<W> {
-    /// `excel` starts the file with a UTF-8 byte order mark, which Excel needs to read
-    /// UTF-8 (in Japan it otherwise assumes Shift_JIS).
-    pub fn new(mut out: W, excel: bool) -> io::Result<Self> {
-        if excel {
-            out.write_all("\u{feff}".as_bytes())?;
-        }
-        Ok(Csv {
-            out: csv::WriterBuilder::new()
-                .terminator(csv::Terminator::CRLF)
-                .from_writer(out),
-            provenance: Default::default(),
-        })
-    }
-
-    fn record(&mut self, fields: [String; 16]) -> io::Result<()> {
-        let provenance = self.provenance.clone();
-        self.out
-            .write_record(fields.iter().chain(provenance.iter()))
-            .map_err(csv_io)
-    }
-}
-
-/// Keeps an I/O error an I/O error (a closed pipe is not a failure).
-fn csv_io(e: csv::Error) -> io::Error {
-    match e.into_kind() {
-        csv::ErrorKind::Io(io) => io,
-        other => io::Error::other(format!("{other:?}")),
-    }
-}
-
-fn n(v: i64) -> String {
-    v.to_string()
-}
-
-impl<W: Write> Render for Csv<W> {
-    fn begin(&mut self, h: &Header) -> io::Result<()> {
-        self.provenance = [
-            h.as_of.clone(),
-            h.state.as_str().to_string(),
-            h.database.label(),
-        ];
-        self.out.write_record(CSV_HEADER).map_err(csv_io)?;
-        for c in &h.campaigns {
-            self.record([
-                "campaign".into(),
-                c.campaign_id.clone(),
-                String::new(),
-                String::new(),
-                n(c.budget_yen),
-                String::new(),
-                n(c.issued_yen),
-                String::new(),
-                n(c.overrun_yen),
-                n(c.coupons),
-                n(c.voided_coupons),
-                n(c.voided_yen),
-                n(c.redeemed_legacy_duplicates),
-                n(c.redeemed_legacy_duplicates_yen),
-                n(c.voided_then_redeemed),
-                n(c.voided_then_redeemed_yen),
-            ])?;
-        }
-        Ok(())
-    }
-
-    fn member(&mut self, m: &MemberRow) -> io::Result<()> {
-        let mut fields: [String; 16] = Default::default();
-        fields[0] = "member_over_cap".into();
-        fields[2] = m.member_id.clone();
-        fields[3] = m.month.clone();
-        fields[5] = n(m.cap_yen);
-        fields[7] = n(m.used_yen);
-        fields[8] = n(m.overrun_yen);
-        self.record(fields)
-    }
-
-    fn end(&mut self, h: &Header) -> io::Result<()> {
-        let t = &h.totals;
-        self.record([
-            "campaign_total".into(),
-            String::new(),
-            String::new(),
-            String::new(),
-            n(t.budget_yen),
-            String::new(),
-            n(t.issued_yen),
-            String::new(),
-            n(t.campaign_overrun_yen),
-            n(t.coupons),
-            n(t.voided_coupons),
-            n(t.voided_yen),
-            n(t.redeemed_legacy_duplicates),
-            n(t.redeemed_legacy_duplicates_yen),
-            n(t.voided_then_redeemed),
-            n(t.voided_then_redeemed_yen),
-        ])?;
-        let mut fields: [String; 16] = Default::default();
-        fields[0] = "member_total".into();
-        fields[5] = n(h.monthly_cap_yen);
-        fields[7] = n(t.member_used_yen);
-        fields[8] = n(t.member_overrun_yen);
-        self.record(fields)?;
-        self.out.flush()
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// HTML: one self-contained page (no scripts, no external files). The member table streams;
-// the distribution of member overruns is only known at the end, so it is written last and
-// shown before the table with CSS `order`.
-
-pub struct Html<W: Write> {
-    out: W,
-    /// Bucket width in yen and counts, fixed at `begin` from the largest overrun.
-    bucket: i64,
-    counts: Vec<u64>,
-}
-
-impl<W: Write> Html<W> {
-    pub fn new(out: W) -> Self {
-        Html {
-            out,
-            bucket: 1,
-            counts: Vec::new(),
-        }
-    }
-}
-
-fn esc(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-/// A round bucket width (1, 2 or 5 times a power of ten) giving at most ten buckets.
-fn bucket_width(max: i64) -> i64 {
-    let raw = (max.max(1) + 9) / 10;
-    let mut power = 1i64;
-    loop {
-        for step in [1, 2, 5] {
-            if step * power >= raw {
-                return step * power;
-            }
-        }
-        power *= 10;
-    }
-}
-
-const STYLE: &str = "body{font:14px/1.4 system-ui,sans-serif;margin:2em;color:#222}\
-main{display:flex;flex-direction:column;gap:1.5em}\
-table{border-collapse:collapse}td,th{padding:2px 8px;border-bottom:1px solid #ddd}\
-td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}\
-.budget{fill:#9aa5b1}.issued{fill:#2f6fb0}.over{fill:#c0392b}.bar{fill:#c0392b}\
-svg text{font:12px system-ui,sans-serif;fill:#222}";
-
-impl<W: Write> Html<W> {
-    fn campaign_chart(&mut self, h: &Header) -> io::Result<()> {
-        let scale_max = h
-            .campaigns
-            .iter()
-            .map(|c| c.budget_yen.max(c.issued_yen))
-            .max()
-            .unwrap_or(0)
-            .max(1) as f64;
-        let label_w = 160.0;
-        let bar_w = 520.0;
-        let row_h = 34.0;
-        let height = 20.0 + row_h * h.campaigns.len() as f64;
-        writeln!(
-            self.out,
-            "<svg role=\"img\" aria-label=\"Budget versus issued per campaign\" width=\"{}\" height=\"{height}\" viewBox=\"0 0 {} {height}\">",
-            label_w + bar_w + 140.0,
-            label_w + bar_w + 140.0
-        )?;
-        for (i, c) in h.campaigns.iter().enumerate() {
-            let y = 10.0 + row_h * i as f64;
-            let bw = bar_w * c.budget_yen as f64 / scale_max;
-            let iw = bar_w * c.issued_yen as f64 / scale_max;
-            let class = if c.overrun_yen > 0 { "over" } else { "issued" };
-            writeln!(
-                self.out,
-                "<g class=\"pair\" data-campaign=\"{id}\"><title>{id}: budget {b} yen, issued {iss} yen, overrun {o} yen</title>\
-<text x=\"0\" y=\"{ty:.1}\">{id}</text>\
-<rect class=\"budget\" x=\"{label_w}\" y=\"{y:.1}\" width=\"{bw:.1}\" height=\"12\"/>\
-<rect class=\"{class}\" x=\"{label_w}\" y=\"{y2:.1}\" width=\"{iw:.1}\" height=\"12\"/>\
-<text x=\"{tx:.1}\" y=\"{ty:.1}\">{iss} / {b}</text></g>",
-                id = esc(&c.campaign_id),
-                b = yen(c.budget_yen),
-                iss = yen(c.issued_yen),
-                o = yen(c.overrun_yen),
-                ty = y + 16.0,
-                y2 = y + 13.0,
-                tx = label_w + bw.max(iw) + 6.0,
-            )?;
-        }
-        writeln!(self.out, "</svg>")?;
-        writeln!(
-            self.out,
-            "<p><svg width=\"12\" height=\"12\"><rect class=\"budget\" width=\"12\" height=\"12\"/></svg> budget \
-<svg width=\"12\" height=\"12\"><rect class=\"issued\" width=\"12\" height=\"12\"/></svg> issued \
-<svg width=\"12\" height=\"12\"><rect class=\"over\" width=\"12\" height=\"12\"/></svg> issued, over budget</p>"
-        )
-    }
-}
-
-impl<W: Write> Render for Html<W> {
-    fn begin(&mut self, h: &Header) -> io::Result<()> {
-        let max_overrun = h.member_widths.max_used_yen - h.monthly_cap_yen;
-        if h.totals.members_over_monthly_cap > 0 {
-            self.bucket = bucket_width(max_overrun);
-            self.counts = vec![0; ((max_overrun + self.bucket - 1) / self.bucket) as usize];
-        }
-        writeln!(
-            self.out,
-            "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">"
-        )?;
-        writeln!(
-            self.out,
-            "<title>Coupon overrun report, {}</title>\n<style>{STYLE}</style>\n</head>\n<body>",
-            esc(&h.as_of)
-        )?;
-        writeln!(self.out, "<h1>Coupon overrun report</h1>\n<dl>")?;
-        for (k, v) in [
-            ("As of", format!("{} (Asia/Tokyo)", h.as_of)),
-            ("Database", h.database.label()),
-            ("State", h.state.explain().to_string()),
-            (
-                "Monthly cap",
-                format!("{} yen per member and month", yen(h.monthly_cap_yen)),
-            ),
-        ] {
-            writeln!(self.out, "<dt>{k}</dt><dd>{}</dd>", esc(&v))?;
-        }
-        writeln!(self.out, "</dl>\n<main>")?;
-
-        writeln!(
-            self.out,
-            "<section style=\"order:1\"><h2>Totals</h2><table>"
-        )?;
-        for (label, v) in totals_lines(&h.totals) {
-            writeln!(
-                self.out,
-                "<tr><td>{}</td><td class=\"n\">{}</td></tr>",
-                esc(label),
-                yen(v)
-            )?;
-        }
-        writeln!(self.out, "</table></section>")?;
-
-        writeln!(
-            self.out,
-            "<section style=\"order:2\"><h2>Budget versus issued, per campaign</h2>"
-        )?;
-        self.campaign_chart(h)?;
-        writeln!(self.out, "</section>")?;
-
-        writeln!(
-            self.out,
-            "<section style=\"order:4\"><h2>Campaigns ({})</h2><table>\n<tr>",
-            yen(h.campaigns.len() as i64)
-        )?;
-        for (i, f) in CAMPAIGN_FIELDS.iter().enumerate() {
-            let class = if i == 0 { "" } else { " class=\"n\"" };
-            write!(self.out, "<th{class}>{f}</th>")?;
-        }
-        writeln!(self.out, "</tr>")?;
-        for c in &h.campaigns {
-            write!(self.out, "<tr><td>{}</td>", esc(&c.campaign_id))?;
-            for v in campaign_numbers(c) {
-                write!(self.out, "<td class=\"n\">{}</td>", yen(v))?;
-            }
-            writeln!(self.out, "</tr>")?;
-        }
-        writeln!(self.out, "</table></section>")?;
-
-        writeln!(
-            self.out,
-            "<section style=\"order:5\"><h2>Members over the monthly cap ({})</h2><table>\n<tr><th>member_id</th><th>month</th><th class=\"n\">used_yen</th><th class=\"n\">cap_yen</th><th class=\"n\">overrun_yen</th></tr>",
-            yen(h.totals.members_over_monthly_cap)
-        )
-    }
-
-    fn member(&mut self, m: &MemberRow) -> io::Result<()> {
-        if m.overrun_yen > 0 {
-            let i = ((m.overrun_yen - 1) / self.bucket) as usize;
-            if let Some(c) = self.counts.get_mut(i) {
-                *c += 1;
-            }
-        }
-        writeln!(
-            self.out,
-            "<tr><td>{}</td><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
-            esc(&m.member_id),
-            esc(&m.month),
-            yen(m.used_yen),
-            yen(m.cap_yen),
-            yen(m.overrun_yen)
-        )
-    }
-
-    fn end(&mut self, _h: &Header) -> io::Result<()> {
-        writeln!(self.out, "</table></section>")?;
-        writeln!(
-            self.out,
-            "<section style=\"order:3\"><h2>Distribution of member overruns past the monthly cap</h2>"
-        )?;
-        if self.counts.is_empty() {
-            writeln!(self.out, "<p>No member is over the monthly cap.</p>")?;
-        } else {
-            let most = *self.counts.iter().max().unwrap_or(&1).max(&1) as f64;
-            let col_w = 70.0;
-            let chart_h = 160.0;
-            let width = 50.0 + col_w * self.counts.len() as f64;
-            writeln!(
-                self.out,
-                "<svg role=\"img\" aria-label=\"Member-months by overrun\" width=\"{width}\" height=\"{}\" viewBox=\"0 0 {width} {}\">",
-                chart_h + 64.0,
-                chart_h + 64.0
-            )?;
-            for (i, count) in self.counts.iter().enumerate() {
-                let h = chart_h * *count as f64 / most;
-                let x = 40.0 + col_w * i as f64;
-                let low = self.bucket * i as i64 + 1;
-                let high = self.bucket * (i as i64 + 1);
-                writeln!(
-                    self.out,
-                    "<g class=\"bucket\"><title>{count} member-months over by {}–{} yen</title>\
-<rect class=\"bar\" x=\"{x:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{h:.1}\"/>\
-<text x=\"{x:.1}\" y=\"{:.1}\">{count}</text>\
-<text x=\"{x:.1}\" y=\"{:.1}\">≤{}</text></g>",
-                    yen(low),
-                    yen(high),
-                    24.0 + chart_h - h,
-                    col_w - 8.0,
-                    20.0 + chart_h - h,
-                    chart_h + 42.0,
-                    yen(high),
-                )?;
-            }
-            writeln!(
-                self.out,
-                "</svg>\n<p>Member-months per overrun range, in yen past the cap.</p>"
-            )?;
-        }
-        writeln!(self.out, "</section>\n</main>\n</body>\n</html>")?;
-        self.out.flush()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::bucket_width;
-
-    #[test]
-    fn buckets_are_round_and_at_most_ten() {
-        for (max, width) in [
-            (1, 1),
-            (10, 1),
-            (11, 2),
-            (1000, 100),
-            (2000, 200),
-            (2001, 500),
-            (12345, 2000),
-        ] {
-            assert_eq!(bucket_width(max), width, "max {max}");
-            assert!((max + width - 1) / width <= 10);
-        }
     }
 }
