@@ -31,7 +31,7 @@ fn killed_at_random_moments_the_release_ends_as_an_uninterrupted_run_would() {
     eprintln!("kill campaign seed {seed}; replay with PGMEND_KILL_SEED={seed}");
     let options = kill_campaign::CampaignOptions {
         exe: exe(),
-        iterations: 4,
+        iterations: 6,
         members: 500,
         seed,
         batch_target: "20ms".into(),
@@ -42,9 +42,12 @@ fn killed_at_random_moments_the_release_ends_as_an_uninterrupted_run_would() {
     let tally = kill_campaign::campaign(&options, &conn, &mut |l| eprintln!("{l}"))
         .unwrap_or_else(|e| panic!("{e:#}\n(seed {seed}; replay with PGMEND_KILL_SEED={seed})"));
     eprintln!("{}", tally.summary());
-    assert_eq!(tally.iterations, 4);
+    assert_eq!(tally.iterations, 6);
+    // Every iteration aims its first kill inside the reference's run time, but a run that is
+    // faster than the reference this time can finish first (seen on PostgreSQL 14: 3 kills in
+    // 4 iterations); half of them landing is the floor.
     assert!(
-        tally.kills >= 4,
+        tally.kills >= 3,
         "only {} kills landed (seed {seed}; replay with PGMEND_KILL_SEED={seed})",
         tally.kills
     );
