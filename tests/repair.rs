@@ -553,36 +553,7 @@ fn counters_stay_exact_while_the_new_application_issues_coupons() {
     // The corrected issuance of seed 000: one transaction, the member-month row first, the
     // coupon by upsert against the partial unique index, the budget row last.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let writers: Vec<_> = (0..4)
-        .map(|w| {
-            let mut c = db.client();
-            let stop = stop.clone();
-            thread::spawn(move || {
-                let mut n = 0;
-                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                    n += 1;
-                    let member = format!("w{w}-{n}");
-                    let mut tx = c.transaction().unwrap();
-                    tx.execute("INSERT INTO member_monthly_usage VALUES ($1, '2026-10', 0) ON CONFLICT DO NOTHING", &[&member]).unwrap();
-                    tx.execute("SELECT 1 FROM member_monthly_usage WHERE member_id = $1 AND month = '2026-10' FOR UPDATE", &[&member]).unwrap();
-                    let inserted = tx
-                        .execute(
-                            "INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen)
-                             VALUES (gen_random_uuid(), 'C-BIG', $1, '2026-10', 1000)
-                             ON CONFLICT (campaign_id, member_id) WHERE NOT legacy_duplicate DO NOTHING",
-                            &[&member],
-                        )
-                        .unwrap();
-                    if inserted == 1 {
-                        tx.execute("UPDATE member_monthly_usage SET used_yen = used_yen + 1000 WHERE member_id = $1 AND month = '2026-10'", &[&member]).unwrap();
-                        tx.execute("UPDATE campaign_budgets SET issued_yen = issued_yen + 1000 WHERE campaign_id = 'C-BIG'", &[]).unwrap();
-                    }
-                    tx.commit().unwrap();
-                }
-                n
-            })
-        })
-        .collect();
+    let writers = in_step_writers(&db, &stop);
     thread::sleep(Duration::from_millis(300));
     for _ in 0..3 {
         for name in ["rebuild-campaign-budgets", "rebuild-member-monthly-usage"] {
