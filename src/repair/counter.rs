@@ -439,24 +439,33 @@ impl CounterEngine {
         if self.checks.is_empty() {
             return "true".into();
         }
-        let (min, max) = self.range();
         let row_cols: Vec<String> = self
             .columns
             .iter()
             .map(|c| {
                 if *c == self.spec.counter {
-                    // NULL (not an error) where the value does not fit: the range test
-                    // beside this one refuses it.
-                    format!(
-                        "(CASE WHEN ({value}) BETWEEN {min} AND {max} THEN ({value}) END)::{} AS {}",
-                        self.counter_type,
-                        q(c)
-                    )
+                    self.fitted(value)
                 } else {
                     format!("{alias}.{c}", c = q(c))
                 }
             })
             .collect();
+        self.no_check_fails(&row_cols)
+    }
+
+    /// `value` as the counter column (NULL, not an error, where it does not fit: the range
+    /// test beside the checks refuses it).
+    fn fitted(&self, value: &str) -> String {
+        let (min, max) = self.range();
+        format!(
+            "(CASE WHEN ({value}) BETWEEN {min} AND {max} THEN ({value}) END)::{} AS {}",
+            self.counter_type,
+            q(&self.spec.counter)
+        )
+    }
+
+    /// True when no CHECK of the counter table is false on the row `columns` make.
+    fn no_check_fails(&self, columns: &[String]) -> String {
         let tests = self
             .checks
             .iter()
@@ -465,7 +474,7 @@ impl CounterEngine {
             .join(" OR ");
         format!(
             "NOT EXISTS (SELECT 1 FROM (SELECT {}) r WHERE {tests})",
-            row_cols.join(", ")
+            columns.join(", ")
         )
     }
 
@@ -476,28 +485,14 @@ impl CounterEngine {
             return "true".into();
         }
         let s = &self.spec;
-        let (min, max) = self.range();
         let row: Vec<String> = s
             .key
             .iter()
             .chain(s.copy_on_create.keys())
             .map(|c| format!("w.{c}", c = q(c)))
-            .chain(std::iter::once(format!(
-                "(CASE WHEN w.value BETWEEN {min} AND {max} THEN w.value END)::{} AS {}",
-                self.counter_type,
-                q(&s.counter)
-            )))
+            .chain(std::iter::once(self.fitted("w.value")))
             .collect();
-        let tests = self
-            .checks
-            .iter()
-            .map(|(_, e)| format!("({e}) IS FALSE"))
-            .collect::<Vec<_>>()
-            .join(" OR ");
-        format!(
-            "NOT EXISTS (SELECT 1 FROM (SELECT {}) r WHERE {tests})",
-            row.join(", ")
-        )
+        self.no_check_fails(&row)
     }
 
     /// Creates missing counter rows with their true value (0 where it would not fit or pass a
