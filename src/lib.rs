@@ -14,4 +14,5 @@ pub mod release;
 pub mod repair;
 pub mod report;
 pub mod signals;
+pub mod store;
 pub mod verify;

@@ -5,8 +5,7 @@ use anyhow::{bail, Context, Result};
 use postgres::GenericClient;
 use serde::{Deserialize, Serialize};
 
-use crate::error::PgContext;
-use crate::repair::store;
+use crate::store;
 
 const RELEASE: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/release.toml"));
 
@@ -148,21 +147,8 @@ pub struct Progress {
 pub fn progress(client: &mut impl GenericClient, applied_versions: Vec<i32>) -> Result<Progress> {
     let (mut finished_steps, mut gates) = (Vec::new(), Vec::new());
     if store::exists(client)? {
-        finished_steps = client
-            .query("SELECT step FROM pgmend.release_steps ORDER BY step", &[])
-            .doing("reading the release's finished steps")?
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
-        gates = client
-            .query(
-                "SELECT gate, confirmed_by, to_char(confirmed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') FROM pgmend.gates",
-                &[],
-            )
-            .doing("reading the confirmed gates")?
-            .iter()
-            .map(|r| (r.get(0), r.get(1), r.get(2)))
-            .collect();
+        finished_steps = store::records::finished_steps(client)?;
+        gates = store::records::confirmed_gates(client)?;
     }
     Ok(Progress {
         applied_versions,

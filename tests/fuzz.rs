@@ -108,7 +108,7 @@ proptest! {
 
 /// The identifier fields of an accepted definition.
 fn identifiers(spec: &Spec) -> Vec<String> {
-    let mut out = Vec::new();
+    let mut out: Vec<pgmend::db::sql_text::Ident> = Vec::new();
     match spec {
         Spec::VoidDuplicates(v) => {
             out.extend([
@@ -132,7 +132,7 @@ fn identifiers(spec: &Spec) -> Vec<String> {
             out.extend(c.key.iter().cloned());
             out.extend(c.value.iter().cloned());
             out.extend(c.source_filter_null.iter().cloned());
-            if c.keys_from != "source" {
+            if c.keys_from.as_str() != "source" {
                 out.push(c.keys_from.clone());
             }
             for (to, from) in &c.copy_on_create {
@@ -140,7 +140,7 @@ fn identifiers(spec: &Spec) -> Vec<String> {
             }
         }
     }
-    out
+    out.into_iter().map(String::from).collect()
 }
 
 fn shipped_definitions() -> Vec<String> {

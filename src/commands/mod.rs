@@ -36,7 +36,7 @@ fn with_search_path(options: Option<&str>, schema: &str) -> Result<String> {
     if schema.is_empty() || schema.contains('\0') {
         bail!("--schema {schema:?}: give the name of the schema that holds the legacy tables");
     }
-    let quoted = format!("\"{}\"", schema.replace('"', "\"\""));
+    let quoted = crate::db::sql_text::Ident::new(schema).to_string();
     let escaped: String = quoted
         .chars()
         .flat_map(|c| match c {

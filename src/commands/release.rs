@@ -16,7 +16,6 @@ use crate::online::census::{added_column, AddedColumn};
 use crate::release::{self, Step};
 use crate::repair::guard;
 use crate::repair::preview::{self, Change, Preview};
-use crate::repair::runner::ensure_schema;
 
 #[derive(Serialize)]
 struct StepPlan<'a> {
@@ -360,12 +359,12 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
                     })?;
                     let run = run_repair(client, repair, &options)?;
                     stop_if_unfinished(&run, repair)?;
-                    client
-                        .execute(
-                            "INSERT INTO pgmend.release_steps (step, what, run_id) VALUES ($1, $2, $3) ON CONFLICT (step) DO NOTHING",
-                            &[&(i as i32 + 1), &step.label(), &run.run.run_id],
-                        )
-                        .doing("recording the finished step")?;
+                    crate::store::records::record_step(
+                        client,
+                        i as i32 + 1,
+                        &step.label(),
+                        Some(run.run.run_id),
+                    )?;
                     crate::say!("run {}: {} rows changed", run.run.run_id, run.run.changed);
                     run_report = Some(run);
                 }
@@ -384,15 +383,10 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
                         }
                         break;
                     }
-                    ensure_schema(client, &policy)?;
+                    crate::store::ensure(client, &policy)?;
                     crate::report::legacy_counter::record_at_gate(client, name)?;
                     let who = format!("{}@{}", os_user(), hostname());
-                    client
-                        .execute(
-                            "INSERT INTO pgmend.gates (gate, confirmed_by) VALUES ($1, $2 || ' (role ' || current_user || ')') ON CONFLICT (gate) DO NOTHING",
-                            &[name, &who],
-                        )
-                        .doing("recording the gate")?;
+                    crate::store::records::confirm_gate(client, name, &who)?;
                     crate::say!("gate {name} confirmed by {who}");
                 }
             }
@@ -500,14 +494,15 @@ fn counters_match(
         let mut tx = super::read_only(client)?;
         tx.batch_execute(crate::db::connect::RAISE_WORK_MEM)
             .doing("raising work_mem to compare the counters with their source")?;
-        let keys = engine
-            .differing_keys(&mut tx, 5)
-            .doing(format!("comparing {} with its source", spec.counter_table))?;
+        let keys = engine.differing_keys(&mut tx, 5).doing(format!(
+            "comparing {} with its source",
+            spec.counter_table.as_str()
+        ))?;
         tx.rollback().doing("closing the read-only transaction")?;
         if !keys.is_empty() {
             differing.push(format!(
                 "{} ({}), for example {}",
-                spec.counter_table,
+                spec.counter_table.as_str(),
                 name,
                 keys.iter()
                     .map(|k| k.join("/"))
@@ -573,20 +568,14 @@ fn install_guard(
     let crate::repair::definition::Spec::VoidDuplicates(spec) = &repair.spec else {
         return Ok(false);
     };
-    let run_id: Option<i64> = client
-        .query_one(
-            "SELECT max(run_id) FROM pgmend.repair_runs WHERE repair = $1",
-            &[&repair.name],
-        )
-        .doing("finding the latest run of the repair")?
-        .get(0);
+    let run_id = crate::store::runs::latest_run_id(client, &repair.name)?;
     let Some(run_id) = run_id else {
         return Ok(false);
     };
     guard::install(client, policy, &repair.name, spec, run_id)?;
     crate::say!(
         "installed a guard trigger on {}: until the unique index is valid, a duplicate the old application inserts is marked as it arrives (recorded in the ledger of run {run_id})",
-        spec.table
+        spec.table.as_str()
     );
     Ok(true)
 }

@@ -17,7 +17,8 @@ use crate::error::{Outcome, PgContext, Stopped};
 use crate::repair::definition::{Repair, RepairSource};
 use crate::repair::preview::{self, Change, Preview};
 use crate::repair::runner::{self, RunOptions, RunReport};
-use crate::repair::{store, undo};
+use crate::repair::undo;
+use crate::store;
 
 pub fn source(args: &RepairsArgs) -> RepairSource {
     match &args.repairs_dir {
@@ -250,7 +251,7 @@ pub fn print_report(report: &RunReport, format: Format) -> Result<()> {
 pub fn status(args: &RepairStatusArgs, format: Format) -> Result<Outcome> {
     let mut session = open(&args.conn)?;
     let mut tx = super::read_only(&mut session.client)?;
-    let runs = store::runs(&mut tx)?;
+    let runs = store::runs::all(&mut tx)?;
     tx.rollback().doing("closing the read-only transaction")?;
     match format {
         Format::Json => print_json(&runs)?,
@@ -272,7 +273,7 @@ pub fn status(args: &RepairStatusArgs, format: Format) -> Result<Outcome> {
                 .map(|r| Row {
                     run: r.run_id,
                     repair: r.repair.clone(),
-                    state: r.state.clone(),
+                    state: r.state.to_string(),
                     progress: format!(
                         "{}/{} (checkpoint {})",
                         r.processed, r.targets, r.checkpoint
@@ -308,12 +309,7 @@ pub fn log(args: &RepairLogArgs, format: Format) -> Result<Outcome> {
         );
     }
     let mut out = crate::output::stdout();
-    let sql = "SELECT ledger_id, target_table, row_key::text, action, coalesce(before::text, ''), coalesce(after::text, ''), reason,
-                      to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')
-                 FROM pgmend.repair_ledger WHERE run_id = $1 ORDER BY ledger_id";
-    let mut rows = tx
-        .query_raw(sql, [&args.run_id])
-        .doing("reading the ledger")?;
+    let mut rows = store::runs::ledger_records(&mut tx, &args.run_id)?;
     use fallible_iterator::FallibleIterator;
     let mut csv_writer =
         (format == Format::Csv).then(|| csv::Writer::from_writer(crate::output::stdout()));
@@ -437,7 +433,7 @@ pub fn abandon(args: &RepairRunArgs, format: Format) -> Result<Outcome> {
     session.ensure_writable()?;
     let _lock = runner_lock::acquire(&mut session, args.safety.runner_wait)?;
     let run = find_run(&mut session.client, args.run_id)?;
-    if run.state != "running" {
+    if run.state != store::RunState::Running {
         bail!(
             "run {} is {}, not unfinished; only an unfinished run can be abandoned",
             run.run_id,
@@ -452,10 +448,7 @@ pub fn abandon(args: &RepairRunArgs, format: Format) -> Result<Outcome> {
         ),
         "check the run first (`pgmend repair status`)",
     )?;
-    session
-        .client
-        .execute("UPDATE pgmend.repair_runs SET state = 'abandoned', finished_at = now() WHERE run_id = $1 AND state = 'running'", &[&run.run_id])
-        .doing("abandoning the run")?;
+    store::runs::abandon(&mut session.client, run.run_id)?;
     match format {
         Format::Json => print_json(&store::run(&mut session.client, run.run_id)?)?,
         _ => writeln!(

@@ -6,5 +6,6 @@ pub mod preflight;
 pub mod privileges;
 pub mod retry;
 pub mod runner_lock;
+pub mod sql_text;
 
 pub use connect::{connect, Session};

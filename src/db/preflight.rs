@@ -175,13 +175,11 @@ fn check_schema(session: &mut Session, schema: &str) -> Result<()> {
                     (SELECT coalesce(array_agg(DISTINCT n.nspname::text ORDER BY n.nspname::text), '{}')
                        FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                       WHERE c.relname::text = ANY($2::text[]) AND c.relkind IN ('r', 'p')
-                        AND n.nspname::text <> $1::text AND n.nspname <> 'pgmend'),
-                    to_regclass('pgmend.released_schema') IS NOT NULL",
-            &[&schema, &tables],
+                        AND n.nspname::text <> $1::text AND n.nspname::text <> $3::text)",
+            &[&schema, &tables, &crate::store::SCHEMA],
         )
         .doing("finding the schema that holds the legacy tables")?;
-    let (here, elsewhere, recorded): (i64, Vec<String>, bool) =
-        (row.get(0), row.get(1), row.get(2));
+    let (here, elsewhere): (i64, Vec<String>) = (row.get(0), row.get(1));
     if here == 0 && !elsewhere.is_empty() {
         bail!(
             "the legacy tables ({}) are in schema {}, not in {schema}, the schema this session works in (the first existing schema of its search_path): a release here would create new, empty tables in {schema} and repair those. Name the schema with --schema {} (PGMEND_SCHEMA), then rerun; nothing was changed",
@@ -190,12 +188,8 @@ fn check_schema(session: &mut Session, schema: &str) -> Result<()> {
             elsewhere[0]
         );
     }
-    if recorded {
-        let released: Option<String> = session
-            .client
-            .query_opt("SELECT schema_name FROM pgmend.released_schema", &[])
-            .doing("reading which schema pgmend's records belong to")?
-            .map(|r| r.get(0));
+    {
+        let released = crate::store::records::released_schema(&mut session.client)?;
         if let Some(released) = released.filter(|r| r != schema) {
             bail!(
                 "pgmend's records in this database (schema pgmend: the release's steps, gates and repair runs) belong to the release of schema {released}, and this session works in schema {schema}: their steps would be taken as done here. Run pgmend with --schema {released} to continue that release; nothing was changed"

@@ -107,18 +107,10 @@ pub fn for_pgmend_schema(why: &str) -> Vec<Need> {
         need(Kind::CreateSchema("pgmend".into()), why),
         need(Kind::SchemaUsage("pgmend".into()), why),
     ];
-    for (table, privileges) in [
-        ("pgmend.repair_runs", &["SELECT", "INSERT", "UPDATE"][..]),
-        ("pgmend.repair_targets", &["SELECT", "INSERT"][..]),
-        // UPDATE: a counter row a batch creates and then corrects has its 'insert' record
-        // updated (the server checks the privilege even when no record is).
-        ("pgmend.repair_ledger", &["SELECT", "INSERT", "UPDATE"][..]),
-        ("pgmend.gates", &["SELECT", "INSERT"][..]),
-        ("pgmend.release_steps", &["SELECT", "INSERT"][..]),
-        ("pgmend.legacy_counter_at_deploy", &["SELECT", "INSERT"][..]),
-    ] {
+    for (table, privileges) in crate::store::TABLE_PRIVILEGES {
+        let table = crate::store::table(table).minimal();
         for p in privileges {
-            needs.push(need(Kind::Table(table.into(), p), why));
+            needs.push(need(Kind::Table(table.clone(), p), why));
         }
     }
     needs
@@ -134,12 +126,12 @@ pub fn for_repair(repair: &Repair) -> Vec<Need> {
         }
     };
     match &repair.spec {
-        Spec::VoidDuplicates(v) => table(&v.table, &["SELECT", "UPDATE"]),
+        Spec::VoidDuplicates(v) => table(v.table.as_str(), &["SELECT", "UPDATE"]),
         Spec::RebuildCounter(c) => {
-            table(&c.counter_table, &["SELECT", "INSERT", "UPDATE"]);
-            table(&c.source_table, &["SELECT"]);
-            if c.keys_from != "source" {
-                table(&c.keys_from, &["SELECT"]);
+            table(c.counter_table.as_str(), &["SELECT", "INSERT", "UPDATE"]);
+            table(c.source_table.as_str(), &["SELECT"]);
+            if c.keys_from.as_str() != "source" {
+                table(c.keys_from.as_str(), &["SELECT"]);
             }
         }
     }
@@ -339,19 +331,7 @@ fn ask(
 
 /// An identifier as SQL would need it in the suggested GRANT.
 fn quote(name: &str) -> String {
-    if !name.is_empty()
-        && name
-            .chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
-    {
-        name.to_string()
-    } else {
-        format!("\"{}\"", name.replace('"', "\"\""))
-    }
+    crate::db::sql_text::Ident::new(name).minimal()
 }
 
 #[cfg(test)]

@@ -309,7 +309,7 @@ pub fn drop_index(
 }
 
 fn quote_ident(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
+    crate::db::sql_text::Ident::new(name).to_string()
 }
 
 /// The table's size and the transactions a concurrent build will have to wait for.

@@ -66,8 +66,8 @@ pub fn run(client: &mut postgres::Client, name: &str, policy: &LockPolicy) -> Re
         std::slice::from_ref(&census),
     )?;
     let sql = format!(
-        "ALTER TABLE {table} VALIDATE CONSTRAINT \"{}\"",
-        name.replace('"', "\"\"")
+        "ALTER TABLE {table} VALIDATE CONSTRAINT {}",
+        crate::db::sql_text::Ident::new(name)
     );
     execute_with_lock_retry(
         client,

@@ -8,17 +8,18 @@ use anyhow::Result;
 use postgres::types::ToSql;
 use serde_json::json;
 
+use super::catalog::column_types;
 use super::definition::{Aggregate, CounterSpec, WhenNoSource};
-use super::store::{column_types, q};
-use super::void::lit;
+use crate::db::sql_text::{all_not_null, column_list, key_match, Ident, Literal, SeqRange};
 use crate::error::PgContext;
+use crate::store;
 
 pub struct CounterEngine {
     pub spec: CounterSpec,
     key_types: Vec<String>,
     counter_type: String,
     /// Every column of the counter table, for evaluating its checks on proposed values.
-    columns: Vec<String>,
+    columns: Vec<Ident>,
     /// CHECK expressions on the counter table (NOT VALID ones too: they check updates).
     checks: Vec<(String, String)>,
 }
@@ -69,40 +70,41 @@ impl CounterEngine {
         }
         // Missing rows are created with `INSERT ... ON CONFLICT (key) DO UPDATE`, which needs
         // the key to be unique.
+        let key_names: Vec<&str> = spec.key.iter().map(Ident::as_str).collect();
         let unique: bool = client
             .query_one(
                 "SELECT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = to_regclass(quote_ident($1)) AND i.indisunique
                     AND i.indpred IS NULL AND i.indexprs IS NULL
                     AND (SELECT array_agg(a.attname::text ORDER BY a.attname) FROM pg_attribute a
                           WHERE a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)) = (SELECT array_agg(x ORDER BY x) FROM unnest($2::text[]) x))",
-                &[&spec.counter_table, &spec.key],
+                &[&spec.counter_table.as_str(), &key_names],
             )
             .doing("looking for the counter table's unique key")?
             .get(0);
         if !unique {
             anyhow::bail!(
                 "counter_table {} has no unique index or primary key on exactly its key ({}): a counter table holds one row per key. Add one (for example ALTER TABLE {} ADD PRIMARY KEY ({})), or fix key = [...] in the definition; nothing was changed",
-                spec.counter_table,
-                spec.key.join(", "),
-                spec.counter_table,
-                spec.key.join(", ")
+                spec.counter_table.as_str(),
+                key_names.join(", "),
+                spec.counter_table.as_str(),
+                key_names.join(", ")
             );
         }
-        let columns: Vec<String> = client
+        let columns: Vec<Ident> = client
             .query(
                 "SELECT attname::text FROM pg_attribute WHERE attrelid = to_regclass(quote_ident($1))
                     AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
-                &[&spec.counter_table],
+                &[&spec.counter_table.as_str()],
             )
             .doing("reading the counter table's columns")?
             .iter()
-            .map(|r| r.get(0))
+            .map(|r| Ident::new(r.get::<_, String>(0)))
             .collect();
         let checks = client
             .query(
                 "SELECT conname::text, pg_get_constraintdef(oid) FROM pg_constraint
                   WHERE conrelid = to_regclass(quote_ident($1)) AND contype = 'c'",
-                &[&spec.counter_table],
+                &[&spec.counter_table.as_str()],
             )
             .doing("reading the counter table's checks")?
             .iter()
@@ -130,27 +132,17 @@ impl CounterEngine {
             .spec
             .key
             .iter()
-            .map(|k| format!("{alias}.{}::text", q(k)))
+            .map(|k| format!("{alias}.{}::text", k))
             .collect();
         format!("ARRAY[{}]", parts.join(", "))
     }
 
     fn keys_match(&self, a: &str, b: &str) -> String {
-        self.spec
-            .key
-            .iter()
-            .map(|k| format!("{a}.{k} = {b}.{k}", k = q(k)))
-            .collect::<Vec<_>>()
-            .join(" AND ")
+        key_match(a, b, &self.spec.key)
     }
 
     fn cols(&self, alias: &str) -> String {
-        self.spec
-            .key
-            .iter()
-            .map(|k| format!("{alias}.{}", q(k)))
-            .collect::<Vec<_>>()
-            .join(", ")
+        column_list(alias, &self.spec.key)
     }
 
     /// The source's aggregate over the rows joined as `s`: the true value of a key.
@@ -159,11 +151,11 @@ impl CounterEngine {
         let filter = s
             .source_filter_null
             .as_ref()
-            .map(|f| format!("s.{} IS NULL", q(f)))
+            .map(|f| format!("s.{} IS NULL", f))
             .unwrap_or_else(|| "true".into());
         let agg = match (s.aggregate, &s.value) {
-            (Aggregate::Sum, Some(v)) => format!("sum(s.{}) FILTER (WHERE {filter})", q(v)),
-            _ => format!("count(s.{}) FILTER (WHERE {filter})", q(&s.key[0])),
+            (Aggregate::Sum, Some(v)) => format!("sum(s.{}) FILTER (WHERE {filter})", v),
+            _ => format!("count(s.{}) FILTER (WHERE {filter})", &s.key[0]),
         };
         format!("coalesce({agg}, 0)::bigint")
     }
@@ -176,24 +168,18 @@ impl CounterEngine {
     /// still to be created (a dry run).
     fn differing_sql(&self, counter_exists: bool) -> String {
         let s = &self.spec;
-        let key_cols = s.key.iter().map(|k| q(k)).collect::<Vec<_>>().join(", ");
-        let not_null = |alias: &str| {
-            s.key
-                .iter()
-                .map(|k| format!("{alias}.{} IS NOT NULL", q(k)))
-                .collect::<Vec<_>>()
-                .join(" AND ")
-        };
+        let key_cols = column_list("", &s.key);
+        let not_null = |alias: &str| all_not_null(alias, &s.key);
         let grouped = format!(
             "SELECT {sk}, {agg} AS truth FROM {source} s WHERE {nn} GROUP BY {sk}",
             sk = self.cols("s"),
             agg = self.aggregate(),
-            source = q(&s.source_table),
+            source = &s.source_table,
             nn = not_null("s"),
         );
         // The true value of every key of the key set; has_source: whether any source row
         // (filtered or not) has the key.
-        let truth = if s.keys_from == "source" {
+        let truth = if s.keys_from.as_str() == "source" {
             format!("SELECT a.*, true AS has_source FROM ({grouped}) a")
         } else {
             format!(
@@ -201,8 +187,8 @@ impl CounterEngine {
                    FROM (SELECT DISTINCT {xk} FROM {from} x WHERE {nn}) x
                    LEFT JOIN ({grouped}) a ON {m}",
                 xk = self.cols("x"),
-                first = q(&s.key[0]),
-                from = q(&s.keys_from),
+                first = &s.key[0],
+                from = &s.keys_from,
                 nn = not_null("x"),
                 m = self.keys_match("a", "x"),
             )
@@ -210,14 +196,14 @@ impl CounterEngine {
         let counter = if counter_exists {
             format!(
                 "SELECT {key_cols}, {cn}::bigint AS now FROM {counter}",
-                cn = q(&s.counter),
-                counter = q(&s.counter_table)
+                cn = &s.counter,
+                counter = &s.counter_table
             )
         } else {
             let nulls = s
                 .key
                 .iter()
-                .map(|k| format!("NULL AS {}", q(k)))
+                .map(|k| format!("NULL AS {}", k))
                 .collect::<Vec<_>>()
                 .join(", ");
             format!("SELECT {nulls}, NULL::bigint AS now WHERE false")
@@ -225,7 +211,7 @@ impl CounterEngine {
         let coalesced = s
             .key
             .iter()
-            .map(|k| format!("coalesce(t.{k}, c.{k}) AS {k}", k = q(k)))
+            .map(|k| format!("coalesce(t.{k}, c.{k}) AS {k}", k = k))
             .collect::<Vec<_>>()
             .join(", ");
         // A key with no source row and `when_no_source = "keep"` keeps its counter.
@@ -246,8 +232,9 @@ impl CounterEngine {
     /// order (so that a batch's keys are a narrow range of the source's leading key column).
     pub fn freeze_sql(&self) -> String {
         format!(
-            "INSERT INTO pgmend.repair_targets (run_id, seq, key)
+            "{targets_insert}
              SELECT $1, row_number() OVER (ORDER BY {dk}), {dt} FROM ({differing}) d",
+            targets_insert = store::targets_insert(),
             dk = self.cols("d"),
             dt = self.keys_text("d"),
             differing = self.differing_sql(true),
@@ -255,7 +242,11 @@ impl CounterEngine {
     }
 
     fn batch_keys(&self) -> String {
-        super::store::frozen_batch_sql(&self.spec.key, &self.key_types)
+        store::runs::frozen_keys_sql(
+            &self.spec.key,
+            &self.key_types,
+            SeqRange::Between { lo: 2, hi: 3 },
+        )
     }
 
     /// Whether `alias`'s leading key column lies between a batch's first and last key ($4
@@ -267,7 +258,7 @@ impl CounterEngine {
     fn in_batch_range(&self, alias: &str) -> String {
         format!(
             "{alias}.{first} BETWEEN $4::text::{ty} AND $5::text::{ty}",
-            first = q(&self.spec.key[0]),
+            first = &self.spec.key[0],
             ty = self.key_types[0],
         )
     }
@@ -297,7 +288,7 @@ impl CounterEngine {
         hi: i64,
     ) -> Result<Vec<Drift>, postgres::Error> {
         let s = &self.spec;
-        let first = q(&s.key[0]);
+        let first = &s.key[0];
         let row = client.query_one(
             &format!(
                 "SELECT min(g.{first})::text, max(g.{first})::text FROM ({}) g",
@@ -317,13 +308,13 @@ impl CounterEngine {
                LEFT JOIN {counter} c ON {cm} AND {crange}",
             keys = self.batch_keys(),
             agg = self.aggregate(),
-            source = q(&s.source_table),
+            source = &s.source_table,
             sm = self.keys_match("s", "g"),
             srange = self.in_batch_range("s"),
             gk = self.keys_text("g"),
-            cn = q(&s.counter),
+            cn = &s.counter,
             tm = self.keys_match("t", "g"),
-            counter = q(&s.counter_table),
+            counter = &s.counter_table,
             cm = self.keys_match("c", "g"),
             crange = self.in_batch_range("c"),
         );
@@ -370,7 +361,7 @@ impl CounterEngine {
                 Some(now) if d.truth < min || d.truth > max => {
                     result.skipped.push(json!({
                         "key": d.key, "counter": now, "true_value": d.truth,
-                        "reason": format!("the true value {} does not fit {}.{} ({})", d.truth, s.counter_table, s.counter, self.counter_type)
+                        "reason": format!("the true value {} does not fit {}.{} ({})", d.truth, s.counter_table.as_str(), s.counter.as_str(), self.counter_type)
                     }));
                 }
                 Some(now) => updates.push((d.key.clone(), now, d.truth)),
@@ -411,7 +402,10 @@ impl CounterEngine {
                         Some((_, names)) => format!("writing it would break {names}"),
                         None => format!(
                             "the true value {} does not fit {}.{} ({})",
-                            u.2, s.counter_table, s.counter, self.counter_type
+                            u.2,
+                            s.counter_table.as_str(),
+                            s.counter.as_str(),
+                            self.counter_type
                         ),
                     };
                     result.skipped.push(json!({
@@ -446,7 +440,7 @@ impl CounterEngine {
                 if *c == self.spec.counter {
                     self.fitted(value)
                 } else {
-                    format!("{alias}.{c}", c = q(c))
+                    format!("{alias}.{c}", c = c)
                 }
             })
             .collect();
@@ -459,8 +453,7 @@ impl CounterEngine {
         let (min, max) = self.range();
         format!(
             "(CASE WHEN ({value}) BETWEEN {min} AND {max} THEN ({value}) END)::{} AS {}",
-            self.counter_type,
-            q(&self.spec.counter)
+            self.counter_type, &self.spec.counter
         )
     }
 
@@ -489,7 +482,7 @@ impl CounterEngine {
             .key
             .iter()
             .chain(s.copy_on_create.keys())
-            .map(|c| format!("w.{c}", c = q(c)))
+            .map(|c| format!("w.{c}", c = c))
             .chain(std::iter::once(self.fitted("w.value")))
             .collect();
         self.no_check_fails(&row)
@@ -507,15 +500,15 @@ impl CounterEngine {
         merge: bool,
     ) -> Result<(i64, Vec<Vec<String>>), postgres::Error> {
         let s = &self.spec;
-        let counter = q(&s.counter_table);
+        let counter = &s.counter_table;
         let (unnest, cols, befores, afters) = self.unnest(creates, 2);
-        let keys_cols = s.key.iter().map(|k| q(k)).collect::<Vec<_>>().join(", ");
+        let keys_cols = column_list("", &s.key);
         let u_keys = s
             .key
             .iter()
             .zip(&self.key_types)
             .enumerate()
-            .map(|(i, (k, ty))| format!("u.k{i}::{ty} AS {}", q(k)))
+            .map(|(i, (k, ty))| format!("u.k{i}::{ty} AS {}", k))
             .collect::<Vec<_>>()
             .join(", ");
         let (copy_to, copy_from, join) = if s.copy_on_create.is_empty() {
@@ -524,31 +517,27 @@ impl CounterEngine {
             (
                 s.copy_on_create
                     .keys()
-                    .map(|c| format!(", {}", q(c)))
+                    .map(|c| format!(", {}", c))
                     .collect::<String>(),
                 s.copy_on_create
                     .iter()
-                    .map(|(to, from)| format!(", x.{} AS {}", q(from), q(to)))
+                    .map(|(to, from)| format!(", x.{} AS {}", from, to))
                     .collect::<String>(),
-                format!(
-                    " JOIN {} x ON {}",
-                    q(&s.keys_from),
-                    self.keys_match("x", "v")
-                ),
+                format!(" JOIN {} x ON {}", &s.keys_from, self.keys_match("x", "v")),
             )
         };
-        let v_cols = s
+        let created_cols: Vec<Ident> = s
             .key
             .iter()
-            .map(|k| format!("v.{}", q(k)))
-            .chain(s.copy_on_create.keys().map(|c| format!("w.{}", q(c))))
-            .collect::<Vec<_>>()
-            .join(", ");
+            .chain(s.copy_on_create.keys())
+            .cloned()
+            .collect();
+        let ok_cols = column_list("ok", &created_cols);
         let (min, max) = self.range();
         let key_obj = |alias: &str| {
             s.key
                 .iter()
-                .map(|k| format!("{}, {alias}.{}", lit(k), q(k)))
+                .map(|k| format!("{}, {alias}.{}", k.literal(), k))
                 .collect::<Vec<_>>()
                 .join(", ")
         };
@@ -567,7 +556,7 @@ impl CounterEngine {
                            ins.{cn}::bigint AS after, CASE WHEN ok.ok THEN ok.value ELSE 0 END AS added
                       FROM ins JOIN ok ON {im}){merged},
                   ledger AS (
-                    INSERT INTO pgmend.repair_ledger (run_id, target_table, row_key, action, before, after, reason)
+                    {ledger_insert}
                     SELECT $1, {tl}, l2.row_key,
                            CASE WHEN l2.created THEN 'insert' ELSE 'update' END,
                            CASE WHEN l2.created THEN NULL ELSE jsonb_build_object({cl}, l2.after - l2.added) END,
@@ -578,15 +567,16 @@ impl CounterEngine {
                     RETURNING 1)
              SELECT (SELECT count(*) FROM l2 WHERE l2.created OR l2.added <> 0),
                     coalesce((SELECT array_agg(array_to_string(ARRAY[{okt}], chr(31))) FROM ok WHERE NOT ok.ok AND ok.value <> 0), '{{}}')",
-            cn = q(&s.counter),
+            cn = &s.counter,
             passes = self.checks_pass_on_create(),
-            ok_cols = v_cols.replace("v.", "ok.").replace("w.", "ok."),
+            ledger_insert = store::ledger_insert(),
+            ok_cols = ok_cols,
             ko = key_obj("ins"),
             im = self.keys_match("ins", "ok"),
-            tl = lit(&s.counter_table),
-            cl = lit(&s.counter),
+            tl = s.counter_table.literal(),
+            cl = s.counter.literal(),
             not_merged = if merge { " AND l2.row_key NOT IN (SELECT row_key FROM merged)" } else { "" },
-            okt = s.key.iter().map(|k| format!("ok.{}::text", q(k))).collect::<Vec<_>>().join(", "),
+            okt = s.key.iter().map(|k| format!("ok.{}::text", k)).collect::<Vec<_>>().join(", "),
         );
         let mut params: Vec<&(dyn ToSql + Sync)> = vec![&run_id];
         params.extend(cols.iter().map(|c| c as &(dyn ToSql + Sync)));
@@ -612,14 +602,15 @@ impl CounterEngine {
         format!(
             ",
                   merged AS (
-                    UPDATE pgmend.repair_ledger l
+                    UPDATE {ledger} l
                        SET after = l.after || jsonb_build_object({cl}, m.after),
                            reason = l.reason || format('; corrected again to %s by a later pass of the run', m.after)
                       FROM {from} m
                      WHERE l.run_id = $1 AND l.target_table = {tl} AND l.row_key = m.row_key
                     RETURNING l.row_key)",
-            cl = lit(&self.spec.counter),
-            tl = lit(&self.spec.counter_table),
+            ledger = store::ledger(),
+            cl = self.spec.counter.literal(),
+            tl = self.spec.counter_table.literal(),
         )
     }
 
@@ -658,7 +649,7 @@ impl CounterEngine {
             .iter()
             .zip(&self.key_types)
             .enumerate()
-            .map(|(i, (k, ty))| format!("c.{} = u.k{i}::{ty}", q(k)))
+            .map(|(i, (k, ty))| format!("c.{} = u.k{i}::{ty}", k))
             .collect::<Vec<_>>()
             .join(" AND ")
     }
@@ -676,21 +667,21 @@ impl CounterEngine {
             .iter()
             .map(|c| {
                 if *c == self.spec.counter {
-                    format!("u.after::{} AS {}", self.counter_type, q(c))
+                    format!("u.after::{} AS {}", self.counter_type, c)
                 } else {
-                    format!("c.{}", q(c))
+                    format!("c.{}", c)
                 }
             })
             .collect();
         let tests: Vec<String> = self
             .checks
             .iter()
-            .map(|(name, expr)| format!("CASE WHEN EXISTS (SELECT 1 FROM (SELECT {}) x WHERE ({expr}) IS FALSE) THEN {} END", row_cols.join(", "), lit(name)))
+            .map(|(name, expr)| format!("CASE WHEN EXISTS (SELECT 1 FROM (SELECT {}) x WHERE ({expr}) IS FALSE) THEN {} END", row_cols.join(", "), Literal::new(name)))
             .collect();
         let sql = format!(
             "SELECT u.i - 1, concat_ws(', ', {}) FROM {unnest} JOIN {} c ON {} WHERE concat_ws(', ', {}) <> ''",
             tests.join(", "),
-            q(&self.spec.counter_table),
+            &self.spec.counter_table,
             self.u_match(),
             tests.join(", ")
         );
@@ -723,11 +714,11 @@ impl CounterEngine {
             .iter()
             .zip(&self.key_types)
             .enumerate()
-            .map(|(i, (k, ty))| format!("{}, u.k{i}::{ty}", lit(k)))
+            .map(|(i, (k, ty))| format!("{}, u.k{i}::{ty}", k.literal()))
             .collect::<Vec<_>>()
             .join(", ");
         let (min, max) = self.range();
-        let cn = q(&s.counter);
+        let cn = &s.counter;
         let merged = self.merge_sql(merge, "upd");
         let sql = format!(
             "WITH u AS (SELECT *, after - before AS drift, jsonb_build_object({key_obj}) AS row_key FROM {unnest}),
@@ -735,7 +726,7 @@ impl CounterEngine {
                       WHERE {m} AND c.{cn}::bigint + u.drift BETWEEN {min} AND {max} AND {passes}
                      RETURNING u.i, u.row_key, c.{cn}::bigint - u.drift AS before, c.{cn}::bigint AS after){merged},
              ledger AS (
-               INSERT INTO pgmend.repair_ledger (run_id, target_table, row_key, action, before, after, reason)
+               {ledger_insert}
                SELECT $1, {tl}, u.row_key, 'update',
                       jsonb_build_object({cl}, u.before), jsonb_build_object({cl}, u.after),
                       format('counter was %s; the source sums to %s', u.before, u.after)
@@ -743,11 +734,12 @@ impl CounterEngine {
                RETURNING 1)
              SELECT (SELECT count(*) FROM upd),
                     coalesce((SELECT array_agg(u.i) FROM u WHERE u.i NOT IN (SELECT i FROM upd)), '{{}}')",
-            counter = q(&s.counter_table),
+            ledger_insert = store::ledger_insert(),
+            counter = s.counter_table,
             m = self.u_match(),
             passes = self.checks_pass("c", &format!("c.{cn} + u.drift")),
-            tl = lit(&s.counter_table),
-            cl = lit(&s.counter),
+            tl = s.counter_table.literal(),
+            cl = s.counter.literal(),
             not_merged = if merge { " WHERE u.row_key NOT IN (SELECT row_key FROM merged)" } else { "" },
         );
         let mut params: Vec<&(dyn ToSql + Sync)> = vec![&run_id];

@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
+use crate::db::sql_text::Ident;
+
 mod embedded {
     include!(concat!(env!("OUT_DIR"), "/embedded_repairs.rs"));
 }
@@ -23,7 +25,7 @@ pub enum Order {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RankBy {
-    pub column: String,
+    pub column: Ident,
     #[serde(default = "default_order")]
     pub order: Order,
 }
@@ -43,17 +45,17 @@ pub struct VoidSpec {
     #[serde(default, skip_serializing)]
     pub kind: Option<String>,
     pub description: String,
-    pub table: String,
-    pub row_key: String,
-    pub group_by: Vec<String>,
+    pub table: Ident,
+    pub row_key: Ident,
+    pub group_by: Vec<Ident>,
     pub rank_by: Vec<RankBy>,
-    pub mark: String,
-    pub void: String,
-    pub keep_when_not_null: Option<String>,
+    pub mark: Ident,
+    pub void: Ident,
+    pub keep_when_not_null: Option<Ident>,
     /// For the dry run: sum this column of the changed rows ...
-    pub report_sum: Option<String>,
+    pub report_sum: Option<Ident>,
     /// ... per value of this column (yen affected per campaign).
-    pub report_by: Option<String>,
+    pub report_by: Option<Ident>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
@@ -83,20 +85,20 @@ pub struct CounterSpec {
     #[serde(default, skip_serializing)]
     pub kind: Option<String>,
     pub description: String,
-    pub counter_table: String,
-    pub key: Vec<String>,
-    pub counter: String,
-    pub source_table: String,
+    pub counter_table: Ident,
+    pub key: Vec<Ident>,
+    pub counter: Ident,
+    pub source_table: Ident,
     pub aggregate: Aggregate,
     /// The summed column (ignored for count).
-    pub value: Option<String>,
+    pub value: Option<Ident>,
     /// Only source rows where this column IS NULL count.
-    pub source_filter_null: Option<String>,
+    pub source_filter_null: Option<Ident>,
     /// `source` (every key with source rows) or a table holding every key.
-    pub keys_from: String,
+    pub keys_from: Ident,
     /// counter-table column = keys_from column, copied when a counter row is created.
     #[serde(default)]
-    pub copy_on_create: std::collections::BTreeMap<String, String>,
+    pub copy_on_create: std::collections::BTreeMap<Ident, Ident>,
     pub when_no_source: WhenNoSource,
 }
 
@@ -165,12 +167,8 @@ fn detailed_error(text: &str, tagged: toml::de::Error) -> String {
 }
 
 /// Refuses a column named twice in one list.
-fn distinct<'a>(
-    origin: &str,
-    field: &str,
-    columns: impl Iterator<Item = &'a String>,
-) -> Result<()> {
-    let mut seen: Vec<&String> = Vec::new();
+fn distinct<'a>(origin: &str, field: &str, columns: impl Iterator<Item = &'a Ident>) -> Result<()> {
+    let mut seen: Vec<&Ident> = Vec::new();
     for c in columns {
         if seen.contains(&c) {
             bail!("{origin}: {field} names {c:?} twice; name each column once");
@@ -195,7 +193,7 @@ pub fn parse(name: &str, origin: &str, bytes: &[u8]) -> Result<Repair> {
         .map_err(|e| anyhow::anyhow!("{origin}: not valid UTF-8 (at byte {})", e.valid_up_to()))?;
     let spec: Spec = toml::from_str(text)
         .map_err(|e| anyhow::anyhow!("{origin}: {}", detailed_error(text, e).trim()))?;
-    let check = |field: &str, n: &str| check_identifier(origin, field, n);
+    let check = |field: &str, n: &Ident| check_identifier(origin, field, n.as_str());
     match &spec {
         Spec::VoidDuplicates(v) => {
             check("table", &v.table)?;
@@ -257,7 +255,7 @@ pub fn parse(name: &str, origin: &str, bytes: &[u8]) -> Result<Repair> {
             if let Some(f) = &c.source_filter_null {
                 check("source_filter_null", f)?;
             }
-            if c.keys_from != "source" {
+            if c.keys_from.as_str() != "source" {
                 check("keys_from", &c.keys_from)?;
             } else if !c.copy_on_create.is_empty() {
                 bail!("{origin}: copy_on_create needs keys_from = \"<table>\" to copy from");

@@ -20,10 +20,11 @@
 use anyhow::Result;
 
 use super::definition::VoidSpec;
-use super::store::q;
-use super::void::{lit, rank_order};
+use super::void::rank_order;
 use crate::db::retry::{execute_with_lock_retry, LockPolicy};
+use crate::db::sql_text::{key_match, Ident, Literal};
 use crate::error::PgContext;
+use crate::store;
 
 /// Every guard trigger's name starts with this.
 pub const PREFIX: &str = "pgmend guard: ";
@@ -35,9 +36,9 @@ fn trigger_name(repair: &str) -> String {
     format!("{PREFIX}{repair}")
 }
 
-/// The function is named like its trigger, in schema pgmend.
-fn function_name(repair: &str) -> String {
-    format!("pgmend.{}", q(&trigger_name(repair)))
+/// The function is named like its trigger, in pgmend's schema.
+fn function_name(trigger: &str) -> Ident {
+    store::table(trigger)
 }
 
 /// Installs (or replaces) the guard of `repair` on its table; ledger records go to `run_id`.
@@ -50,32 +51,27 @@ pub fn install(
 ) -> Result<()> {
     // The function runs with a search_path of pg_catalog only, so the table is named with
     // its schema.
-    let table: String = client
+    let found = client
         .query_one(
-            "SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c
+            "SELECT n.nspname::text, c.relname::text FROM pg_class c
                JOIN pg_namespace n ON n.oid = c.relnamespace
               WHERE c.oid = to_regclass(quote_ident($1))",
-            &[&spec.table],
+            &[&spec.table.as_str()],
         )
-        .doing(format!("finding table {}", spec.table))?
-        .get(0);
-    let new = |c: &str| format!("NEW.{}", q(c));
+        .doing(format!("finding table {}", spec.table.as_str()))?;
+    let table = Ident::qualified(found.get::<_, String>(0), found.get::<_, String>(1));
+    let new = |c: &Ident| c.of("NEW");
     let group_text = spec
         .group_by
         .iter()
         .map(|c| format!("{}::text", new(c)))
         .collect::<Vec<_>>()
         .join(", ");
-    let same_group = spec
-        .group_by
-        .iter()
-        .map(|c| format!("t.{c} = NEW.{c}", c = q(c)))
-        .collect::<Vec<_>>()
-        .join(" AND ");
-    let rank_cols: Vec<&str> = spec.rank_by.iter().map(|r| r.column.as_str()).collect();
+    let same_group = key_match("t", "NEW", &spec.group_by);
+    let rank_cols: Vec<&Ident> = spec.rank_by.iter().map(|r| &r.column).collect();
     let live = rank_cols
         .iter()
-        .map(|c| format!("t.{}", q(c)))
+        .map(|c| format!("t.{}", c))
         .collect::<Vec<_>>()
         .join(", ");
     let incoming = rank_cols
@@ -86,11 +82,11 @@ pub fn install(
     let (keep_test, keep_obj) = match &spec.keep_when_not_null {
         Some(k) => (
             format!("{} IS NULL", new(k)),
-            format!(", {}, {}", lit(k), new(k)),
+            format!(", {}, {}", k.literal(), new(k)),
         ),
         None => ("true".to_string(), String::new()),
     };
-    let (mark, void) = (q(&spec.mark), q(&spec.void));
+    let (mark, void) = (&spec.mark, &spec.void);
     let body = format!(
         "DECLARE
            before_void {table}.{void}%TYPE := NEW.{void};
@@ -111,29 +107,31 @@ pub fn install(
            IF {keep_test} THEN
              NEW.{void} := coalesce(NEW.{void}, now());
            END IF;
-           INSERT INTO pgmend.repair_ledger (run_id, target_table, row_key, action, before, after, reason)
+           {ledger_insert}
            VALUES ({run_id}, {table_lit}, jsonb_build_object({key_lit}, NEW.{key}), 'update',
                    jsonb_build_object({mark_lit}, false, {void_lit}, before_void{keep_obj}),
                    jsonb_build_object({mark_lit}, true, {void_lit}, NEW.{void}{keep_obj}),
                    'inserted as a duplicate while the release built the unique index; marked as it arrived (pgmend guard)');
            RETURN NEW;
          END",
+        ledger_insert = store::ledger_insert(),
         order = rank_order(spec, "x"),
-        table_lit = lit(&spec.table),
-        key_lit = lit(&spec.row_key),
-        key = q(&spec.row_key),
-        mark_lit = lit(&spec.mark),
-        void_lit = lit(&spec.void),
+        table_lit = spec.table.literal(),
+        key_lit = spec.row_key.literal(),
+        key = &spec.row_key,
+        mark_lit = spec.mark.literal(),
+        void_lit = spec.void.literal(),
     );
     let sql = format!(
         "CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql
            SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS {body_lit};
          CREATE OR REPLACE TRIGGER {trigger} BEFORE INSERT ON {table} FOR EACH ROW EXECUTE FUNCTION {function}();",
-        function = function_name(repair),
-        body_lit = lit(&body),
-        trigger = q(&trigger_name(repair)),
+        function = function_name(&trigger_name(repair)),
+        body_lit = Literal::new(body),
+        trigger = Ident::new(trigger_name(repair)),
     );
     let trigger = trigger_name(repair);
+    let table = table.minimal();
     crate::signals::leave(
         &format!("guard {trigger}"),
         format!("the guard trigger {trigger:?} may remain on {table} (it marks new rows as duplicates, and `pgmend verify` fails while it exists); `pgmend apply --yes` drops it"),
@@ -141,8 +139,8 @@ pub fn install(
     execute_with_lock_retry(
         client,
         policy,
-        &format!("installing the guard on {}", spec.table),
-        std::slice::from_ref(&spec.table),
+        &format!("installing the guard on {}", spec.table.as_str()),
+        &[spec.table.as_str().to_string()],
         &sql,
     )
 }
@@ -166,9 +164,9 @@ pub fn remove_all(client: &mut postgres::Client, policy: &LockPolicy) -> Result<
     let found = installed(client)?;
     for (table, trigger) in &found {
         let sql = format!(
-            "DROP TRIGGER IF EXISTS {} ON {table}; DROP FUNCTION IF EXISTS pgmend.{}()",
-            q(trigger),
-            q(trigger)
+            "DROP TRIGGER IF EXISTS {} ON {table}; DROP FUNCTION IF EXISTS {}()",
+            Ident::new(trigger.as_str()),
+            function_name(trigger)
         );
         execute_with_lock_retry(
             client,

@@ -1,11 +1,11 @@
 //! Repairs: definitions from `repairs/`, the two engines (void duplicates, rebuild
 //! counter), the batch runner with its checkpoint and ledger, dry-run previews, and undo.
 
+pub mod catalog;
 pub mod counter;
 pub mod definition;
 pub mod guard;
 pub mod preview;
 pub mod runner;
-pub mod store;
 pub mod undo;
 pub mod void;

@@ -12,6 +12,7 @@ use serde::Serialize;
 use super::counter::CounterEngine;
 use super::definition::{Repair, Spec};
 use super::void::VoidEngine;
+use crate::db::sql_text::Ident;
 use crate::error::{describe, sqlstate, PgContext};
 use crate::online::census::{with_shadows, AddedColumn};
 
@@ -109,8 +110,8 @@ fn preview_void(
     sink: &mut dyn FnMut(&Change) -> Result<()>,
     p: &mut Preview,
 ) -> Result<()> {
-    if !table_exists(tx, &spec.table)? {
-        p.not_yet = Some(format!("{} does not exist yet", spec.table));
+    if !table_exists(tx, spec.table.as_str())? {
+        p.not_yet = Some(format!("{} does not exist yet", spec.table.as_str()));
         return Ok(());
     }
     let engine = VoidEngine::preview_only(spec.clone());
@@ -138,16 +139,16 @@ fn preview_void(
         if sample.is_none_or(|n| (p.changes as usize) <= n) {
             let show = |v: &Option<String>| v.clone().unwrap_or_else(|| "NULL".into());
             let change = Change {
-                table: spec.table.clone(),
-                key: format!("{} = {key}", spec.row_key),
+                table: spec.table.as_str().to_string(),
+                key: format!("{} = {key}", spec.row_key.as_str()),
                 before: BTreeMap::from([
-                    (spec.mark.clone(), before_mark.to_string()),
-                    (spec.void.clone(), show(&before_void)),
+                    (spec.mark.as_str().to_string(), before_mark.to_string()),
+                    (spec.void.as_str().to_string(), show(&before_void)),
                 ]),
                 after: BTreeMap::from([
-                    (spec.mark.clone(), "true".to_string()),
+                    (spec.mark.as_str().to_string(), "true".to_string()),
                     (
-                        spec.void.clone(),
+                        spec.void.as_str().to_string(),
                         if will_void {
                             "now() at its batch".into()
                         } else {
@@ -157,7 +158,7 @@ fn preview_void(
                 ]),
                 reason: format!(
                     "rank {rank} in group {grp}; {} = {kept} is kept{}",
-                    spec.row_key,
+                    spec.row_key.as_str(),
                     if voids {
                         ""
                     } else {
@@ -179,7 +180,7 @@ fn preview_counter(
     sink: &mut dyn FnMut(&Change) -> Result<()>,
     p: &mut Preview,
 ) -> Result<()> {
-    let counter_exists = table_exists(tx, &spec.counter_table)?;
+    let counter_exists = table_exists(tx, spec.counter_table.as_str())?;
     let engine = CounterEngine::preview_only(spec.clone());
     let active = missing_shadows(tx, shadows)?;
     let sql = with_shadows(&engine.preview_sql(counter_exists), &active);
@@ -196,13 +197,20 @@ fn preview_counter(
         }
         if sample.is_none_or(|n| (p.changes as usize) <= n) {
             sink(&Change {
-                table: spec.counter_table.clone(),
-                key: format!("{} = {key}", spec.key.join("/")),
+                table: spec.counter_table.as_str().to_string(),
+                key: format!(
+                    "{} = {key}",
+                    spec.key
+                        .iter()
+                        .map(Ident::as_str)
+                        .collect::<Vec<_>>()
+                        .join("/")
+                ),
                 before: match now {
-                    Some(v) => BTreeMap::from([(spec.counter.clone(), v.to_string())]),
+                    Some(v) => BTreeMap::from([(spec.counter.as_str().to_string(), v.to_string())]),
                     None => BTreeMap::new(),
                 },
-                after: BTreeMap::from([(spec.counter.clone(), truth.to_string())]),
+                after: BTreeMap::from([(spec.counter.as_str().to_string(), truth.to_string())]),
                 reason: if now.is_none() {
                     "no counter row yet: created".into()
                 } else {

@@ -9,11 +9,11 @@ use serde::Serialize;
 
 use super::counter::{BatchResult, CounterEngine, Drift};
 use super::definition::{Repair, Spec};
-use super::store::{self, Run};
 use super::void::VoidEngine;
 use crate::config::format_duration;
-use crate::db::retry::{execute_with_lock_retry, with_lock_retry, LockPolicy};
+use crate::db::retry::{with_lock_retry, LockPolicy};
 use crate::error::{PgContext, Stopped};
+use crate::store::{self, Run};
 
 #[derive(Debug, Clone, Copy)]
 pub struct RunOptions {
@@ -102,19 +102,6 @@ pub struct RunReport {
     pub after_gate: bool,
 }
 
-pub fn ensure_schema(client: &mut postgres::Client, policy: &LockPolicy) -> Result<()> {
-    if store::complete(client)? {
-        return Ok(());
-    }
-    execute_with_lock_retry(
-        client,
-        policy,
-        "creating pgmend's tables (schema pgmend)",
-        &[],
-        store::SCHEMA_SQL,
-    )
-}
-
 /// Runs (or resumes) `repair` to the end of its frozen targets.
 pub fn apply(
     client: &mut postgres::Client,
@@ -125,18 +112,8 @@ pub fn apply(
     // The definition is checked against the catalog before pgmend's schema is created: a
     // definition that does not match this database changes nothing.
     let engine = Engine::prepare(client, repair)?;
-    ensure_schema(client, &options.policy)?;
-    let unfinished = client
-        .query_opt(
-            &format!(
-                "SELECT {} FROM pgmend.repair_runs WHERE repair = $1 AND state = 'running'",
-                store::RUN_COLUMNS
-            ),
-            &[&repair.name],
-        )
-        .doing("looking for an unfinished run")?
-        .as_ref()
-        .map(store::run_from_row);
+    store::ensure(client, &options.policy)?;
+    let unfinished = store::runs::unfinished(client, &repair.name)?;
     let (mut run, resumed) = match unfinished {
         Some(run) if run.definition_checksum == repair.checksum => {
             progress(&format!(
@@ -192,12 +169,8 @@ pub fn apply(
                     tx.batch_execute(&options.policy.set_local_sql())?;
                     let merge = run.repass_from.is_some_and(|from| lo >= from);
                     let r = engine.batch(&mut tx, run.run_id, (lo, hi), &drift, merge)?;
-                    let advanced = tx.execute(
-                "UPDATE pgmend.repair_runs SET checkpoint = $2, processed = processed + ($2 - $3), changed = changed + $4,
-                        skipped = skipped || $5::text::jsonb
-                  WHERE run_id = $1 AND checkpoint = $3",
-                &[&run.run_id, &hi, &lo, &r.changed, &serde_json::Value::from(r.skipped.clone()).to_string()],
-            )?;
+                    let advanced =
+                        store::runs::advance(&mut tx, run.run_id, (lo, hi), r.changed, &r.skipped)?;
                     if advanced != 1 {
                         // Dropping the transaction rolls the batch back.
                         return Ok(Err(anyhow::anyhow!(
@@ -286,9 +259,7 @@ pub fn apply(
         _ => Vec::new(),
     };
     if !interrupted {
-        client
-            .execute("UPDATE pgmend.repair_runs SET state = 'finished', finished_at = now() WHERE run_id = $1", &[&run.run_id])
-            .doing("marking the run finished")?;
+        store::runs::finish(client, run.run_id)?;
     }
     let run = store::run(client, run.run_id)?.expect("the run exists");
     times.sort_unstable();
@@ -336,15 +307,7 @@ fn repass(
         &[],
         |c| {
             let mut tx = c.transaction()?;
-            tx.execute(
-            "INSERT INTO pgmend.repair_targets (run_id, seq, key)
-             SELECT $1, $2 + k.n, string_to_array(k.key, chr(31)) FROM unnest($3::text[]) WITH ORDINALITY AS k(key, n)",
-            &[&run.run_id, &from, &joined],
-        )?;
-            tx.execute(
-            "UPDATE pgmend.repair_runs SET targets = targets + $2, repass_from = coalesce(repass_from, $3) WHERE run_id = $1",
-            &[&run.run_id, &n, &from],
-        )?;
+            store::runs::add_repass_targets(&mut tx, run.run_id, from, &joined)?;
             tx.commit()?;
             Ok(())
         },
@@ -393,17 +356,10 @@ fn freeze(
             let mut tx = c.transaction()?;
             tx.batch_execute(&freeze_policy.set_local_sql())?;
             tx.batch_execute(crate::db::connect::RAISE_WORK_MEM)?;
-            let run_id: i64 = tx
-            .query_one(
-                "INSERT INTO pgmend.repair_runs (repair, kind, definition_checksum, state) VALUES ($1, $2, $3, 'running') RETURNING run_id",
-                &[&repair.name, &repair.kind(), &repair.checksum],
-            )?
-            .get(0);
+            let run_id =
+                store::runs::create(&mut tx, &repair.name, repair.kind(), &repair.checksum)?;
             let targets = tx.execute(&engine.freeze_sql(), &[&run_id])? as i64;
-            tx.execute(
-                "UPDATE pgmend.repair_runs SET targets = $2 WHERE run_id = $1",
-                &[&run_id, &targets],
-            )?;
+            store::runs::set_targets(&mut tx, run_id, targets)?;
             tx.commit()?;
             Ok(run_id)
         },
@@ -411,9 +367,7 @@ fn freeze(
     let run = store::run(client, run_id)?.expect("the run was just created");
     // The batches' plans read the frozen keys; a run that froze none has no batch to plan.
     if run.targets > 0 {
-        client
-            .batch_execute("ANALYZE pgmend.repair_targets")
-            .doing("analyzing the frozen targets")?;
+        store::runs::analyze_targets(client)?;
     }
     progress(&format!(
         "run {} of {}: froze {} targets as of {} in {}",

@@ -4,12 +4,12 @@
 use anyhow::{bail, Result};
 use serde::Serialize;
 
+use super::catalog::column_types;
 use super::definition::{Repair, Spec};
-use super::runner::ensure_schema;
-use super::store::{column_types, q, Run};
-use super::void::lit;
 use crate::db::retry::{with_lock_retry, LockPolicy};
+use crate::db::sql_text::{key_match, Ident};
 use crate::error::{PgContext, Stopped};
+use crate::store::{self, Run, RunState};
 
 #[derive(Debug, Serialize)]
 pub struct UndoReport {
@@ -21,21 +21,21 @@ pub struct UndoReport {
 
 /// The table, its key columns and types, and the columns a run changed (with types).
 struct Shape {
-    table: String,
-    keys: Vec<(String, String)>,
-    restore: Vec<(String, String)>,
+    table: Ident,
+    keys: Vec<(Ident, String)>,
+    restore: Vec<(Ident, String)>,
     /// Columns recorded in `after` that must still hold those values.
-    compare: Vec<(String, String)>,
+    compare: Vec<(Ident, String)>,
     /// For void runs: the group columns and whether a unique index covers them.
-    unique_group: Option<Vec<String>>,
-    mark: Option<String>,
+    unique_group: Option<Vec<Ident>>,
+    mark: Option<Ident>,
 }
 
 fn shape(client: &mut postgres::Client, repair: &Repair) -> Result<Shape> {
     match &repair.spec {
         Spec::VoidDuplicates(v) => {
             let typed =
-                |c: &mut postgres::Client, cols: &[String]| -> Result<Vec<(String, String)>> {
+                |c: &mut postgres::Client, cols: &[Ident]| -> Result<Vec<(Ident, String)>> {
                     Ok(cols
                         .iter()
                         .cloned()
@@ -47,13 +47,14 @@ fn shape(client: &mut postgres::Client, repair: &Repair) -> Result<Shape> {
             if let Some(k) = &v.keep_when_not_null {
                 compare.extend(typed(client, std::slice::from_ref(k))?);
             }
-            let group_cols: Vec<String> = v.group_by.clone();
+            let group_cols: Vec<Ident> = v.group_by.clone();
+            let group_names: Vec<&str> = group_cols.iter().map(Ident::as_str).collect();
             let unique: bool = client
                 .query_one(
                     "SELECT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = to_regclass(quote_ident($1)) AND i.indisunique
                         AND (SELECT array_agg(a.attname::text ORDER BY a.attname) FROM pg_attribute a
                               WHERE a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)) = (SELECT array_agg(x ORDER BY x) FROM unnest($2::text[]) x))",
-                    &[&v.table, &group_cols],
+                    &[&v.table.as_str(), &group_names],
                 )
                 .doing("looking for a unique index on the groups")?
                 .get(0);
@@ -73,7 +74,7 @@ fn shape(client: &mut postgres::Client, repair: &Repair) -> Result<Shape> {
                 .cloned()
                 .zip(column_types(client, &c.counter_table, &c.key)?)
                 .collect();
-            let restore: Vec<(String, String)> = vec![(
+            let restore: Vec<(Ident, String)> = vec![(
                 c.counter.clone(),
                 column_types(client, &c.counter_table, std::slice::from_ref(&c.counter))?.remove(0),
             )];
@@ -90,10 +91,15 @@ fn shape(client: &mut postgres::Client, repair: &Repair) -> Result<Shape> {
 }
 
 impl Shape {
+    /// Row `t` of the table is the row of ledger record `l`.
     fn join(&self) -> String {
+        self.join_as("t", "l")
+    }
+
+    fn join_as(&self, t: &str, l: &str) -> String {
         self.keys
             .iter()
-            .map(|(k, ty)| format!("t.{} = (l.row_key->>{})::{ty}", q(k), lit(k)))
+            .map(|(k, ty)| format!("{t}.{k} = ({l}.row_key->>{})::{ty}", k.literal()))
             .collect::<Vec<_>>()
             .join(" AND ")
     }
@@ -102,12 +108,12 @@ impl Shape {
         let diffs: Vec<String> = self
             .compare
             .iter()
-            .map(|(c, ty)| format!("(l.after->>{})::{ty} IS DISTINCT FROM t.{}", lit(c), q(c)))
+            .map(|(c, ty)| format!("(l.after->>{})::{ty} IS DISTINCT FROM t.{}", c.literal(), c))
             .collect();
         format!(
             "(t.{k} IS NULL OR {})",
             diffs.join(" OR "),
-            k = q(&self.keys[0].0)
+            k = &self.keys[0].0
         )
     }
 }
@@ -121,33 +127,29 @@ fn conflicts(
 ) -> Result<(i64, Vec<String>)> {
     let mut sql = format!(
         "SELECT l.row_key::text, 'changed since the run: now ' || coalesce(to_jsonb(t)::text, 'deleted')
-           FROM pgmend.repair_ledger l LEFT JOIN {table} t ON {join}
+           FROM {ledger} l LEFT JOIN {table} t ON {join}
           WHERE l.run_id = $1 AND l.ledger_id > $2 AND l.action IN ('update', 'insert') AND {changed}",
-        table = q(&shape.table),
+        ledger = store::ledger(),
+        table = shape.table,
         join = shape.join(),
         changed = shape.changed_since(),
     );
     if let (Some(groups), Some(mark)) = (&shape.unique_group, &shape.mark) {
-        let same = |a: &str, b: &str| {
-            groups
-                .iter()
-                .map(|g| format!("{a}.{g} = {b}.{g}", g = q(g)))
-                .collect::<Vec<_>>()
-                .join(" AND ")
-        };
+        let same = |a: &str, b: &str| key_match(a, b, groups);
         sql.push_str(&format!(
             " UNION ALL
              SELECT l.row_key::text, 'restoring it would give its group a second live row, which the unique index rejects'
-               FROM pgmend.repair_ledger l JOIN {table} t ON {join}
+               FROM {ledger} l JOIN {table} t ON {join}
               WHERE l.run_id = $1 AND l.ledger_id > $2 AND (l.before->>{ml})::boolean = false
                 AND (SELECT count(*) FROM {table} o WHERE {same_o} AND NOT o.{m})
-                  + (SELECT count(*) FROM pgmend.repair_ledger l2 JOIN {table} t2 ON {join2}
+                  + (SELECT count(*) FROM {ledger} l2 JOIN {table} t2 ON {join2}
                       WHERE l2.run_id = $1 AND l2.ledger_id > $2 AND (l2.before->>{ml})::boolean = false AND {same_t2}) > 1",
-            table = q(&shape.table),
+            ledger = store::ledger(),
+            table = shape.table,
             join = shape.join(),
-            join2 = shape.join().replace("t.", "t2.").replace("l.", "l2."),
-            ml = lit(mark),
-            m = q(mark),
+            join2 = shape.join_as("t2", "l2"),
+            ml = mark.literal(),
+            m = mark,
             same_o = same("o", "t"),
             same_t2 = same("t2", "t"),
         ));
@@ -167,6 +169,9 @@ fn conflicts(
     ))
 }
 
+/// Undoes `run`: refuses what cannot be undone, checks that every row can be restored, then
+/// restores the ledger's before-images in batches of 1,000 records (each batch one
+/// transaction with the undo run's checkpoint), resuming an undo that stopped part-way.
 pub fn undo(
     client: &mut postgres::Client,
     repair: &Repair,
@@ -174,7 +179,63 @@ pub fn undo(
     policy: &LockPolicy,
     progress: &mut dyn FnMut(&str),
 ) -> Result<UndoReport> {
-    if run.state == "running" {
+    refuse_unless_undoable(run)?;
+    store::ensure(client, policy)?;
+    let shape = shape(client, repair)?;
+    // An undo that stopped part-way (a kill, a lock budget, a lost connection) is resumed:
+    // its checkpoint is the last ledger record of the undone run it restored, and every
+    // batch restored its records and advanced the checkpoint in one transaction.
+    let unfinished = store::runs::unfinished_undo(client, run.run_id)?;
+    let checkpoint_at_start = unfinished.map_or(0, |(_, checkpoint)| checkpoint);
+    refuse_conflicts(
+        client,
+        &shape,
+        run,
+        unfinished.is_some(),
+        checkpoint_at_start,
+    )?;
+    let undo_run = match unfinished {
+        Some((undo_run, checkpoint)) => {
+            progress(&format!(
+                "resuming undo run {undo_run} of run {} after ledger record {checkpoint}",
+                run.run_id
+            ));
+            undo_run
+        }
+        None => store::runs::create_undo(client, run.run_id)?,
+    };
+    let statements = RestoreSql::new(&shape);
+    let (mut restored, mut deleted) = store::runs::undo_counts(client, undo_run)?;
+    let mut checkpoint = checkpoint_at_start;
+    loop {
+        let batch = with_lock_retry(
+            client,
+            policy,
+            &format!("undoing run {}", run.run_id),
+            &[],
+            |c| restore_batch(c, policy, &statements, (run.run_id, undo_run), checkpoint),
+        )?;
+        let Some((last, r, d)) = batch else { break };
+        checkpoint = last;
+        restored += r;
+        deleted += d;
+        progress(&format!(
+            "undo of run {}: {restored} rows restored, {deleted} created rows deleted",
+            run.run_id
+        ));
+    }
+    store::runs::finish_undo(client, undo_run, run.run_id)?;
+    Ok(UndoReport {
+        undone_run: run.run_id,
+        undo_run,
+        restored,
+        deleted,
+    })
+}
+
+/// The rules: an unfinished run, a run already undone and an undo run are not undone.
+fn refuse_unless_undoable(run: &Run) -> Result<()> {
+    if run.state == RunState::Running {
         bail!("run {} of {} is unfinished; resume it (pgmend repair apply {} --yes) or abandon it (pgmend repair abandon {} --yes) before undoing it", run.run_id, run.repair, run.repair, run.run_id);
     }
     if let Some(by) = run.undone_by_run {
@@ -189,139 +250,104 @@ pub fn undo(
             run.run_id
         );
     }
-    ensure_schema(client, policy)?;
-    let shape = shape(client, repair)?;
-    // An undo that stopped part-way (a kill, a lock budget, a lost connection) is resumed:
-    // its checkpoint is the last ledger record of the undone run it restored, and every
-    // batch restored its records and advanced the checkpoint in one transaction.
-    let unfinished: Option<(i64, i64)> = client
-        .query_opt(
-            "SELECT run_id, checkpoint FROM pgmend.repair_runs WHERE undoes_run = $1 AND state = 'running'",
-            &[&run.run_id],
-        )
-        .doing("looking for an unfinished undo of this run")?
-        .map(|r| (r.get(0), r.get(1)));
-    let checkpoint_at_start = unfinished.map_or(0, |(_, checkpoint)| checkpoint);
-    let (count, sample) = conflicts(client, &shape, run.run_id, checkpoint_at_start)?;
-    if count > 0 {
-        return Err(Stopped::error(format!(
-            "undo of run {} refused; nothing was changed{}. {count} row(s) cannot be restored:\n  - {}{}",
-            run.run_id,
-            if unfinished.is_some() { " by this attempt (the rows its earlier attempt restored stay restored)" } else { "" },
-            sample.join("\n  - "),
-            if count > sample.len() as i64 { format!("\n  - ... and {} more", count - sample.len() as i64) } else { String::new() }
-        )));
+    Ok(())
+}
+
+/// Refuses the whole undo (exit 1, nothing changed by this attempt) when any row left to
+/// restore changed since the run or would break the unique index.
+fn refuse_conflicts(
+    client: &mut postgres::Client,
+    shape: &Shape,
+    run: &Run,
+    resuming: bool,
+    after_ledger_id: i64,
+) -> Result<()> {
+    let (count, sample) = conflicts(client, shape, run.run_id, after_ledger_id)?;
+    if count == 0 {
+        return Ok(());
     }
-    let undo_run: i64 = match unfinished {
-        Some((undo_run, checkpoint)) => {
-            progress(&format!(
-                "resuming undo run {undo_run} of run {} after ledger record {checkpoint}",
-                run.run_id
-            ));
-            undo_run
-        }
-        None => client
-            .query_one(
-                "INSERT INTO pgmend.repair_runs (repair, kind, definition_checksum, state, undoes_run, targets)
-                 SELECT 'undo:' || repair, 'undo', definition_checksum, 'running', run_id,
-                        (SELECT count(*) FROM pgmend.repair_ledger WHERE run_id = $1)
-                   FROM pgmend.repair_runs WHERE run_id = $1 RETURNING run_id",
-                &[&run.run_id],
+    Err(Stopped::error(format!(
+        "undo of run {} refused; nothing was changed{}. {count} row(s) cannot be restored:\n  - {}{}",
+        run.run_id,
+        if resuming { " by this attempt (the rows its earlier attempt restored stay restored)" } else { "" },
+        sample.join("\n  - "),
+        if count > sample.len() as i64 { format!("\n  - ... and {} more", count - sample.len() as i64) } else { String::new() }
+    )))
+}
+
+/// The two statements of an undo batch, over ledger records `$2` of undone run `$3`,
+/// recording into undo run `$1`: restore updated rows, delete created ones.
+struct RestoreSql {
+    restore: String,
+    delete: String,
+}
+
+impl RestoreSql {
+    fn new(shape: &Shape) -> RestoreSql {
+        let sets = shape
+            .restore
+            .iter()
+            .map(|(c, ty)| format!("{c} = (l.before->>{})::{ty}", c.literal()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let compare_obj = shape
+            .compare
+            .iter()
+            .map(|(c, _)| format!("{}, t.{c}", c.literal()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let records = |action: &str| {
+            format!(
+                "SELECT * FROM {} WHERE run_id = $3 AND ledger_id = ANY ($2) AND action = '{action}'",
+                store::ledger()
             )
-            .doing("recording the undo run")?
-            .get(0),
-    };
-    let sets = shape
-        .restore
-        .iter()
-        .map(|(c, ty)| format!("{c} = (l.before->>{})::{ty}", lit(c), c = q(c)))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let compare_obj = shape
-        .compare
-        .iter()
-        .map(|(c, _)| format!("{}, t.{}", lit(c), q(c)))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let (mut restored, mut deleted, mut checkpoint): (i64, i64, i64) = client
-        .query_one(
-            "SELECT count(*) FILTER (WHERE action = 'restore'), count(*) FILTER (WHERE action = 'delete')
-               FROM pgmend.repair_ledger WHERE run_id = $1",
-            &[&undo_run],
-        )
-        .map(|r| (r.get(0), r.get(1), checkpoint_at_start))
-        .doing("reading the undo's progress")?;
-    loop {
-        let batch = with_lock_retry(
-            client,
-            policy,
-            &format!("undoing run {}", run.run_id),
-            &[],
-            |c| {
-                let mut tx = c.transaction()?;
-                tx.batch_execute(&policy.set_local_sql())?;
-                let ids: Vec<i64> = tx
-                .query(
-                    "SELECT ledger_id FROM pgmend.repair_ledger WHERE run_id = $1 AND ledger_id > $2 ORDER BY ledger_id LIMIT 1000",
-                    &[&run.run_id, &checkpoint],
-                )?
-                .iter()
-                .map(|r| r.get(0))
-                .collect();
-                let Some(&last) = ids.last() else {
-                    return Ok(None);
-                };
-                let r = tx.execute(
-                &format!(
-                    "WITH l AS (SELECT * FROM pgmend.repair_ledger WHERE run_id = $3 AND ledger_id = ANY ($2) AND action = 'update'),
-                     upd AS (UPDATE {table} t SET {sets} FROM l WHERE {join} RETURNING l.row_key, l.after, {cmp} AS now)
-                     INSERT INTO pgmend.repair_ledger (run_id, target_table, row_key, action, before, after, reason)
-                     SELECT $1, {tl}, row_key, 'restore', after, now, 'undo of run ' || $3::bigint FROM upd",
-                    table = q(&shape.table),
-                    join = shape.join(),
-                    cmp = ["jsonb_build_object(", &compare_obj, ")"].concat(),
-                    tl = lit(&shape.table),
-                ),
-                &[&undo_run, &ids, &run.run_id],
-            )?;
-                let d = tx.execute(
-                &format!(
-                    "WITH l AS (SELECT * FROM pgmend.repair_ledger WHERE run_id = $3 AND ledger_id = ANY ($2) AND action = 'insert'),
-                     del AS (DELETE FROM {table} t USING l WHERE {join} RETURNING l.row_key, l.after)
-                     INSERT INTO pgmend.repair_ledger (run_id, target_table, row_key, action, before, after, reason)
-                     SELECT $1, {tl}, row_key, 'delete', after, NULL, 'undo of run ' || $3::bigint || ': the run created this row' FROM del",
-                    table = q(&shape.table),
-                    join = shape.join(),
-                    tl = lit(&shape.table),
-                ),
-                &[&undo_run, &ids, &run.run_id],
-            )?;
-                tx.execute("UPDATE pgmend.repair_runs SET checkpoint = $2, processed = processed + $3, changed = changed + $4 WHERE run_id = $1",
-                &[&undo_run, &last, &(ids.len() as i64), &((r + d) as i64)])?;
-                tx.commit()?;
-                Ok(Some((last, r as i64, d as i64)))
-            },
-        )?;
-        let Some((last, r, d)) = batch else { break };
-        checkpoint = last;
-        restored += r;
-        deleted += d;
-        progress(&format!(
-            "undo of run {}: {restored} rows restored, {deleted} created rows deleted",
-            run.run_id
-        ));
+        };
+        RestoreSql {
+            restore: format!(
+                "WITH l AS ({records}),
+                 upd AS (UPDATE {table} t SET {sets} FROM l WHERE {join} RETURNING l.row_key, l.after, jsonb_build_object({compare_obj}) AS now)
+                 {ledger_insert}
+                 SELECT $1, {tl}, row_key, 'restore', after, now, 'undo of run ' || $3::bigint FROM upd",
+                records = records("update"),
+                table = shape.table,
+                join = shape.join(),
+                ledger_insert = store::ledger_insert(),
+                tl = shape.table.literal(),
+            ),
+            delete: format!(
+                "WITH l AS ({records}),
+                 del AS (DELETE FROM {table} t USING l WHERE {join} RETURNING l.row_key, l.after)
+                 {ledger_insert}
+                 SELECT $1, {tl}, row_key, 'delete', after, NULL, 'undo of run ' || $3::bigint || ': the run created this row' FROM del",
+                records = records("insert"),
+                table = shape.table,
+                join = shape.join(),
+                ledger_insert = store::ledger_insert(),
+                tl = shape.table.literal(),
+            ),
+        }
     }
-    client
-        .batch_execute(&format!(
-            "UPDATE pgmend.repair_runs SET state = 'finished', finished_at = now() WHERE run_id = {undo_run};
-             UPDATE pgmend.repair_runs SET undone_by_run = {undo_run} WHERE run_id = {}",
-            run.run_id
-        ))
-        .doing("recording the undo")?;
-    Ok(UndoReport {
-        undone_run: run.run_id,
-        undo_run,
-        restored,
-        deleted,
-    })
+}
+
+/// One undo batch in one transaction: the next ledger records of the undone run after
+/// `checkpoint`, restored and recorded, and the undo run's checkpoint. None when none are
+/// left; else (last ledger id, rows restored, rows deleted).
+fn restore_batch(
+    c: &mut postgres::Client,
+    policy: &LockPolicy,
+    sql: &RestoreSql,
+    (run_id, undo_run): (i64, i64),
+    checkpoint: i64,
+) -> Result<Option<(i64, i64, i64)>, postgres::Error> {
+    let mut tx = c.transaction()?;
+    tx.batch_execute(&policy.set_local_sql())?;
+    let ids = store::runs::ledger_page(&mut tx, run_id, checkpoint)?;
+    let Some(&last) = ids.last() else {
+        return Ok(None);
+    };
+    let r = tx.execute(&sql.restore, &[&undo_run, &ids, &run_id])? as i64;
+    let d = tx.execute(&sql.delete, &[&undo_run, &ids, &run_id])? as i64;
+    store::runs::advance_undo(&mut tx, undo_run, last, ids.len() as i64, r + d)?;
+    tx.commit()?;
+    Ok(Some((last, r, d)))
 }

@@ -3,8 +3,10 @@
 
 use anyhow::Result;
 
+use super::catalog::column_types;
 use super::definition::{Order, VoidSpec};
-use super::store::{column_types, q};
+use crate::db::sql_text::{all_not_null, column_list, key_match, SeqRange};
+use crate::store;
 
 pub struct VoidEngine {
     pub spec: VoidSpec,
@@ -36,12 +38,7 @@ impl VoidEngine {
     }
 
     fn group_cols(&self, alias: &str) -> String {
-        self.spec
-            .group_by
-            .iter()
-            .map(|c| format!("{alias}.{}", q(c)))
-            .collect::<Vec<_>>()
-            .join(", ")
+        column_list(alias, &self.spec.group_by)
     }
 
     fn rank_order(&self) -> String {
@@ -55,37 +52,28 @@ impl VoidEngine {
         let as_text = s
             .group_by
             .iter()
-            .map(|c| format!("t.{}::text", q(c)))
+            .map(|c| format!("t.{}::text", c))
             .collect::<Vec<_>>()
             .join(", ");
-        let not_null = s
-            .group_by
-            .iter()
-            .map(|c| format!("t.{} IS NOT NULL", q(c)))
-            .collect::<Vec<_>>()
-            .join(" AND ");
+        let not_null = all_not_null("t", &s.group_by);
         format!(
-            "INSERT INTO pgmend.repair_targets (run_id, seq, key)
+            "{targets_insert}
              SELECT $1, row_number() OVER (ORDER BY {cols}), ARRAY[{as_text}]
                FROM {table} t WHERE NOT t.{mark} AND {not_null}
               GROUP BY {cols} HAVING count(*) > 1",
-            table = q(&s.table),
-            mark = q(&s.mark)
+            targets_insert = store::targets_insert(),
+            table = s.table,
+            mark = s.mark
         )
     }
 
     /// The groups of one batch: frozen keys `seq` in ($2, $3] of run $1, cast back.
-    fn batch_groups(&self) -> String {
-        super::store::frozen_batch_sql(&self.spec.group_by, &self.group_types)
+    fn batch_groups(&self, range: SeqRange) -> String {
+        store::runs::frozen_keys_sql(&self.spec.group_by, &self.group_types, range)
     }
 
     fn join_on(&self) -> String {
-        self.spec
-            .group_by
-            .iter()
-            .map(|c| format!("t.{c} = g.{c}", c = q(c)))
-            .collect::<Vec<_>>()
-            .join(" AND ")
+        key_match("t", "g", &self.spec.group_by)
     }
 
     /// The ranked unmarked rows of `groups`: rn 1 is kept.
@@ -94,7 +82,7 @@ impl VoidEngine {
         let keep = s
             .keep_when_not_null
             .as_ref()
-            .map(|k| format!("t.{}", q(k)))
+            .map(|k| format!("t.{}", k))
             .unwrap_or_else(|| "NULL".into());
         format!(
             "SELECT t.{key} AS k, t.{mark} AS before_mark, t.{void} AS before_void, {keep} AS keep_value,
@@ -102,10 +90,10 @@ impl VoidEngine {
                FROM {table} t JOIN ({groups}) g ON {on}
               WHERE NOT t.{mark}
              WINDOW w AS (PARTITION BY {cols} ORDER BY {order})",
-            key = q(&s.row_key),
-            mark = q(&s.mark),
-            void = q(&s.void),
-            table = q(&s.table),
+            key = &s.row_key,
+            mark = &s.mark,
+            void = &s.void,
+            table = &s.table,
             on = self.join_on(),
             cols = self.group_cols("t"),
             order = self.rank_order(),
@@ -128,7 +116,7 @@ impl VoidEngine {
         let keep = s
             .keep_when_not_null
             .as_ref()
-            .map(|k| format!("l.{}", q(k)))
+            .map(|k| format!("l.{}", k))
             .unwrap_or_else(|| "NULL".into());
         format!(
             "WITH locked AS (
@@ -145,27 +133,28 @@ impl VoidEngine {
                       {void} = CASE WHEN r.keep_value IS NULL THEN coalesce(t.{void}, now()) ELSE t.{void} END
                  FROM ranked r WHERE t.{key} = r.k AND r.rn > 1
                RETURNING t.{key} AS k, r.before_mark, r.before_void, t.{mark} AS after_mark, t.{void} AS after_void, r.rn, r.kept, r.keep_value)
-             INSERT INTO pgmend.repair_ledger (run_id, target_table, row_key, action, before, after, reason)
+             {ledger_insert}
              SELECT $1, {table_lit}, jsonb_build_object({key_lit}, k), 'update',
                     jsonb_build_object({mark_lit}, before_mark, {void_lit}, before_void{keep_obj}),
                     jsonb_build_object({mark_lit}, after_mark, {void_lit}, after_void{keep_obj}),
                     format('rank %s in its group; %s %s is kept', rn, {key_lit}, kept)
                FROM changed",
-            groups = self.batch_groups(),
+            ledger_insert = store::ledger_insert(),
+            groups = self.batch_groups(SeqRange::Between { lo: 2, hi: 3 }),
             on = self.join_on(),
             lcols = self.group_cols("l"),
             lorder = rank_order(s, "l"),
-            table = q(&s.table),
-            mark = q(&s.mark),
-            void = q(&s.void),
-            key = q(&s.row_key),
-            table_lit = lit(&s.table),
-            key_lit = lit(&s.row_key),
-            mark_lit = lit(&s.mark),
-            void_lit = lit(&s.void),
+            table = &s.table,
+            mark = &s.mark,
+            void = &s.void,
+            key = &s.row_key,
+            table_lit = s.table.literal(),
+            key_lit = s.row_key.literal(),
+            mark_lit = s.mark.literal(),
+            void_lit = s.void.literal(),
             // The column that keeps a row from being voided (redeemed_at) is recorded too, so
             // undo can see a coupon redeemed after it was voided.
-            keep_obj = s.keep_when_not_null.as_ref().map(|k| format!(", {}, keep_value", lit(k))).unwrap_or_default(),
+            keep_obj = s.keep_when_not_null.as_ref().map(|k| format!(", {}, keep_value", k.literal())).unwrap_or_default(),
         )
     }
 
@@ -175,32 +164,27 @@ impl VoidEngine {
     pub fn preview_sql(&self) -> String {
         let s = &self.spec;
         let cols = self.group_cols("t");
-        let not_null = s
-            .group_by
-            .iter()
-            .map(|c| format!("t.{} IS NOT NULL", q(c)))
-            .collect::<Vec<_>>()
-            .join(" AND ");
+        let not_null = all_not_null("t", &s.group_by);
         let groups = format!(
             "SELECT {cols} FROM {table} t WHERE NOT t.{mark} AND {not_null} GROUP BY {cols} HAVING count(*) > 1",
-            table = q(&s.table),
-            mark = q(&s.mark)
+            table = &s.table,
+            mark = &s.mark
         );
         let group_text = s
             .group_by
             .iter()
-            .map(|c| format!("t.{}::text", q(c)))
+            .map(|c| format!("t.{}::text", c))
             .collect::<Vec<_>>()
             .join(" || '/' || ");
         let by = s
             .report_by
             .as_ref()
-            .map(|c| format!("t.{}::text", q(c)))
+            .map(|c| format!("t.{}::text", c))
             .unwrap_or_else(|| "NULL::text".into());
         let sum = s
             .report_sum
             .as_ref()
-            .map(|c| format!("t.{}::bigint", q(c)))
+            .map(|c| format!("t.{}::bigint", c))
             .unwrap_or_else(|| "0::bigint".into());
         format!(
             "SELECT r.k::text, r.grp, r.before_mark, r.before_void::text, r.keep_value IS NULL AS voids, r.kept::text, r.rn, r.by, r.amount
@@ -209,23 +193,21 @@ impl VoidEngine {
               WHERE r.rn > 1
               ORDER BY r.grp, r.rn",
             ranked = self.ranked(&groups),
-            table = q(&s.table),
-            key = q(&s.row_key),
+            table = &s.table,
+            key = &s.row_key,
         )
     }
 
     /// After a run: how many of its frozen groups still hold more than one unmarked row.
     pub fn reconcile_sql(&self) -> String {
         let s = &self.spec;
-        let groups = self
-            .batch_groups()
-            .replace("seq > $2 AND seq <= $3", "true");
+        let groups = self.batch_groups(SeqRange::All);
         format!(
             "SELECT count(*) FROM (SELECT 1 FROM {table} t JOIN ({groups}) g ON {on} WHERE NOT t.{mark}
                                      GROUP BY {cols} HAVING count(*) > 1) v",
-            table = q(&s.table),
+            table = &s.table,
             on = self.join_on(),
-            mark = q(&s.mark),
+            mark = &s.mark,
             cols = self.group_cols("t"),
         )
     }
@@ -236,15 +218,10 @@ pub fn rank_order(spec: &VoidSpec, alias: &str) -> String {
     spec.rank_by
         .iter()
         .map(|r| match r.order {
-            Order::Asc => format!("{alias}.{} ASC", q(&r.column)),
-            Order::Desc => format!("{alias}.{} DESC", q(&r.column)),
-            Order::NotNullFirst => format!("({alias}.{} IS NULL) ASC", q(&r.column)),
+            Order::Asc => format!("{alias}.{} ASC", &r.column),
+            Order::Desc => format!("{alias}.{} DESC", &r.column),
+            Order::NotNullFirst => format!("({alias}.{} IS NULL) ASC", &r.column),
         })
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-/// A SQL string literal.
-pub fn lit(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "''"))
 }

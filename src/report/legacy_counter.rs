@@ -5,7 +5,8 @@
 //! The old application is the only one that moves the counter, and it stops at the deploy; the
 //! rollback repair (`restore-legacy-campaign-counters`) overwrites it later. So both inputs are
 //! recorded once, when the release passes the gate `deploy-new-application`
-//! ([`record_at_gate`], into `pgmend.legacy_counter_at_deploy`, which this module owns), and
+//! ([`record_at_gate`], into a table of `crate::store`'s, whose figures this module computes),
+//! and
 //! the report reads that record from then on. Before the gate the report computes the figure
 //! live: every coupon there is was issued by the old system.
 
@@ -66,17 +67,13 @@ pub fn record_at_gate(client: &mut impl GenericClient, gate: &str) -> Result<()>
     if gate != DEPLOY_GATE {
         return Ok(());
     }
-    let recorded = client
-        .execute(
-            "INSERT INTO pgmend.legacy_counter_at_deploy (campaign_id, legacy_counter_yen, old_system_issued_yen, old_system_coupons)
-             SELECT c.campaign_id, c.issued_yen, coalesce(i.yen, 0), coalesce(i.coupons, 0)
-               FROM campaigns c
-               LEFT JOIN (SELECT campaign_id, sum(amount_yen)::int8 AS yen, count(*) AS coupons
-                            FROM issued_coupons GROUP BY campaign_id) i USING (campaign_id)
-              WHERE NOT EXISTS (SELECT 1 FROM pgmend.legacy_counter_at_deploy)",
-            &[],
-        )
-        .doing("recording the legacy counter at the deploy gate")?;
+    let recorded = crate::store::records::record_legacy_counter(
+        client,
+        "SELECT c.campaign_id, c.issued_yen, coalesce(i.yen, 0), coalesce(i.coupons, 0)
+           FROM campaigns c
+           LEFT JOIN (SELECT campaign_id, sum(amount_yen)::int8 AS yen, count(*) AS coupons
+                        FROM issued_coupons GROUP BY campaign_id) i USING (campaign_id)",
+    )?;
     if recorded > 0 {
         crate::say!(
             "recorded the legacy counter (campaigns.issued_yen) and what the old system issued, for {recorded} campaigns: the finance report's lost updates"
@@ -87,42 +84,16 @@ pub fn record_at_gate(client: &mut impl GenericClient, gate: &str) -> Result<()>
 
 /// Reads the figures inside the report's snapshot.
 pub fn read(client: &mut impl GenericClient) -> Result<LegacyCounter> {
-    let (has_record, has_gates): (bool, bool) = {
-        let row = client
-            .query_one(
-                "SELECT to_regclass('pgmend.legacy_counter_at_deploy') IS NOT NULL,
-                        to_regclass('pgmend.gates') IS NOT NULL",
-                &[],
-            )
-            .doing("looking for pgmend's tables")?;
-        (row.get(0), row.get(1))
-    };
-    if has_record {
-        let rows = client
-            .query(
-                "SELECT campaign_id, legacy_counter_yen, old_system_issued_yen,
-                        (extract(epoch FROM recorded_at) * 1000000)::int8
-                   FROM pgmend.legacy_counter_at_deploy",
-                &[],
-            )
-            .doing("reading the legacy counter recorded at the deploy gate")?;
-        if let Some(first) = rows.first() {
-            return Ok(LegacyCounter {
-                source: Source::DeployGate {
-                    recorded_at: super::tokyo(first.get(3))?,
-                },
-                campaigns: figures(&rows),
-            });
-        }
+    let rows = crate::store::records::legacy_counter(client)?;
+    if let Some(first) = rows.first() {
+        return Ok(LegacyCounter {
+            source: Source::DeployGate {
+                recorded_at: super::tokyo(first.get(3))?,
+            },
+            campaigns: figures(&rows),
+        });
     }
-    let passed = has_gates
-        && client
-            .query_one(
-                "SELECT EXISTS (SELECT 1 FROM pgmend.gates WHERE gate = $1)",
-                &[&DEPLOY_GATE],
-            )
-            .doing("reading the confirmed gates")?
-            .get::<_, bool>(0);
+    let passed = crate::store::records::gate_confirmed(client, DEPLOY_GATE)?;
     if passed {
         return Ok(LegacyCounter {
             source: Source::NotRecorded,

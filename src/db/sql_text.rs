@@ -1,0 +1,286 @@
+//! SQL text: the only way a name or a constant gets into a statement pgmend builds. An
+//! [`Ident`] is a quoted identifier (optionally schema-qualified), a [`Literal`] a quoted
+//! constant; both print their SQL form with `Display`, so they drop into `format!`. The
+//! fragment builders (column lists, key matches, key ranges) are functions over them, so a
+//! statement is never patched as text afterwards.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// A SQL identifier: a table, column, index, constraint, trigger, function or schema name,
+/// with an optional schema. Prints as `"name"` or `"schema"."name"`, quotes doubled.
+///
+/// An empty name prints as `""`, which PostgreSQL refuses (a zero-length delimited
+/// identifier): definitions reject empty names on load, before any SQL is built.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Serialize)]
+#[serde(from = "String", into = "String")]
+pub struct Ident {
+    schema: Option<String>,
+    name: String,
+}
+
+impl Ident {
+    pub fn new(name: impl Into<String>) -> Ident {
+        Ident {
+            schema: None,
+            name: name.into(),
+        }
+    }
+
+    /// `schema.name`: a dot inside either part stays part of that name.
+    pub fn qualified(schema: impl Into<String>, name: impl Into<String>) -> Ident {
+        Ident {
+            schema: Some(schema.into()),
+            name: name.into(),
+        }
+    }
+
+    /// The name as written, unquoted: for messages and catalog lookups by value.
+    pub fn as_str(&self) -> &str {
+        &self.name
+    }
+
+    /// The name qualified by `alias` (`alias."name"`), for a column of an aliased table.
+    pub fn of(&self, alias: &str) -> String {
+        format!("{alias}.{self}")
+    }
+
+    /// The name as a SQL constant (`'name'`), e.g. for `jsonb_build_object` keys.
+    pub fn literal(&self) -> Literal {
+        Literal::new(&self.name)
+    }
+
+    /// The name as a person would type it in SQL: bare when it is a plain lower-case name
+    /// that needs no quotes, quoted otherwise (for suggested commands such as a GRANT).
+    pub fn minimal(&self) -> String {
+        let part = |p: &str| {
+            let plain = p
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+                && p.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+            if plain {
+                p.to_string()
+            } else {
+                quote_identifier(p)
+            }
+        };
+        match &self.schema {
+            Some(s) => format!("{}.{}", part(s), part(&self.name)),
+            None => part(&self.name),
+        }
+    }
+}
+
+impl From<String> for Ident {
+    fn from(name: String) -> Ident {
+        Ident::new(name)
+    }
+}
+
+impl From<&str> for Ident {
+    fn from(name: &str) -> Ident {
+        Ident::new(name)
+    }
+}
+
+impl From<Ident> for String {
+    fn from(ident: Ident) -> String {
+        ident.name
+    }
+}
+
+/// Debug is the bare name in quotes (`"mark"`), as messages about definitions show it.
+impl fmt::Debug for Ident {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.schema {
+            Some(s) => fmt::Debug::fmt(&format!("{s}.{}", self.name), f),
+            None => fmt::Debug::fmt(&self.name, f),
+        }
+    }
+}
+
+impl fmt::Display for Ident {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(schema) = &self.schema {
+            write!(f, "{}.", quote_identifier(schema))?;
+        }
+        f.write_str(&quote_identifier(&self.name))
+    }
+}
+
+/// A SQL string constant: prints as `'text'`, quotes doubled (and backslashes escaped in an
+/// `E'...'` string when there are any).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Literal(String);
+
+impl Literal {
+    pub fn new(text: impl Into<String>) -> Literal {
+        Literal(text.into())
+    }
+}
+
+impl fmt::Display for Literal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&postgres_protocol::escape::escape_literal(&self.0))
+    }
+}
+
+/// The one identifier quoter.
+fn quote_identifier(name: &str) -> String {
+    postgres_protocol::escape::escape_identifier(name)
+}
+
+/// `a."x", a."y"` (or `"x", "y"` when `alias` is empty).
+pub fn column_list(alias: &str, columns: &[Ident]) -> String {
+    columns
+        .iter()
+        .map(|c| qualify(alias, c))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `a."x" = b."x" AND a."y" = b."y"`: rows of `a` and `b` with the same key.
+pub fn key_match(a: &str, b: &str, columns: &[Ident]) -> String {
+    columns
+        .iter()
+        .map(|c| format!("{a}.{c} = {b}.{c}"))
+        .collect::<Vec<_>>()
+        .join(" AND ")
+}
+
+/// `a."x" IS NOT NULL AND a."y" IS NOT NULL`.
+pub fn all_not_null(alias: &str, columns: &[Ident]) -> String {
+    columns
+        .iter()
+        .map(|c| format!("{} IS NOT NULL", qualify(alias, c)))
+        .collect::<Vec<_>>()
+        .join(" AND ")
+}
+
+/// A keyset range over an integer column: which part of a frozen target list a statement
+/// reads. [`SeqRange::Between`] takes its bounds from two parameters, `(lo, hi]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeqRange {
+    /// Every row.
+    All,
+    /// `column > $lo AND column <= $hi`, with the parameter numbers given.
+    Between { lo: usize, hi: usize },
+}
+
+impl SeqRange {
+    /// The predicate over `column` (already qualified as the statement needs it).
+    pub fn predicate(&self, column: &str) -> String {
+        match self {
+            SeqRange::All => "true".into(),
+            SeqRange::Between { lo, hi } => format!("{column} > ${lo} AND {column} <= ${hi}"),
+        }
+    }
+}
+
+/// `(a."x", a."y") > ($1, $2)`: a keyset page's lower bound, parameters from `first`.
+pub fn keyset_after(alias: &str, columns: &[Ident], first: usize) -> String {
+    let params = (0..columns.len())
+        .map(|i| format!("${}", first + i))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!("({}) > ({params})", column_list(alias, columns))
+}
+
+fn qualify(alias: &str, column: &Ident) -> String {
+    if alias.is_empty() {
+        column.to_string()
+    } else {
+        column.of(alias)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers_are_quoted_with_their_quotes_doubled() {
+        assert_eq!(
+            Ident::new("issued_coupons").to_string(),
+            "\"issued_coupons\""
+        );
+        assert_eq!(Ident::new("a\"b").to_string(), "\"a\"\"b\"");
+        assert_eq!(
+            Ident::new("x\"; DROP TABLE t; --").to_string(),
+            "\"x\"\"; DROP TABLE t; --\""
+        );
+    }
+
+    #[test]
+    fn a_dot_stays_inside_its_name_and_qualified_names_quote_each_part() {
+        assert_eq!(Ident::new("a.b").to_string(), "\"a.b\"");
+        assert_eq!(
+            Ident::qualified("pgmend", "repair_runs").to_string(),
+            "\"pgmend\".\"repair_runs\""
+        );
+        assert_eq!(
+            Ident::qualified("my.schema", "t\"x").to_string(),
+            "\"my.schema\".\"t\"\"x\""
+        );
+    }
+
+    #[test]
+    fn unicode_names_are_kept_as_they_are() {
+        assert_eq!(Ident::new("クーポン").to_string(), "\"クーポン\"");
+        assert_eq!(Literal::new("円'").to_string(), "'円'''");
+    }
+
+    #[test]
+    fn an_empty_name_prints_as_the_empty_quoted_name_postgresql_refuses() {
+        assert_eq!(Ident::new("").to_string(), "\"\"");
+    }
+
+    #[test]
+    fn literals_double_quotes_and_escape_backslashes() {
+        assert_eq!(Literal::new("it's").to_string(), "'it''s'");
+        assert_eq!(Literal::new("").to_string(), "''");
+        assert_eq!(Literal::new("a\\b").to_string(), " E'a\\\\b'");
+    }
+
+    #[test]
+    fn minimal_leaves_plain_names_bare() {
+        assert_eq!(Ident::new("app").minimal(), "app");
+        assert_eq!(Ident::new("App").minimal(), "\"App\"");
+        assert_eq!(
+            Ident::qualified("pgmend", "gates").minimal(),
+            "pgmend.gates"
+        );
+        assert_eq!(Ident::new("").minimal(), "\"\"");
+    }
+
+    #[test]
+    fn fragments() {
+        let k = [Ident::new("a"), Ident::new("b")];
+        assert_eq!(column_list("t", &k), "t.\"a\", t.\"b\"");
+        assert_eq!(column_list("", &k), "\"a\", \"b\"");
+        assert_eq!(
+            key_match("t", "g", &k),
+            "t.\"a\" = g.\"a\" AND t.\"b\" = g.\"b\""
+        );
+        assert_eq!(
+            all_not_null("t", &k),
+            "t.\"a\" IS NOT NULL AND t.\"b\" IS NOT NULL"
+        );
+        assert_eq!(keyset_after("t", &k, 3), "(t.\"a\", t.\"b\") > ($3, $4)");
+        assert_eq!(
+            SeqRange::Between { lo: 2, hi: 3 }.predicate("seq"),
+            "seq > $2 AND seq <= $3"
+        );
+        assert_eq!(SeqRange::All.predicate("seq"), "true");
+    }
+
+    #[test]
+    fn serde_keeps_the_bare_name() {
+        let i: Ident = serde_json::from_str("\"issued_coupons\"").unwrap();
+        assert_eq!(i.as_str(), "issued_coupons");
+        assert_eq!(serde_json::to_string(&i).unwrap(), "\"issued_coupons\"");
+    }
+}

@@ -1,0 +1,143 @@
+//! The release's records: finished steps, confirmed gates, the schema the release belongs
+//! to, and the legacy counter recorded at the deploy gate (read by `report::legacy_counter`).
+
+use anyhow::Result;
+use postgres::{GenericClient, Row};
+
+use crate::error::PgContext;
+
+/// The steps recorded as finished (1-based), in order.
+pub fn finished_steps(client: &mut impl GenericClient) -> Result<Vec<i32>> {
+    Ok(client
+        .query("SELECT step FROM pgmend.release_steps ORDER BY step", &[])
+        .doing("reading the release's finished steps")?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
+}
+
+/// The confirmed gates: (gate, confirmed by, when in UTC).
+pub fn confirmed_gates(client: &mut impl GenericClient) -> Result<Vec<(String, String, String)>> {
+    Ok(client
+        .query(
+            "SELECT gate, confirmed_by, to_char(confirmed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') FROM pgmend.gates",
+            &[],
+        )
+        .doing("reading the confirmed gates")?
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect())
+}
+
+/// Records step `step` (1-based) as finished, with the run that did it; a rerun keeps the
+/// first record.
+pub fn record_step(
+    client: &mut impl GenericClient,
+    step: i32,
+    what: &str,
+    run_id: Option<i64>,
+) -> Result<()> {
+    client
+        .execute(
+            "INSERT INTO pgmend.release_steps (step, what, run_id) VALUES ($1, $2, $3) ON CONFLICT (step) DO NOTHING",
+            &[&step, &what, &run_id],
+        )
+        .doing("recording the finished step")?;
+    Ok(())
+}
+
+/// Records `gate` as confirmed by `who` (and the session's role); a rerun keeps the first.
+pub fn confirm_gate(client: &mut impl GenericClient, gate: &str, who: &str) -> Result<()> {
+    client
+        .execute(
+            "INSERT INTO pgmend.gates (gate, confirmed_by) VALUES ($1, $2 || ' (role ' || current_user || ')') ON CONFLICT (gate) DO NOTHING",
+            &[&gate, &who],
+        )
+        .doing("recording the gate")?;
+    Ok(())
+}
+
+/// Whether the release has passed a gate (`pgmend.gates` has a row): from then on the new
+/// application runs, which keeps every counter in step with its source.
+pub fn gates_passed(client: &mut impl GenericClient) -> Result<bool> {
+    if !super::exists(client)? {
+        return Ok(false);
+    }
+    Ok(client
+        .query_one("SELECT EXISTS (SELECT 1 FROM pgmend.gates)", &[])
+        .doing("reading whether the release has passed its gate")?
+        .get(0))
+}
+
+/// Whether `gate` is confirmed (false when pgmend's tables do not exist).
+pub fn gate_confirmed(client: &mut impl GenericClient, gate: &str) -> Result<bool> {
+    let has_gates: bool = client
+        .query_one("SELECT to_regclass('pgmend.gates') IS NOT NULL", &[])
+        .doing("looking for pgmend's tables")?
+        .get(0);
+    Ok(has_gates
+        && client
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pgmend.gates WHERE gate = $1)",
+                &[&gate],
+            )
+            .doing("reading the confirmed gates")?
+            .get::<_, bool>(0))
+}
+
+/// The schema whose release pgmend's records are, when recorded.
+pub fn released_schema(client: &mut impl GenericClient) -> Result<Option<String>> {
+    let recorded: bool = client
+        .query_one(
+            "SELECT to_regclass('pgmend.released_schema') IS NOT NULL",
+            &[],
+        )
+        .doing("looking for pgmend's tables")?
+        .get(0);
+    if !recorded {
+        return Ok(None);
+    }
+    Ok(client
+        .query_opt("SELECT schema_name FROM pgmend.released_schema", &[])
+        .doing("reading which schema pgmend's records belong to")?
+        .map(|r| r.get(0)))
+}
+
+/// Records, once, per campaign the legacy counter and what the old system really issued
+/// (`source` is the SELECT of campaign_id, legacy counter, issued yen, coupons). Returns how
+/// many campaigns were recorded (0 when already recorded).
+pub fn record_legacy_counter(client: &mut impl GenericClient, source: &str) -> Result<u64> {
+    client
+        .execute(
+            &format!(
+                "INSERT INTO pgmend.legacy_counter_at_deploy (campaign_id, legacy_counter_yen, old_system_issued_yen, old_system_coupons)
+                 {source}
+                  WHERE NOT EXISTS (SELECT 1 FROM pgmend.legacy_counter_at_deploy)"
+            ),
+            &[],
+        )
+        .doing("recording the legacy counter at the deploy gate")
+}
+
+/// The recorded legacy counter: campaign, legacy counter, issued yen, recorded at (µs since
+/// the epoch). Empty when not recorded (or pgmend's tables do not exist).
+pub fn legacy_counter(client: &mut impl GenericClient) -> Result<Vec<Row>> {
+    let has_record: bool = client
+        .query_one(
+            "SELECT to_regclass('pgmend.legacy_counter_at_deploy') IS NOT NULL",
+            &[],
+        )
+        .doing("looking for pgmend's tables")?
+        .get(0);
+    if !has_record {
+        return Ok(Vec::new());
+    }
+    client
+        .query(
+            "SELECT campaign_id, legacy_counter_yen, old_system_issued_yen,
+                    (extract(epoch FROM recorded_at) * 1000000)::int8
+               FROM pgmend.legacy_counter_at_deploy",
+            &[],
+        )
+        .doing("reading the legacy counter recorded at the deploy gate")
+}

@@ -1,0 +1,350 @@
+//! Repair runs: their rows in `pgmend.repair_runs`, their frozen targets and their
+//! checkpoints, and the ledger records `repair log` and undo read.
+
+use anyhow::Result;
+use postgres::{GenericClient, Transaction};
+use serde::Serialize;
+
+use crate::db::sql_text::{Ident, SeqRange};
+use crate::error::PgContext;
+
+/// Where a run stands; parsed once, where the row is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunState {
+    Running,
+    Finished,
+    Abandoned,
+}
+
+impl RunState {
+    /// The table's CHECK admits these three only.
+    fn parse(text: &str) -> RunState {
+        match text {
+            "running" => RunState::Running,
+            "abandoned" => RunState::Abandoned,
+            _ => RunState::Finished,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunState::Running => "running",
+            RunState::Finished => "finished",
+            RunState::Abandoned => "abandoned",
+        }
+    }
+}
+
+impl std::fmt::Display for RunState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Run {
+    pub run_id: i64,
+    pub repair: String,
+    pub kind: String,
+    pub definition_checksum: String,
+    pub state: RunState,
+    pub as_of: String,
+    pub targets: i64,
+    pub checkpoint: i64,
+    pub processed: i64,
+    pub changed: i64,
+    pub skipped: serde_json::Value,
+    pub started_by: String,
+    pub finished_at: Option<String>,
+    pub undoes_run: Option<i64>,
+    pub undone_by_run: Option<i64>,
+    /// Counter runs after the deploy gate: targets from this one on are keys that still
+    /// differed after the run's first pass, corrected again (their ledger records merged).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repass_from: Option<i64>,
+}
+
+pub const RUN_COLUMNS: &str = "run_id, repair, kind, definition_checksum, state,
+    to_char(as_of AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), targets, checkpoint, processed, changed,
+    skipped::text, started_by, to_char(finished_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),
+    undoes_run, undone_by_run, repass_from";
+
+pub fn run_from_row(r: &postgres::Row) -> Run {
+    Run {
+        run_id: r.get(0),
+        repair: r.get(1),
+        kind: r.get(2),
+        definition_checksum: r.get(3),
+        state: RunState::parse(r.get(4)),
+        as_of: r.get(5),
+        targets: r.get(6),
+        checkpoint: r.get(7),
+        processed: r.get(8),
+        changed: r.get(9),
+        skipped: serde_json::from_str(&r.get::<_, String>(10)).unwrap_or_default(),
+        started_by: r.get(11),
+        finished_at: r.get(12),
+        undoes_run: r.get(13),
+        undone_by_run: r.get(14),
+        repass_from: r.get(15),
+    }
+}
+
+/// Every run, oldest first (none when pgmend's tables do not exist).
+pub fn all(client: &mut impl GenericClient) -> Result<Vec<Run>> {
+    if !super::exists(client)? {
+        return Ok(Vec::new());
+    }
+    Ok(client
+        .query(
+            &format!("SELECT {RUN_COLUMNS} FROM pgmend.repair_runs ORDER BY run_id"),
+            &[],
+        )
+        .doing("reading the repair runs")?
+        .iter()
+        .map(run_from_row)
+        .collect())
+}
+
+pub fn run(client: &mut impl GenericClient, run_id: i64) -> Result<Option<Run>> {
+    if !super::exists(client)? {
+        return Ok(None);
+    }
+    Ok(client
+        .query_opt(
+            &format!("SELECT {RUN_COLUMNS} FROM pgmend.repair_runs WHERE run_id = $1"),
+            &[&run_id],
+        )
+        .doing("reading the repair run")?
+        .as_ref()
+        .map(run_from_row))
+}
+
+/// The unfinished run of `repair`, if there is one.
+pub fn unfinished(client: &mut impl GenericClient, repair: &str) -> Result<Option<Run>> {
+    Ok(client
+        .query_opt(
+            &format!("SELECT {RUN_COLUMNS} FROM pgmend.repair_runs WHERE repair = $1 AND state = 'running'"),
+            &[&repair],
+        )
+        .doing("looking for an unfinished run")?
+        .as_ref()
+        .map(run_from_row))
+}
+
+/// The latest run of `repair`, finished or not.
+pub fn latest_run_id(client: &mut impl GenericClient, repair: &str) -> Result<Option<i64>> {
+    Ok(client
+        .query_one(
+            "SELECT max(run_id) FROM pgmend.repair_runs WHERE repair = $1",
+            &[&repair],
+        )
+        .doing("finding the latest run of the repair")?
+        .get(0))
+}
+
+/// Creates a running run, in the transaction that freezes its targets.
+pub fn create(
+    tx: &mut Transaction<'_>,
+    repair: &str,
+    kind: &str,
+    checksum: &str,
+) -> Result<i64, postgres::Error> {
+    Ok(tx
+        .query_one(
+            "INSERT INTO pgmend.repair_runs (repair, kind, definition_checksum, state) VALUES ($1, $2, $3, 'running') RETURNING run_id",
+            &[&repair, &kind, &checksum],
+        )?
+        .get(0))
+}
+
+/// Records how many targets the run froze.
+pub fn set_targets(
+    tx: &mut Transaction<'_>,
+    run_id: i64,
+    targets: i64,
+) -> Result<(), postgres::Error> {
+    tx.execute(
+        "UPDATE pgmend.repair_runs SET targets = $2 WHERE run_id = $1",
+        &[&run_id, &targets],
+    )?;
+    Ok(())
+}
+
+/// The batch's checkpoint, in the batch's transaction: from `lo` to `hi`, adding what it
+/// changed and skipped. Returns 1, or 0 when the run is gone or its checkpoint moved.
+pub fn advance(
+    tx: &mut Transaction<'_>,
+    run_id: i64,
+    (lo, hi): (i64, i64),
+    changed: i64,
+    skipped: &[serde_json::Value],
+) -> Result<u64, postgres::Error> {
+    tx.execute(
+        "UPDATE pgmend.repair_runs SET checkpoint = $2, processed = processed + ($2 - $3), changed = changed + $4,
+                skipped = skipped || $5::text::jsonb
+          WHERE run_id = $1 AND checkpoint = $3",
+        &[&run_id, &hi, &lo, &changed, &serde_json::Value::from(skipped.to_vec()).to_string()],
+    )
+}
+
+/// Appends `keys` (each key's parts joined by U+001F) to the run's targets after `from`,
+/// marking where its second pass begins, in one transaction.
+pub fn add_repass_targets(
+    tx: &mut Transaction<'_>,
+    run_id: i64,
+    from: i64,
+    keys: &[String],
+) -> Result<(), postgres::Error> {
+    tx.execute(
+        &format!(
+            "{} SELECT $1, $2 + k.n, string_to_array(k.key, chr(31)) FROM unnest($3::text[]) WITH ORDINALITY AS k(key, n)",
+            super::targets_insert()
+        ),
+        &[&run_id, &from, &keys],
+    )?;
+    tx.execute(
+        "UPDATE pgmend.repair_runs SET targets = targets + $2, repass_from = coalesce(repass_from, $3) WHERE run_id = $1",
+        &[&run_id, &(keys.len() as i64), &from],
+    )?;
+    Ok(())
+}
+
+/// The frozen targets have new rows: the batches' plans read them.
+pub fn analyze_targets(client: &mut impl GenericClient) -> Result<()> {
+    client
+        .batch_execute("ANALYZE pgmend.repair_targets")
+        .doing("analyzing the frozen targets")
+}
+
+pub fn finish(client: &mut impl GenericClient, run_id: i64) -> Result<()> {
+    client
+        .execute(
+            "UPDATE pgmend.repair_runs SET state = 'finished', finished_at = now() WHERE run_id = $1",
+            &[&run_id],
+        )
+        .doing("marking the run finished")?;
+    Ok(())
+}
+
+/// Abandons the run if it is still running.
+pub fn abandon(client: &mut impl GenericClient, run_id: i64) -> Result<()> {
+    client
+        .execute(
+            "UPDATE pgmend.repair_runs SET state = 'abandoned', finished_at = now() WHERE run_id = $1 AND state = 'running'",
+            &[&run_id],
+        )
+        .doing("abandoning the run")?;
+    Ok(())
+}
+
+/// The keys of run $1's frozen targets in `range` (`seq`), cast back from text to the types
+/// of `columns`.
+pub fn frozen_keys_sql(columns: &[Ident], types: &[String], range: SeqRange) -> String {
+    let cols = columns
+        .iter()
+        .zip(types)
+        .enumerate()
+        .map(|(i, (c, ty))| format!("key[{}]::{ty} AS {c}", i + 1))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "SELECT {cols} FROM pgmend.repair_targets WHERE run_id = $1 AND {}",
+        range.predicate("seq")
+    )
+}
+
+/// A run's ledger records in order, for `repair log`: id, table, row key, action, before,
+/// after (text, '' for none), reason, time.
+pub fn ledger_records<'a>(
+    client: &'a mut impl GenericClient,
+    run_id: &'a i64,
+) -> Result<postgres::RowIter<'a>> {
+    client
+        .query_raw(
+            "SELECT ledger_id, target_table, row_key::text, action, coalesce(before::text, ''), coalesce(after::text, ''), reason,
+                    to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')
+               FROM pgmend.repair_ledger WHERE run_id = $1 ORDER BY ledger_id",
+            [run_id],
+        )
+        .doing("reading the ledger")
+}
+
+/// An unfinished undo of `run_id`: (its run, its checkpoint).
+pub fn unfinished_undo(client: &mut impl GenericClient, run_id: i64) -> Result<Option<(i64, i64)>> {
+    Ok(client
+        .query_opt(
+            "SELECT run_id, checkpoint FROM pgmend.repair_runs WHERE undoes_run = $1 AND state = 'running'",
+            &[&run_id],
+        )
+        .doing("looking for an unfinished undo of this run")?
+        .map(|r| (r.get(0), r.get(1))))
+}
+
+/// Creates the run that undoes `run_id`, its targets the run's ledger records.
+pub fn create_undo(client: &mut impl GenericClient, run_id: i64) -> Result<i64> {
+    Ok(client
+        .query_one(
+            "INSERT INTO pgmend.repair_runs (repair, kind, definition_checksum, state, undoes_run, targets)
+             SELECT 'undo:' || repair, 'undo', definition_checksum, 'running', run_id,
+                    (SELECT count(*) FROM pgmend.repair_ledger WHERE run_id = $1)
+               FROM pgmend.repair_runs WHERE run_id = $1 RETURNING run_id",
+            &[&run_id],
+        )
+        .doing("recording the undo run")?
+        .get(0))
+}
+
+/// How many rows an undo run restored and deleted so far.
+pub fn undo_counts(client: &mut impl GenericClient, undo_run: i64) -> Result<(i64, i64)> {
+    client
+        .query_one(
+            "SELECT count(*) FILTER (WHERE action = 'restore'), count(*) FILTER (WHERE action = 'delete')
+               FROM pgmend.repair_ledger WHERE run_id = $1",
+            &[&undo_run],
+        )
+        .map(|r| (r.get(0), r.get(1)))
+        .doing("reading the undo's progress")
+}
+
+/// The next (at most 1,000) ledger ids of `run_id` after `after`.
+pub fn ledger_page(
+    tx: &mut Transaction<'_>,
+    run_id: i64,
+    after: i64,
+) -> Result<Vec<i64>, postgres::Error> {
+    Ok(tx
+        .query(
+            "SELECT ledger_id FROM pgmend.repair_ledger WHERE run_id = $1 AND ledger_id > $2 ORDER BY ledger_id LIMIT 1000",
+            &[&run_id, &after],
+        )?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
+}
+
+/// An undo batch's checkpoint (the last ledger id it restored), in its transaction.
+pub fn advance_undo(
+    tx: &mut Transaction<'_>,
+    undo_run: i64,
+    last: i64,
+    processed: i64,
+    changed: i64,
+) -> Result<(), postgres::Error> {
+    tx.execute(
+        "UPDATE pgmend.repair_runs SET checkpoint = $2, processed = processed + $3, changed = changed + $4 WHERE run_id = $1",
+        &[&undo_run, &last, &processed, &changed],
+    )?;
+    Ok(())
+}
+
+/// The undo is done: its run finished, the undone run marked.
+pub fn finish_undo(client: &mut impl GenericClient, undo_run: i64, run_id: i64) -> Result<()> {
+    client
+        .batch_execute(&format!(
+            "UPDATE pgmend.repair_runs SET state = 'finished', finished_at = now() WHERE run_id = {undo_run};
+             UPDATE pgmend.repair_runs SET undone_by_run = {undo_run} WHERE run_id = {run_id}"
+        ))
+        .doing("recording the undo")
+}

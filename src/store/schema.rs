@@ -1,0 +1,188 @@
+//! pgmend's schema and its version. Version 1 is the schema every pgmend before versions
+//! created (its `CREATE ... IF NOT EXISTS` statements, which also complete an older one);
+//! version 2 adds `pgmend.schema_version`, one row holding the version. [`ensure`] creates the
+//! schema or upgrades it in place, in one transaction serialised by an advisory lock under
+//! the session's bounded lock waits; a schema newer than this binary is refused before any
+//! change.
+
+use anyhow::{bail, Result};
+use postgres::GenericClient;
+
+use crate::db::retry::{with_lock_retry, LockPolicy};
+use crate::error::PgContext;
+
+/// The version of pgmend's schema this binary creates and works with.
+pub const CURRENT: i32 = 2;
+
+/// The first key of the transaction-level advisory lock upgrades take ("pgmd"), second key
+/// "schm": two pgmends upgrading at once take turns, the second finds the work done.
+const LOCK: (i32, i32) = (0x706d_6764, 0x7363_686d);
+
+pub(super) const V1_SQL: &str = "
+CREATE SCHEMA IF NOT EXISTS pgmend;
+CREATE TABLE IF NOT EXISTS pgmend.repair_runs (
+  run_id              bigserial PRIMARY KEY,
+  repair              text NOT NULL,
+  kind                text NOT NULL,
+  definition_checksum text NOT NULL,
+  state               text NOT NULL CHECK (state IN ('running', 'finished', 'abandoned')),
+  as_of               timestamptz NOT NULL DEFAULT now(),
+  targets             bigint NOT NULL DEFAULT 0,
+  checkpoint          bigint NOT NULL DEFAULT 0,
+  processed           bigint NOT NULL DEFAULT 0,
+  changed             bigint NOT NULL DEFAULT 0,
+  skipped             jsonb NOT NULL DEFAULT '[]',
+  started_by          text NOT NULL DEFAULT current_user,
+  finished_at         timestamptz,
+  undoes_run          bigint REFERENCES pgmend.repair_runs,
+  undone_by_run       bigint REFERENCES pgmend.repair_runs
+);
+-- One unfinished run per repair (seed 004: the database, not the tool, enforces it).
+CREATE UNIQUE INDEX IF NOT EXISTS one_unfinished_run_per_repair
+  ON pgmend.repair_runs (repair) WHERE state = 'running';
+-- repair_targets and repair_ledger carry no foreign key to repair_runs: their rows are
+-- written in bulk (a check per row cost a quarter of a freeze and a tenth of a batch), only
+-- in the transaction that creates the run or advances its checkpoint (a batch whose
+-- checkpoint update finds no run is rolled back), and runs are never deleted.
+CREATE TABLE IF NOT EXISTS pgmend.repair_targets (
+  run_id bigint NOT NULL,
+  seq    bigint NOT NULL,
+  key    text[] NOT NULL,
+  PRIMARY KEY (run_id, seq)
+);
+-- One index only, (run_id, ledger_id): what `repair log` and `undo` read a run's records by.
+-- A run writes at most one record per row (its batches are disjoint, each record commits with
+-- its checkpoint, and a counter row a batch creates and then corrects keeps its one record).
+-- A unique index on (run_id, target_table, row_key) enforced that too, at about a fifth of a
+-- void batch's time.
+CREATE TABLE IF NOT EXISTS pgmend.repair_ledger (
+  ledger_id    bigserial,
+  run_id       bigint NOT NULL,
+  target_table text NOT NULL,
+  row_key      jsonb NOT NULL,
+  action       text NOT NULL CHECK (action IN ('update', 'insert', 'restore', 'delete')),
+  before       jsonb,
+  after        jsonb,
+  reason       text NOT NULL,
+  at           timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (run_id, ledger_id)
+);
+CREATE TABLE IF NOT EXISTS pgmend.gates (
+  gate         text PRIMARY KEY,
+  confirmed_by text NOT NULL,
+  confirmed_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS pgmend.release_steps (
+  step        integer PRIMARY KEY,
+  what        text NOT NULL,
+  run_id      bigint REFERENCES pgmend.repair_runs,
+  finished_at timestamptz NOT NULL DEFAULT now()
+);
+-- A counter run after the deploy gate appends the keys that still differ after its pass to
+-- its targets and corrects them again; targets from repass_from on are those.
+ALTER TABLE pgmend.repair_runs ADD COLUMN IF NOT EXISTS repass_from bigint;
+-- The schema whose release these records are (one row): the pre-flight refuses a session
+-- that works in another schema, whose steps would otherwise be taken as done.
+CREATE TABLE IF NOT EXISTS pgmend.released_schema (
+  only_row    boolean PRIMARY KEY DEFAULT true CHECK (only_row),
+  schema_name text NOT NULL
+);
+-- Per campaign, the legacy counter campaigns.issued_yen and what the old system really issued
+-- (every coupon, voided ones included), recorded once when the release passes the gate
+-- deploy-new-application: the finance report's lost updates (src/report/legacy_counter.rs).
+CREATE TABLE IF NOT EXISTS pgmend.legacy_counter_at_deploy (
+  campaign_id           text PRIMARY KEY,
+  legacy_counter_yen    bigint NOT NULL,
+  old_system_issued_yen bigint NOT NULL,
+  old_system_coupons    bigint NOT NULL,
+  recorded_at           timestamptz NOT NULL DEFAULT now()
+);
+INSERT INTO pgmend.released_schema (schema_name) SELECT current_schema()
+  ON CONFLICT (only_row) DO NOTHING;";
+
+/// Version 1 to 2: the version table.
+const V2_SQL: &str = "
+CREATE TABLE IF NOT EXISTS pgmend.schema_version (
+  only_row    boolean PRIMARY KEY DEFAULT true CHECK (only_row),
+  version     integer NOT NULL,
+  upgraded_at timestamptz NOT NULL DEFAULT now()
+);";
+
+/// Each upgrade step, by the version it leads to.
+const STEPS: [(i32, &str); 2] = [(1, V1_SQL), (2, V2_SQL)];
+
+/// The version of the schema in the database: None when there is no schema yet; 1 when the
+/// tables exist without a version table (an older pgmend's).
+pub fn version(client: &mut impl GenericClient) -> Result<Option<i32>> {
+    let row = client
+        .query_one(
+            "SELECT to_regclass('pgmend.schema_version') IS NOT NULL, to_regclass('pgmend.repair_runs') IS NOT NULL",
+            &[],
+        )
+        .doing("looking for pgmend's tables")?;
+    let (versioned, tables): (bool, bool) = (row.get(0), row.get(1));
+    if !versioned {
+        return Ok(tables.then_some(1));
+    }
+    Ok(Some(
+        client
+            .query_opt("SELECT version FROM pgmend.schema_version", &[])
+            .doing("reading the version of pgmend's schema")?
+            .map_or(1, |r| r.get(0)),
+    ))
+}
+
+/// Refuses a schema made by a newer pgmend (exit 2): its tables may mean what this binary
+/// does not know.
+pub fn refuse_newer(found: Option<i32>) -> Result<()> {
+    match found {
+        Some(v) if v > CURRENT => bail!(
+            "pgmend's schema in this database (schema pgmend) is at version {v}, made by a newer pgmend; this pgmend knows versions up to {CURRENT} and does not read or change a newer one. Use the newer pgmend (the one that upgraded the schema, or later); nothing was changed"
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// Creates pgmend's schema, or upgrades it to [`CURRENT`] in place (runs left by an older
+/// pgmend keep their rows and resume). Safe under a concurrent pgmend: one transaction that
+/// takes an advisory lock first and then looks at the version again.
+pub fn ensure(client: &mut postgres::Client, policy: &LockPolicy) -> Result<()> {
+    let found = version(client)?;
+    refuse_newer(found)?;
+    if found == Some(CURRENT) {
+        return Ok(());
+    }
+    let outcome = with_lock_retry(
+        client,
+        policy,
+        "creating or upgrading pgmend's tables (schema pgmend)",
+        &[],
+        |c| {
+            let mut tx = c.transaction()?;
+            tx.batch_execute(&policy.set_local_sql())?;
+            tx.execute("SELECT pg_advisory_xact_lock($1, $2)", &[&LOCK.0, &LOCK.1])?;
+            let now = match version(&mut tx) {
+                Ok(v) => v,
+                Err(e) => return Ok(Err(e)),
+            };
+            if let Err(e) = refuse_newer(now) {
+                return Ok(Err(e));
+            }
+            let from = now.unwrap_or(0);
+            for (to, sql) in STEPS {
+                // Version 1's statements are idempotent and complete any older schema.
+                if to > from || to == 1 {
+                    tx.batch_execute(sql)?;
+                }
+            }
+            tx.execute(
+                "INSERT INTO pgmend.schema_version (version) VALUES ($1)
+                 ON CONFLICT (only_row) DO UPDATE SET version = excluded.version, upgraded_at = now()",
+                &[&CURRENT],
+            )?;
+            tx.commit()?;
+            Ok(Ok(()))
+        },
+    )?;
+    outcome
+}
