@@ -218,8 +218,8 @@ mod tests {
     fn a_dot_stays_inside_its_name_and_qualified_names_quote_each_part() {
         assert_eq!(Ident::new("a.b").to_string(), "\"a.b\"");
         assert_eq!(
-            Ident::qualified("pgmend", "repair_runs").to_string(),
-            "\"pgmend\".\"repair_runs\""
+            Ident::qualified("app", "repair_runs").to_string(),
+            "\"app\".\"repair_runs\""
         );
         assert_eq!(
             Ident::qualified("my.schema", "t\"x").to_string(),
@@ -249,10 +249,7 @@ mod tests {
     fn minimal_leaves_plain_names_bare() {
         assert_eq!(Ident::new("app").minimal(), "app");
         assert_eq!(Ident::new("App").minimal(), "\"App\"");
-        assert_eq!(
-            Ident::qualified("pgmend", "gates").minimal(),
-            "pgmend.gates"
-        );
+        assert_eq!(Ident::qualified("app", "gates").minimal(), "app.gates");
         assert_eq!(Ident::new("").minimal(), "\"\"");
     }
 
