@@ -90,16 +90,6 @@ CREATE TABLE IF NOT EXISTS pgmend.legacy_counter_at_deploy (
 INSERT INTO pgmend.released_schema (schema_name) SELECT current_schema()
   ON CONFLICT (only_row) DO NOTHING;"#;
 
-/// FNV-1a of a definition's bytes, as pgmend records it with each run.
-fn fnv1a(bytes: &[u8]) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    format!("{h:016x}")
-}
-
 /// Legacy data at V2 (the release's columns exist), with duplicates to void.
 fn at_v2() -> TestDb {
     let db = fresh_db();
@@ -117,8 +107,13 @@ fn a_schema_left_by_the_binary_before_versions_is_upgraded_and_its_run_resumes()
     c.batch_execute(OLD_SCHEMA_SQL).unwrap();
     // A run the old binary started: its groups frozen (as its freeze statement does), no batch
     // done yet.
-    let checksum =
-        fnv1a(&std::fs::read(repo().join("repairs/void-duplicate-coupons.toml")).unwrap());
+    let checksum = pgmend::repair::definition::RepairSource::Embedded
+        .load()
+        .unwrap()
+        .into_iter()
+        .find(|r| r.name == "void-duplicate-coupons")
+        .unwrap()
+        .checksum;
     let run_id: i64 = c
         .query_one(
             "INSERT INTO pgmend.repair_runs (repair, kind, definition_checksum, state)

@@ -43,65 +43,64 @@ const PGMEND_TABLES_ALLOWED: &[&str] = &[
 
 #[test]
 fn sql_text_only_in_the_allowed_modules() {
-    let found = violations(&sources(), |path, text| {
-        if allowed(path, SQL_ALLOWED) {
-            return Vec::new();
-        }
-        literals(text)
-            .into_iter()
-            .filter(|(_, l)| is_sql(l))
-            .map(|(line, l)| format!("{path}:{line}: {}", first_line(&l)))
-            .collect()
-    });
-    assert!(
-        found.is_empty(),
-        "SQL text outside the modules allowed to hold it (tests/tidy.rs SQL_ALLOWED, ARCHITECTURE.md); \
-         move it into the library and call it:\n{}",
-        found.join("\n")
+    check(
+        SQL_ALLOWED,
+        |text| {
+            literals(text)
+                .into_iter()
+                .filter(|(_, l)| is_sql(l))
+                .collect()
+        },
+        "SQL text outside the modules allowed to hold it (tests/tidy.rs SQL_ALLOWED, \
+         ARCHITECTURE.md); move it into the library and call it",
     );
 }
 
 #[test]
 fn one_identifier_quoter() {
-    let found = violations(&sources(), |path, text| {
-        if allowed(path, QUOTING_ALLOWED) {
-            return Vec::new();
-        }
-        code_lines(text)
-            .into_iter()
-            .filter(|(_, l)| {
-                let l: String = l.chars().filter(|c| !c.is_whitespace()).collect();
-                l.contains(r#"replace('"',"\"\"")"#)
-                    || l.contains(r#"replace("\"","\"\"")"#)
-                    || l.contains(r#"replace('\'',"''")"#)
-            })
-            .map(|(line, l)| format!("{path}:{line}: {}", l.trim()))
-            .collect()
-    });
-    assert!(
-        found.is_empty(),
-        "quoting outside src/db/sql_text.rs; use Ident or Literal:\n{}",
-        found.join("\n")
+    check(
+        QUOTING_ALLOWED,
+        |text| {
+            code_lines(text)
+                .into_iter()
+                .filter(|(_, l)| {
+                    let l: String = l.chars().filter(|c| !c.is_whitespace()).collect();
+                    l.contains(r#"replace('"',"\"\"")"#)
+                        || l.contains(r#"replace("\"","\"\"")"#)
+                        || l.contains(r#"replace('\'',"''")"#)
+                })
+                .collect()
+        },
+        "quoting outside src/db/sql_text.rs; use Ident or Literal",
     );
 }
 
 #[test]
 fn pgmend_tables_only_in_the_store() {
-    let found = violations(&sources(), |path, text| {
-        if allowed(path, PGMEND_TABLES_ALLOWED) {
-            return Vec::new();
-        }
-        literals(text)
-            .into_iter()
-            .filter(|(_, l)| names_pgmend_table(l))
-            .map(|(line, l)| format!("{path}:{line}: {}", first_line(&l)))
-            .collect()
-    });
-    assert!(
-        found.is_empty(),
-        "pgmend's tables named outside src/store (call a store function instead):\n{}",
-        found.join("\n")
+    check(
+        PGMEND_TABLES_ALLOWED,
+        |text| {
+            literals(text)
+                .into_iter()
+                .filter(|(_, l)| names_pgmend_table(l))
+                .collect()
+        },
+        "pgmend's tables named outside src/store (call a store function instead)",
     );
+}
+
+/// Fails with every (line, text) `find` reports in a source file outside `allowed_in`.
+fn check(allowed_in: &[&str], find: impl Fn(&str) -> Vec<(usize, String)>, message: &str) {
+    let found: Vec<String> = sources()
+        .iter()
+        .filter(|(path, _)| !allowed(path, allowed_in))
+        .flat_map(|(path, text)| {
+            find(text)
+                .into_iter()
+                .map(move |(line, l)| format!("{path}:{line}: {}", first_line(&l)))
+        })
+        .collect();
+    assert!(found.is_empty(), "{message}:\n{}", found.join("\n"));
 }
 
 /// The heuristic's own cases, so that a change to it that stops catching SQL fails here.
@@ -201,16 +200,6 @@ fn allowed(path: &str, list: &[&str]) -> bool {
 fn first_line(text: &str) -> String {
     let line = text.trim().lines().next().unwrap_or("");
     line.chars().take(100).collect()
-}
-
-fn violations(
-    files: &[(String, String)],
-    check: impl Fn(&str, &str) -> Vec<String>,
-) -> Vec<String> {
-    files
-        .iter()
-        .flat_map(|(path, text)| check(path, text))
-        .collect()
 }
 
 /// Every `.rs` file under `src/`, as (path relative to the repository, text); the directory
