@@ -180,13 +180,10 @@ impl SeqRange {
     }
 }
 
-/// `(a."x", a."y") > ($1, $2)`: a keyset page's lower bound, parameters from `first`.
-pub fn keyset_after(alias: &str, columns: &[Ident], first: usize) -> String {
-    let params = (0..columns.len())
-        .map(|i| format!("${}", first + i))
-        .collect::<Vec<_>>()
-        .join(", ");
-    format!("({}) > ({params})", column_list(alias, columns))
+/// `column BETWEEN $lo::text::ty AND $hi::text::ty`: a key range whose bounds are bound as
+/// text (as frozen keys are stored) and cast to the column's type.
+pub fn between_text_params(column: &str, lo: usize, hi: usize, ty: &str) -> String {
+    format!("{column} BETWEEN ${lo}::text::{ty} AND ${hi}::text::{ty}")
 }
 
 fn qualify(alias: &str, column: &Ident) -> String {
@@ -266,7 +263,10 @@ mod tests {
             all_not_null("t", &k),
             "t.\"a\" IS NOT NULL AND t.\"b\" IS NOT NULL"
         );
-        assert_eq!(keyset_after("t", &k, 3), "(t.\"a\", t.\"b\") > ($3, $4)");
+        assert_eq!(
+            between_text_params("s.\"a\"", 4, 5, "text"),
+            "s.\"a\" BETWEEN $4::text::text AND $5::text::text"
+        );
         assert_eq!(
             SeqRange::Between { lo: 2, hi: 3 }.predicate("seq"),
             "seq > $2 AND seq <= $3"

@@ -10,7 +10,9 @@ use serde_json::json;
 
 use super::catalog::column_types;
 use super::definition::{Aggregate, CounterSpec, WhenNoSource};
-use crate::db::sql_text::{all_not_null, column_list, key_match, Ident, Literal, SeqRange};
+use crate::db::sql_text::{
+    all_not_null, between_text_params, column_list, key_match, Ident, Literal, SeqRange,
+};
 use crate::error::PgContext;
 use crate::store;
 
@@ -33,6 +35,9 @@ pub struct Drift {
     pub truth: i64,
     pub has_source: bool,
 }
+
+/// A value a batch proposes for one key: (key, counter now, true value).
+type Proposed = (Vec<String>, i64, i64);
 
 /// What one batch did.
 #[derive(Debug, Default)]
@@ -256,11 +261,7 @@ impl CounterEngine {
     /// too, or the planner hashes all of it for every batch (it cannot estimate the frozen
     /// keys' join) and batches slow down as it grows.
     fn in_batch_range(&self, alias: &str) -> String {
-        format!(
-            "{alias}.{first} BETWEEN $4::text::{ty} AND $5::text::{ty}",
-            first = &self.spec.key[0],
-            ty = self.key_types[0],
-        )
+        between_text_params(&self.spec.key[0].of(alias), 4, 5, &self.key_types[0])
     }
 
     /// The values the counter column can hold.
@@ -345,73 +346,16 @@ impl CounterEngine {
         drift: &[Drift],
         merge: bool,
     ) -> Result<BatchResult, postgres::Error> {
-        let s = &self.spec;
         let mut result = BatchResult::default();
-        let (min, max) = self.range();
-        let mut updates: Vec<(Vec<String>, i64, i64)> = Vec::new();
-        let mut creates: Vec<(Vec<String>, i64, i64)> = Vec::new();
-        for d in drift {
-            match d.counter {
-                None if s.when_no_source == WhenNoSource::Zero => {
-                    creates.push((d.key.clone(), 0, d.truth));
-                }
-                None => {}
-                Some(_) if !d.has_source && s.when_no_source == WhenNoSource::Keep => {}
-                Some(now) if now == d.truth => {}
-                Some(now) if d.truth < min || d.truth > max => {
-                    result.skipped.push(json!({
-                        "key": d.key, "counter": now, "true_value": d.truth,
-                        "reason": format!("the true value {} does not fit {}.{} ({})", d.truth, s.counter_table.as_str(), s.counter.as_str(), self.counter_type)
-                    }));
-                }
-                Some(now) => updates.push((d.key.clone(), now, d.truth)),
-            }
-        }
+        let (mut updates, creates) = self.classify(drift, &mut result.skipped);
         if !updates.is_empty() && !self.checks.is_empty() {
-            let rejected = self.rejected_by_checks(tx, &updates)?;
-            let mut kept = Vec::new();
-            for (i, u) in updates.into_iter().enumerate() {
-                match rejected.iter().find(|(idx, _)| *idx == i as i64) {
-                    Some((_, names)) => result.skipped.push(json!({
-                        "key": u.0, "counter": u.1, "true_value": u.2,
-                        "reason": format!("writing it would break {names}")
-                    })),
-                    None => kept.push(u),
-                }
-            }
-            updates = kept;
+            updates = self.drop_rejected_by_checks(tx, updates, &mut result.skipped)?;
         }
         if !creates.is_empty() {
             let (changed, refused) = self.create(tx, run_id, &creates, merge)?;
             result.changed += changed;
             if !refused.is_empty() {
-                // Created as 0: say why the true value was not written.
-                let (fits, too_big): (Vec<_>, Vec<_>) = creates
-                    .iter()
-                    .filter(|c| refused.contains(&c.0))
-                    .map(|c| (c.0.clone(), 0, c.2))
-                    .partition(|c| c.2 >= min && c.2 <= max);
-                let reasons = if self.checks.is_empty() || fits.is_empty() {
-                    Vec::new()
-                } else {
-                    self.rejected_by_checks(tx, &fits)?
-                };
-                let refused = fits.iter().chain(&too_big);
-                for (i, u) in refused.enumerate() {
-                    let reason = match reasons.iter().find(|(idx, _)| *idx == i as i64) {
-                        Some((_, names)) => format!("writing it would break {names}"),
-                        None => format!(
-                            "the true value {} does not fit {}.{} ({})",
-                            u.2,
-                            s.counter_table.as_str(),
-                            s.counter.as_str(),
-                            self.counter_type
-                        ),
-                    };
-                    result.skipped.push(json!({
-                        "key": u.0, "counter": 0, "true_value": u.2, "reason": reason
-                    }));
-                }
+                self.explain_refused_creates(tx, &creates, &refused, &mut result.skipped)?;
             }
         }
         if !updates.is_empty() {
@@ -425,6 +369,103 @@ impl CounterEngine {
             }
         }
         Ok(result)
+    }
+
+    /// The rules, before any statement: which keys get their counter row updated and which
+    /// get one created, as (key, counter now, true value); a true value that does not fit the
+    /// column is skipped and reported.
+    fn classify(
+        &self,
+        drift: &[Drift],
+        skipped: &mut Vec<serde_json::Value>,
+    ) -> (Vec<Proposed>, Vec<Proposed>) {
+        let s = &self.spec;
+        let (min, max) = self.range();
+        let mut updates: Vec<Proposed> = Vec::new();
+        let mut creates: Vec<Proposed> = Vec::new();
+        for d in drift {
+            match d.counter {
+                None if s.when_no_source == WhenNoSource::Zero => {
+                    creates.push((d.key.clone(), 0, d.truth));
+                }
+                None => {}
+                Some(_) if !d.has_source && s.when_no_source == WhenNoSource::Keep => {}
+                Some(now) if now == d.truth => {}
+                Some(now) if d.truth < min || d.truth > max => {
+                    skipped.push(json!({
+                        "key": d.key, "counter": now, "true_value": d.truth,
+                        "reason": self.does_not_fit(d.truth)
+                    }));
+                }
+                Some(now) => updates.push((d.key.clone(), now, d.truth)),
+            }
+        }
+        (updates, creates)
+    }
+
+    /// Why a true value was not written: it does not fit the counter column.
+    fn does_not_fit(&self, truth: i64) -> String {
+        format!(
+            "the true value {} does not fit {}.{} ({})",
+            truth,
+            self.spec.counter_table.as_str(),
+            self.spec.counter.as_str(),
+            self.counter_type
+        )
+    }
+
+    /// The updates a CHECK of the counter table would refuse are skipped and reported; the
+    /// others are returned.
+    fn drop_rejected_by_checks(
+        &self,
+        tx: &mut postgres::Transaction<'_>,
+        updates: Vec<(Vec<String>, i64, i64)>,
+        skipped: &mut Vec<serde_json::Value>,
+    ) -> Result<Vec<(Vec<String>, i64, i64)>, postgres::Error> {
+        let rejected = self.rejected_by_checks(tx, &updates)?;
+        let mut kept = Vec::new();
+        for (i, u) in updates.into_iter().enumerate() {
+            match rejected.iter().find(|(idx, _)| *idx == i as i64) {
+                Some((_, names)) => skipped.push(json!({
+                    "key": u.0, "counter": u.1, "true_value": u.2,
+                    "reason": format!("writing it would break {names}")
+                })),
+                None => kept.push(u),
+            }
+        }
+        Ok(kept)
+    }
+
+    /// Rows created as 0 because their true value would not fit or pass a CHECK: say why
+    /// for each.
+    fn explain_refused_creates(
+        &self,
+        tx: &mut postgres::Transaction<'_>,
+        creates: &[(Vec<String>, i64, i64)],
+        refused: &[Vec<String>],
+        skipped: &mut Vec<serde_json::Value>,
+    ) -> Result<(), postgres::Error> {
+        let (min, max) = self.range();
+        let (fits, too_big): (Vec<_>, Vec<_>) = creates
+            .iter()
+            .filter(|c| refused.contains(&c.0))
+            .map(|c| (c.0.clone(), 0, c.2))
+            .partition(|c| c.2 >= min && c.2 <= max);
+        let reasons = if self.checks.is_empty() || fits.is_empty() {
+            Vec::new()
+        } else {
+            self.rejected_by_checks(tx, &fits)?
+        };
+        for (i, u) in fits.iter().chain(&too_big).enumerate() {
+            let reason = match reasons.iter().find(|(idx, _)| *idx == i as i64) {
+                Some((_, names)) => format!("writing it would break {names}"),
+                None => self.does_not_fit(u.2),
+            };
+            skipped.push(json!({
+                "key": u.0, "counter": 0, "true_value": u.2, "reason": reason
+            }));
+        }
+        Ok(())
     }
 
     /// The `SELECT` of a counter-table row with `value` (SQL) in the counter column and the
