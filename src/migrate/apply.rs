@@ -71,8 +71,8 @@ pub fn execute(
             index::apply(client, params, migration, build_wait, progress)?;
         } else {
             progress(&format!(
-                "applying {label} ({} statements, one transaction)",
-                planned.statements.len()
+                "applying {label} ({}, one transaction)",
+                crate::human::count(planned.statements.len() as i64, "statement")
             ));
             with_lock_retry(client, policy, &format!("applying {label}"), &tables, |c| {
                 let mut tx = c.transaction()?;

@@ -175,8 +175,8 @@ pub fn render_human(plan: &Plan, out: &mut impl Write) -> std::io::Result<()> {
     } else {
         writeln!(
             out,
-            "The database is {at}; {} migration(s) pending (dry run: nothing was changed).",
-            plan.pending.len()
+            "The database is {at}; {} pending (dry run: nothing was changed).",
+            crate::human::count(plan.pending.len() as i64, "migration")
         )?;
     }
     for m in &plan.pending {

@@ -11,7 +11,7 @@ use super::counter::{BatchResult, CounterEngine, Drift};
 use super::definition::{Repair, Spec};
 use super::store::{self, Run};
 use super::void::VoidEngine;
-use crate::config::format_duration;
+use crate::human;
 use crate::db::retry::{execute_with_lock_retry, with_lock_retry, LockPolicy};
 use crate::error::{PgContext, Stopped};
 
@@ -140,8 +140,11 @@ pub fn apply(
     let (mut run, resumed) = match unfinished {
         Some(run) if run.definition_checksum == repair.checksum => {
             progress(&format!(
-                "resuming run {} of {} from its checkpoint: {} of {} targets done",
-                run.run_id, repair.name, run.checkpoint, run.targets
+                "resuming run {} of {} from its checkpoint: {} of {} done",
+                run.run_id,
+                repair.name,
+                human::int(run.checkpoint),
+                human::count(run.targets, "target")
             ));
             (run, true)
         }
@@ -222,27 +225,27 @@ pub fn apply(
             if let Some(bar) = &bar {
                 bar.set_position(run.checkpoint as u64);
                 bar.set_message(format!(
-                    "{} rows changed, last batch {} in {}ms",
-                    run.changed,
-                    hi - lo,
-                    took.as_millis()
+                    "{} changed, last batch {} in {}",
+                    human::count(run.changed, "row"),
+                    human::int(hi - lo),
+                    human::duration(took)
                 ));
             } else if last_line.elapsed() >= Duration::from_secs(2) || run.checkpoint == run.targets
             {
                 let rate = run.processed as f64 / started.elapsed().as_secs_f64().max(0.001);
                 let eta = ((run.targets - run.checkpoint) as f64 / rate.max(0.001)) as u64;
                 progress(&format!(
-                "{}: {}/{} targets ({}%), {} rows changed, {:.0} targets/s, ETA {}, last batch {} in {}",
-                repair.name,
-                run.checkpoint,
-                run.targets,
-                run.checkpoint * 100 / run.targets.max(1),
-                run.changed,
-                rate,
-                format_duration(Duration::from_secs(eta)),
-                hi - lo,
-                format_duration(Duration::from_millis(took.as_millis() as u64))
-            ));
+                    "{}: {}/{} targets ({}), {} changed, {} targets, ETA {}, last batch {} in {}",
+                    repair.name,
+                    human::int(run.checkpoint),
+                    human::int(run.targets),
+                    human::percent(run.checkpoint, run.targets),
+                    human::count(run.changed, "row"),
+                    human::rate(rate),
+                    human::duration(Duration::from_secs(eta)),
+                    human::int(hi - lo),
+                    human::duration(took)
+                ));
                 last_line = Instant::now();
             }
         }
@@ -261,8 +264,10 @@ pub fn apply(
         };
         let added = repass(client, counter, &mut run, &options.policy)?;
         progress(&format!(
-        "{}: {differing} key(s) differ from the source again after the pass, so a writer does not keep counter and source in step; correcting {added} of them again (pass {} of {MAX_REPASSES})",
+        "{}: {} differ from the source again after the pass, so a writer does not keep counter and source in step; correcting {} of them again (pass {} of {MAX_REPASSES})",
         repair.name,
+        human::count(differing, "key"),
+        human::int(added),
         repasses + 1
     ));
         if let Some(bar) = &bar {
@@ -272,8 +277,11 @@ pub fn apply(
     if let Some(bar) = bar {
         bar.finish_and_clear();
         progress(&format!(
-            "{}: {}/{} targets, {} rows changed",
-            repair.name, run.checkpoint, run.targets, run.changed
+            "{}: {}/{} targets, {} changed",
+            repair.name,
+            human::int(run.checkpoint),
+            human::int(run.targets),
+            human::count(run.changed, "row")
         ));
     }
     let left_over_keys = match &engine {
@@ -361,9 +369,36 @@ fn progress_bar(name: &str, targets: i64, done: i64) -> Option<indicatif::Progre
         return None;
     }
     let bar = indicatif::ProgressBar::new(targets as u64);
+    // Rate and ETA written as every other line of pgmend writes them (`human`), not in
+    // indicatif's own forms (`29428.7221/s`, `3 minutes`).
     if let Ok(style) = indicatif::ProgressStyle::with_template(
-        "{prefix} [{bar:30}] {pos}/{len} targets, {per_sec}, ETA {eta}: {msg}",
+        "{prefix} [{bar:30}] {count} targets, {rate}, ETA {left}: {msg}",
     ) {
+        let style = style
+            .with_key(
+                "count",
+                |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                    let _ = write!(
+                        w,
+                        "{}/{}",
+                        human::int(s.pos()),
+                        human::int(s.len().unwrap_or(0))
+                    );
+                },
+            )
+            .with_key(
+                "rate",
+                |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                    let _ = write!(w, "{}", human::rate(s.per_sec()));
+                },
+            )
+            .with_key(
+                "left",
+                |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                    let whole_seconds = Duration::from_secs(s.eta().as_secs());
+                    let _ = write!(w, "{}", human::duration(whole_seconds));
+                },
+            );
         bar.set_style(style.progress_chars("=> "));
     }
     bar.set_prefix(name.to_string());
@@ -416,12 +451,12 @@ fn freeze(
             .doing("analyzing the frozen targets")?;
     }
     progress(&format!(
-        "run {} of {}: froze {} targets as of {} in {}",
+        "run {} of {}: froze {} as of {} in {}",
         run.run_id,
         repair.name,
-        run.targets,
+        human::count(run.targets, "target"),
         run.as_of,
-        format_duration(Duration::from_millis(started.elapsed().as_millis() as u64))
+        human::duration(started.elapsed())
     ));
     Ok(run)
 }
@@ -468,8 +503,9 @@ fn wait_for_replicas(
         }
         if !announced {
             progress(&format!(
-                "pausing: a replica is {lag_ms} ms behind (--max-replica-lag {})",
-                format_duration(max_lag)
+                "pausing: a replica is {} behind (--max-replica-lag {})",
+                human::millis(lag_ms.max(0) as u64),
+                human::duration(max_lag)
             ));
             announced = true;
         }
