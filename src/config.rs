@@ -22,7 +22,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             .ok_or_else(|| format!("{text:?} has no unit; write it like 500ms, 30s, 2m or 1h"))?;
         let (number, after) = rest.split_at(split);
         let n: u64 = number.parse().map_err(|_| {
-            format!("{text:?} does not start with a whole number; write it like 500ms, 30s, 2m or 1h")
+            format!(
+                "{text:?} does not start with a whole number; write it like 500ms, 30s, 2m or 1h"
+            )
         })?;
         let unit_len = after
             .find(|c: char| c.is_ascii_digit())

@@ -55,7 +55,10 @@ pub fn percent(part: i64, whole: i64) -> String {
     if whole <= 0 {
         return "100%".into();
     }
-    format!("{}%", (i128::from(part) * 100 / i128::from(whole)).clamp(0, 100))
+    format!(
+        "{}%",
+        (i128::from(part) * 100 / i128::from(whole)).clamp(0, 100)
+    )
 }
 
 /// A duration the way the command line takes one: `0s`, `850ms`, `30s`, `1.5s`, `2m`,
@@ -116,7 +119,7 @@ mod tests {
 
     #[test]
     fn rates_have_no_false_precision() {
-        assert_eq!(rate(29_428.7221), "29,429/s");
+        assert_eq!(rate(29_428.722_1), "29,429/s");
         assert_eq!(rate(10.0), "10/s");
         assert_eq!(rate(2.54), "2.5/s");
         assert_eq!(rate(f64::NAN), "-/s");

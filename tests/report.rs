@@ -440,7 +440,7 @@ fn check_text_matches_json(db: &TestDb, doc: &Value) {
 }
 
 fn group(n: i64) -> String {
-    pgmend::report::yen(n)
+    pgmend::human::int(n)
 }
 
 #[test]

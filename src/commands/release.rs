@@ -366,7 +366,11 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
                             &[&(i as i32 + 1), &step.label(), &run.run.run_id],
                         )
                         .doing("recording the finished step")?;
-                    crate::say!("run {}: {} rows changed", run.run.run_id, run.run.changed);
+                    crate::say!(
+                        "run {}: {} changed",
+                        run.run.run_id,
+                        crate::human::count(run.run.changed, "row")
+                    );
                     run_report = Some(run);
                 }
                 Step::Gate { name, explain } => {

@@ -11,9 +11,9 @@ use super::counter::{BatchResult, CounterEngine, Drift};
 use super::definition::{Repair, Spec};
 use super::store::{self, Run};
 use super::void::VoidEngine;
-use crate::human;
 use crate::db::retry::{execute_with_lock_retry, with_lock_retry, LockPolicy};
 use crate::error::{PgContext, Stopped};
+use crate::human;
 
 #[derive(Debug, Clone, Copy)]
 pub struct RunOptions {

@@ -15,8 +15,8 @@ use maud::{html, Markup, PreEscaped, DOCTYPE};
 use unicode_width::UnicodeWidthStr;
 
 use super::render::{facts, titled, totals_lines, Shown, LOST_UPDATES_TITLE, MEMBER_FIELDS};
-use crate::human::int;
 use super::{Header, Lang, MemberRow, Render, CAMPAIGN_NUMBERS, LOST_UPDATE_NUMBERS};
+use crate::human::int;
 
 const STYLE: &str = "
 body{font:14px/1.45 system-ui,sans-serif;margin:0 auto;padding:24px;max-width:1100px;color:#222}

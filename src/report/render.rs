@@ -8,9 +8,7 @@ use unicode_width::UnicodeWidthStr;
 
 use crate::human::int;
 
-use super::{
-    DuplicateRow, Header, Lang, MemberRow, Totals, CAMPAIGN_NUMBERS, LOST_UPDATE_NUMBERS,
-};
+use super::{DuplicateRow, Header, Lang, MemberRow, Totals, CAMPAIGN_NUMBERS, LOST_UPDATE_NUMBERS};
 
 pub trait Render {
     fn begin(&mut self, header: &Header) -> io::Result<()>;

@@ -15,8 +15,8 @@ use rust_xlsxwriter::{
     Chart, ChartType, ColNum, Format, FormatBorder, RowNum, Workbook, XlsxError,
 };
 
-use crate::human::int;
 use super::{legacy_counter::Source, DuplicateRow, Header, Lang, MemberRow};
+use crate::human::int;
 
 /// Excel's rows per sheet, the header included.
 pub const EXCEL_ROWS: u32 = 1_048_576;
