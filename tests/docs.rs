@@ -260,3 +260,55 @@ fn the_readme_and_the_architecture_stay_short() {
          move function-level detail into the modules' //! docs"
     );
 }
+
+/// Every `tests/FILE.rs::name` that a document names as the test of something.
+fn named_tests(markdown: &str) -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    for (i, _) in markdown.match_indices("tests/") {
+        let rest = &markdown[i + "tests/".len()..];
+        let Some((file, after)) = rest.split_once(".rs::") else {
+            continue;
+        };
+        if file.is_empty() || !file.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '/') {
+            continue;
+        }
+        let name: String = after
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        found.push((format!("tests/{file}.rs"), name));
+    }
+    found
+}
+
+fn missing_tests(markdown: &str) -> Vec<String> {
+    named_tests(markdown)
+        .into_iter()
+        .filter(|(file, name)| {
+            let source = std::fs::read_to_string(repo().join(file)).unwrap_or_default();
+            !source.contains(&format!("fn {name}("))
+        })
+        .map(|(file, name)| format!("{file}::{name}"))
+        .collect()
+}
+
+#[test]
+fn every_test_the_documentation_names_exists() {
+    let mut missing = Vec::new();
+    for file in documents() {
+        let text = std::fs::read_to_string(repo().join(&file)).unwrap();
+        for test in missing_tests(&text) {
+            missing.push(format!("{}: {test}", file.display()));
+        }
+    }
+    assert!(missing.is_empty(), "named tests that do not exist:\n{}", missing.join("\n"));
+    let architecture = std::fs::read_to_string(repo().join("ARCHITECTURE.md")).unwrap();
+    assert!(
+        named_tests(&architecture).len() >= 20,
+        "ARCHITECTURE.md's invariants name their tests as tests/FILE.rs::name"
+    );
+    assert_eq!(
+        missing_tests("tests/docs.rs::no_such_test and tests/docs.rs::slugs_follow_github"),
+        ["tests/docs.rs::no_such_test"]
+    );
+}
