@@ -84,9 +84,8 @@ fn anchors(markdown: &str) -> BTreeSet<String> {
 fn links(markdown: &str) -> Vec<String> {
     parser(markdown)
         .filter_map(|event| match event {
-            Event::Start(Tag::Link { dest_url, .. }) | Event::Start(Tag::Image { dest_url, .. }) => {
-                Some(dest_url.into_string())
-            }
+            Event::Start(Tag::Link { dest_url, .. })
+            | Event::Start(Tag::Image { dest_url, .. }) => Some(dest_url.into_string()),
             _ => None,
         })
         .collect()
@@ -110,12 +109,13 @@ fn broken(file: &Path, link: &str) -> Option<String> {
         return None;
     }
     if target.extension().is_none_or(|e| e != "md") {
-        return Some(format!("{link}: an anchor into a file that is not Markdown"));
+        return Some(format!(
+            "{link}: an anchor into a file that is not Markdown"
+        ));
     }
     let headings = anchors(&std::fs::read_to_string(&target).unwrap());
-    (!headings.contains(anchor)).then(|| {
-        format!("{link}: no heading with the anchor #{anchor} (it has: {headings:?})")
-    })
+    (!headings.contains(anchor))
+        .then(|| format!("{link}: no heading with the anchor #{anchor} (it has: {headings:?})"))
 }
 
 fn broken_links() -> Vec<String> {
@@ -134,7 +134,11 @@ fn broken_links() -> Vec<String> {
 #[test]
 fn every_relative_link_in_the_documentation_resolves() {
     let problems = broken_links();
-    assert!(problems.is_empty(), "broken links:\n{}", problems.join("\n"));
+    assert!(
+        problems.is_empty(),
+        "broken links:\n{}",
+        problems.join("\n")
+    );
 }
 
 #[test]
@@ -212,7 +216,10 @@ fn cli_commands() -> BTreeSet<Vec<String>> {
 #[test]
 fn every_command_in_the_readme_table_exists_and_every_command_is_in_it() {
     let table = readme_commands();
-    assert!(table.len() >= 10, "the command table looks empty: {table:?}");
+    assert!(
+        table.len() >= 10,
+        "the command table looks empty: {table:?}"
+    );
     for words in &table {
         let out = pgmend_command()
             .args(words)
@@ -269,7 +276,11 @@ fn named_tests(markdown: &str) -> Vec<(String, String)> {
         let Some((file, after)) = rest.split_once(".rs::") else {
             continue;
         };
-        if file.is_empty() || !file.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '/') {
+        if file.is_empty()
+            || !file
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '/')
+        {
             continue;
         }
         let name: String = after
@@ -301,7 +312,11 @@ fn every_test_the_documentation_names_exists() {
             missing.push(format!("{}: {test}", file.display()));
         }
     }
-    assert!(missing.is_empty(), "named tests that do not exist:\n{}", missing.join("\n"));
+    assert!(
+        missing.is_empty(),
+        "named tests that do not exist:\n{}",
+        missing.join("\n")
+    );
     let architecture = std::fs::read_to_string(repo().join("ARCHITECTURE.md")).unwrap();
     assert!(
         named_tests(&architecture).len() >= 20,
