@@ -327,3 +327,44 @@ fn every_test_the_documentation_names_exists() {
         ["tests/docs.rs::no_such_test"]
     );
 }
+
+/// The pages a document links to, as paths relative to the repository.
+fn linked_pages(file: &Path) -> BTreeSet<PathBuf> {
+    let text = std::fs::read_to_string(repo().join(file)).unwrap();
+    links(&text)
+        .into_iter()
+        .filter(|l| !l.contains("://"))
+        .filter_map(|l| {
+            let path = l.split('#').next().unwrap().to_string();
+            (!path.is_empty()).then(|| file.parent().unwrap().join(path))
+        })
+        .map(|p| {
+            // docs/../runbooks/x.md → runbooks/x.md
+            let mut parts: Vec<std::path::Component> = Vec::new();
+            for c in p.components() {
+                match c {
+                    std::path::Component::ParentDir => {
+                        parts.pop();
+                    }
+                    std::path::Component::CurDir => {}
+                    c => parts.push(c),
+                }
+            }
+            parts.iter().collect()
+        })
+        .collect()
+}
+
+#[test]
+fn every_page_is_linked_from_the_readme() {
+    let linked = linked_pages(Path::new("README.md"));
+    let orphans: Vec<String> = documents()
+        .into_iter()
+        .filter(|d| d != Path::new("README.md") && !linked.contains(d))
+        .map(|d| d.display().to_string())
+        .collect();
+    assert!(
+        orphans.is_empty(),
+        "pages the README does not link to (add them to its Documentation section): {orphans:?}"
+    );
+}
