@@ -12,10 +12,10 @@
 //! root, runs the server programs as `postgres` through `runuser`. A detached watchdog (`setsid
 //! sh`) stops the server and deletes its files when the starting process exits, however it exits;
 //! `Drop` does the same early. `keep` (for `demo --keep`) skips both; `stop_command` is the shell
-//! command that stops a kept server (its own `pg_ctl`, through `runuser` as root), which `demo --keep`
-//! prints with the directory to remove. `start_with` writes files into the data directory and
-//! settings into `postgresql.conf` before the first start (the TLS tests' certificates, `ssl = on`
-//! and a `pg_hba.conf` with a `hostssl`-only role).
+//! command that stops a kept server (its own `pg_ctl`, through `runuser` as root), which `demo
+//! --keep` prints with the directory to remove. `start_with` writes files into the data directory
+//! and settings into `postgresql.conf` before the first start (the TLS tests' certificates, `ssl =
+//! on` and a `pg_hba.conf` with a `hostssl`-only role).
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

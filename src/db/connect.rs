@@ -15,8 +15,8 @@
 //! raises `work_mem` to 64 MB for one transaction (a larger setting is kept): a freeze, a census
 //! (inside its savepoint) and a reconciliation each aggregate a whole table, and at the default 4
 //! MB they spilled to disk. It is not set for the session: there it made the finance report's plan
-//! slower (4.0 s against 2.7 s on 1.1 million coupons), enables TCP keepalives and prints server
-//! notices to stderr. `Session::ensure_writable` refuses hot standbys and
+//! slower (4.0 s against 2.7 s on 1.1 million coupons). `connect` also enables TCP keepalives and
+//! prints server notices to stderr. `Session::ensure_writable` refuses hot standbys and
 //! `default_transaction_read_only`. A `Session` whose `holds_runner_lock` is set runs
 //! `pg_advisory_unlock_all()` when it drops: the server ends a closed session's backend
 //! asynchronously, so without it a pgmend started right after this one exits could find the lock

@@ -7,8 +7,8 @@
 //!
 //! Censuses, without a server. `Census` (guard, name, counts, fix, violators_sql, tables) and
 //! `Guard` (`unique_index`, `check_not_valid`, `check`, `precondition`; all but `check_not_valid`
-//! block). `for_migration` reads a migration's text with `regex`: each `/* pgmend:precondition ... */`
-//! block (keys `name`, `explain`, `fix`, `tables`, then `query:` to the end of the block; an
+//! block). `for_migration` reads a migration's text with `regex`: each `/* pgmend:precondition ...
+//! */` block (keys `name`, `explain`, `fix`, `tables`, then `query:` to the end of the block; an
 //! unknown or missing key is an error), each `CREATE UNIQUE INDEX` (a `GROUP BY ... HAVING count(*) >
 //! 1` over the columns, under the predicate, with NULLs left out) and each `ALTER TABLE ... ADD
 //! CONSTRAINT ... CHECK (...) [NOT VALID]` (`WHERE NOT (expression)`). `added_column` reads `ALTER
