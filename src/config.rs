@@ -1,4 +1,9 @@
 //! Values the command line hands over, resolved and checked before any work starts.
+//!
+//! Values from the command line, checked before any work starts: `parse_duration` (the clap value
+//! parser for `500ms`, `30s`, `2m`, `1h`, `0`), `format_duration` (the same notation back, for
+//! messages), and `check_lock_options`, which refuses `--lock-timeout 0` and `--statement-timeout
+//! 0`. This is where a fuller resolved configuration would go; today it is only these.
 
 use std::time::Duration;
 

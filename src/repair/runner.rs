@@ -1,6 +1,23 @@
 //! The batch runner: freeze the targets, walk them in keyset pages (seq ranges, never
 //! OFFSET), one short transaction per batch that changes the rows, writes the ledger and
 //! advances the checkpoint together. Resumes an unfinished run from its checkpoint.
+//!
+//! The batch runner. `ensure_schema` runs `SCHEMA_SQL` in one retried transaction under the lock
+//! policy when pgmend's tables are missing. `apply` prepares the engine, then resumes the repair's
+//! `running` run when its `definition_checksum` equals the definition's (a different one is
+//! `Stopped`), or calls `freeze` (one transaction: the run row and its targets, under a
+//! `statement_timeout` of at least 10 minutes; then `ANALYZE pgmend.repair_targets` unless it froze
+//! nothing). The batch loop checks `signals::requested()`, waits for replicas (`wait_for_replicas`,
+//! polling `pg_stat_replication` every 500 ms) when `--max-replica-lag` is set, and runs one batch
+//! through `with_lock_retry`: the engine's read (a counter's drift, outside the transaction), then
+//! `SET LOCAL` timeouts, the engine's statements, and the `UPDATE` of the run's checkpoint and
+//! counts (guarded by the checkpoint it read; a batch whose update finds no such row is rolled back
+//! with an error), committed together. Batch sizes start at one target (a target's cost is unknown
+//! until then: a campaign's counter sums 370,000 coupons, a member-month's four) and follow
+//! `--batch-target` (ratio clamped to 0.5–2, size to 1–50,000); progress lines go to the callback
+//! at most every 2 s. After the last batch `reconcile` gives `left_over` and the run is marked
+//! `finished` (an interrupted run stays `running`). `RunReport` carries the run, `resumed`,
+//! `interrupted`, the batch count and p50/p99/max batch times, and `left_over`.
 
 use std::time::{Duration, Instant};
 
