@@ -6,6 +6,7 @@ pub mod commands;
 pub mod config;
 pub mod db;
 pub mod error;
+pub mod human;
 pub mod localpg;
 pub mod migrate;
 pub mod online;

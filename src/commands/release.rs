@@ -365,7 +365,11 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
                         &step.label(),
                         Some(run.run.run_id),
                     )?;
-                    crate::say!("run {}: {} rows changed", run.run.run_id, run.run.changed);
+                    crate::say!(
+                        "run {}: {} changed",
+                        run.run.run_id,
+                        crate::human::count(run.run.changed, "row")
+                    );
                     run_report = Some(run);
                 }
                 Step::Gate { name, explain } => {

@@ -14,6 +14,7 @@ use crate::cli::{
 use crate::db::retry::LockPolicy;
 use crate::db::{privileges, runner_lock};
 use crate::error::{Outcome, PgContext, Stopped};
+use crate::human;
 use crate::repair::definition::{Repair, RepairSource};
 use crate::repair::preview::{self, Change, Preview};
 use crate::repair::runner::{self, RunOptions, RunReport};
@@ -70,13 +71,17 @@ pub fn render_summary(p: &Preview, out: &mut impl Write) -> std::io::Result<()> 
     match p.kind.as_str() {
         "void_duplicates" => writeln!(
             out,
-            "{}: {} rows would change, {} of them voided (the rest are redeemed: marked only)",
-            p.repair, p.changes, p.voided_or_created
+            "{}: {} would change, {} of them voided (the rest are redeemed: marked only)",
+            p.repair,
+            human::count(p.changes, "row"),
+            human::int(p.voided_or_created)
         )?,
         _ => writeln!(
             out,
-            "{}: {} counters would change, {} of them created",
-            p.repair, p.changes, p.voided_or_created
+            "{}: {} would change, {} of them created",
+            p.repair,
+            human::count(p.changes, "counter"),
+            human::int(p.voided_or_created)
         )?,
     }
     if p.kind == "void_duplicates" && !p.amounts.is_empty() {
@@ -185,28 +190,31 @@ pub fn run_repair(
 pub fn finish(report: &RunReport, repair: &Repair) -> Result<Outcome> {
     if report.interrupted {
         return Err(Stopped::error(format!(
-            "{}: run {} of {} stopped after its current batch ({} of {} targets done). Resume it with: {}",
+            "{}: run {} of {} stopped after its current batch ({} of {} done). Resume it with: {}",
             crate::signals::requested().map_or("interrupted", |s| s.name()),
             report.run.run_id,
             repair.name,
-            report.run.checkpoint,
-            report.run.targets,
+            human::int(report.run.checkpoint),
+            human::count(report.run.targets, "target"),
             crate::signals::resume_command()
         )));
     }
     let skipped = report.run.skipped.as_array().map_or(0, Vec::len);
     if skipped > 0 {
         return Err(Stopped::error(format!(
-            "run {} of {} skipped {skipped} key(s) it could not write: {}. Finance raises the budget or accepts the figure (see runbooks), then rerun the repair",
-            report.run.run_id, repair.name, report.run.skipped
+            "run {} of {} skipped {} it could not write: {}. Finance raises the budget or accepts the figure (see runbooks), then rerun the repair",
+            report.run.run_id,
+            repair.name,
+            human::count(skipped as i64, "key"),
+            report.run.skipped
         )));
     }
     if report.left_over > 0 && report.after_gate && repair.kind() == "rebuild_counter" {
         return Err(Stopped::error(format!(
-            "run {} of {} finished, but {} counter(s) still differ from their source after the run corrected them again, for example {}: after the deploy gate every writer should change a counter and its source in one transaction, so one does not (the old application still committing, a guard trigger left behind, a manual change or an undo). Find and stop it, then rerun the repair (or `pgmend apply --yes`)",
+            "run {} of {} finished, but {} still differ from their source after the run corrected them again, for example {}: after the deploy gate every writer should change a counter and its source in one transaction, so one does not (the old application still committing, a guard trigger left behind, a manual change or an undo). Find and stop it, then rerun the repair (or `pgmend apply --yes`)",
             report.run.run_id,
             repair.name,
-            report.left_over,
+            human::count(report.left_over, "counter"),
             report.left_over_keys.join(", ")
         )));
     }
@@ -227,21 +235,21 @@ pub fn print_report(report: &RunReport, format: Format) -> Result<()> {
             let mut out = crate::output::stdout();
             writeln!(
                 out,
-                "run {} of {}{}: {}/{} targets, {} rows changed in {} batches (p50 {} ms, p99 {} ms, max {} ms), state {}",
+                "run {} of {}{}: {}/{} targets, {} changed in {} (p50 {}, p99 {}, max {}), state {}",
                 r.run_id,
                 r.repair,
                 if report.resumed { " (resumed)" } else { "" },
-                r.processed,
-                r.targets,
-                r.changed,
-                report.batches,
-                report.batch_ms_p50,
-                report.batch_ms_p99,
-                report.batch_ms_max,
+                human::int(r.processed),
+                human::int(r.targets),
+                human::count(r.changed, "row"),
+                human::count(report.batches as i64, "batch|batches"),
+                human::millis(report.batch_ms_p50),
+                human::millis(report.batch_ms_p99),
+                human::millis(report.batch_ms_max),
                 r.state
             )?;
             if report.left_over > 0 && r.kind == "rebuild_counter" && !report.after_gate {
-                writeln!(out, "  note: {} counter(s) already differ from the source again (writes by an application that does not maintain them yet); the rebuild after the deploy gate catches them", report.left_over)?;
+                writeln!(out, "  note: {} already differ from the source again (writes by an application that does not maintain them yet); the rebuild after the deploy gate catches them", human::count(report.left_over, "counter"))?;
             }
             Ok(())
         }
@@ -403,8 +411,10 @@ pub fn undo(args: &RepairRunArgs, format: Format) -> Result<Outcome> {
     confirm(
         args.safety.yes,
         &format!(
-            "Restore the {} rows run {} of {} changed?",
-            run.changed, run.run_id, run.repair
+            "Restore the {} run {} of {} changed?",
+            human::count(run.changed, "row"),
+            run.run_id,
+            run.repair
         ),
         &format!(
             "review what the run changed first (`pgmend repair log {}`)",
@@ -418,11 +428,11 @@ pub fn undo(args: &RepairRunArgs, format: Format) -> Result<Outcome> {
         Format::Json => print_json(&report)?,
         _ => writeln!(
             crate::output::stdout(),
-            "run {} undid run {}: {} rows restored, {} created rows deleted",
+            "run {} undid run {}: {} restored, {} deleted",
             report.undo_run,
             report.undone_run,
-            report.restored,
-            report.deleted
+            human::count(report.restored, "row"),
+            human::count(report.deleted, "created row")
         )?,
     }
     Ok(Outcome::Done)
