@@ -528,8 +528,9 @@ fn stop_if_unfinished(
     run: &crate::repair::runner::RunReport,
     repair: &crate::repair::definition::Repair,
 ) -> Result<()> {
-    let drifting_after_gate =
-        run.after_gate && run.left_over > 0 && run.run.kind == "rebuild_counter";
+    let drifting_after_gate = run.after_gate
+        && run.left_over > 0
+        && run.run.kind == Some(crate::store::RunKind::RebuildCounter);
     if run.interrupted
         || drifting_after_gate
         || run.run.skipped.as_array().is_some_and(|s| !s.is_empty())

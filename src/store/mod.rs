@@ -15,7 +15,7 @@ use postgres::GenericClient;
 use crate::db::sql_text::Ident;
 
 pub use records::gates_passed;
-pub use runs::{run, Run, RunState};
+pub use runs::{run, Run, RunKind, RunState};
 pub use schema::ensure;
 
 /// The schema that holds pgmend's tables.

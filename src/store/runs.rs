@@ -42,11 +42,33 @@ impl std::fmt::Display for RunState {
     }
 }
 
+/// What a run does: one of the two engines, or an undo; parsed where the row is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunKind {
+    VoidDuplicates,
+    RebuildCounter,
+    Undo,
+}
+
+impl RunKind {
+    /// As the table holds it (the definitions' `kind`, or `undo`).
+    pub fn parse(text: &str) -> Option<RunKind> {
+        match text {
+            "void_duplicates" => Some(RunKind::VoidDuplicates),
+            "rebuild_counter" => Some(RunKind::RebuildCounter),
+            "undo" => Some(RunKind::Undo),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Run {
     pub run_id: i64,
     pub repair: String,
-    pub kind: String,
+    /// None for a kind this pgmend does not know (a newer pgmend's run).
+    pub kind: Option<RunKind>,
     pub definition_checksum: String,
     pub state: RunState,
     pub as_of: String,
@@ -74,7 +96,7 @@ pub fn run_from_row(r: &postgres::Row) -> Run {
     Run {
         run_id: r.get(0),
         repair: r.get(1),
-        kind: r.get(2),
+        kind: RunKind::parse(r.get(2)),
         definition_checksum: r.get(3),
         state: RunState::parse(r.get(4)),
         as_of: r.get(5),
