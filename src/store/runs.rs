@@ -87,12 +87,12 @@ pub struct Run {
     pub repass_from: Option<i64>,
 }
 
-pub const RUN_COLUMNS: &str = "run_id, repair, kind, definition_checksum, state,
+const RUN_COLUMNS: &str = "run_id, repair, kind, definition_checksum, state,
     to_char(as_of AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), targets, checkpoint, processed, changed,
     skipped::text, started_by, to_char(finished_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),
     undoes_run, undone_by_run, repass_from";
 
-pub fn run_from_row(r: &postgres::Row) -> Run {
+fn run_from_row(r: &postgres::Row) -> Run {
     Run {
         run_id: r.get(0),
         repair: r.get(1),
