@@ -169,7 +169,7 @@ pub fn create_legacy_source(exe: &Path, conn: Conn, name: &str, members: i32) ->
     {
         let mut c = connect(&conn(name))?;
         c.batch_execute(V1)?;
-        pgmend::commands::demo::generate_dirty_data(&mut c, members)?;
+        pgmend::demo_data::generate_dirty_data(&mut c, members)?;
     }
     let out = run_pgmend(exe, &conn(name), &["migrate", "baseline", "--yes"])?;
     if out.code != 0 {

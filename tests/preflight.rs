@@ -406,7 +406,7 @@ fn legacy_in_coupons() -> TestDb {
     c.batch_execute("CREATE SCHEMA coupons; SET search_path = coupons")
         .unwrap();
     c.batch_execute(&v1).unwrap();
-    pgmend::commands::demo::generate_dirty_data(&mut c, 30).unwrap();
+    pgmend::demo_data::generate_dirty_data(&mut c, 30).unwrap();
     db
 }
 

@@ -68,10 +68,8 @@ pub struct Session {
     pub server_version_num: i32,
     pub server_version: String,
     /// The server backend the session started on (`pg_backend_pid()`): a session that keeps
-    /// it has kept its session state (see [`super::preflight::ensure_session_kept`]).
+    /// it has kept its session state (see `preflight::ensure_session_kept`, above this layer).
     pub backend_pid: i32,
-    /// What the pre-flight found, once it ran ([`super::preflight::check`]).
-    pub environment: Option<super::preflight::Environment>,
 }
 
 /// The runner lock is a session lock: it goes when the session ends, but the server ends a
@@ -184,7 +182,6 @@ pub fn connect(params: &ConnParams) -> Result<Session> {
         server_version_num,
         server_version,
         backend_pid,
-        environment: None,
     })
 }
 
@@ -342,6 +339,26 @@ fn root_certificate(params: &ConnParams) -> Option<PathBuf> {
     let home = std::env::var_os("HOME")?;
     let default = PathBuf::from(home).join(".postgresql/root.crt");
     default.is_file().then_some(default)
+}
+
+/// A READ ONLY transaction: the server refuses any write made in it.
+pub fn read_only(client: &mut postgres::Client) -> Result<postgres::Transaction<'_>> {
+    client
+        .build_transaction()
+        .read_only(true)
+        .start()
+        .doing("opening a read-only transaction")
+}
+
+/// One REPEATABLE READ, READ ONLY snapshot: every query in it sees the same moment, and the
+/// server refuses any write (a hot standby will do).
+pub fn snapshot(client: &mut postgres::Client) -> Result<postgres::Transaction<'_>> {
+    client
+        .build_transaction()
+        .isolation_level(postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .doing("opening a read-only snapshot")
 }
 
 #[cfg(test)]

@@ -8,4 +8,5 @@ pub mod preview;
 pub mod runner;
 pub mod store;
 pub mod undo;
+pub mod verdict;
 pub mod void;

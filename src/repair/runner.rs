@@ -396,7 +396,7 @@ fn freeze(
             let run_id: i64 = tx
             .query_one(
                 "INSERT INTO pgmend.repair_runs (repair, kind, definition_checksum, state) VALUES ($1, $2, $3, 'running') RETURNING run_id",
-                &[&repair.name, &repair.kind(), &repair.checksum],
+                &[&repair.name, &repair.kind().as_str(), &repair.checksum],
             )?
             .get(0);
             let targets = tx.execute(&engine.freeze_sql(), &[&run_id])? as i64;

@@ -177,7 +177,7 @@ impl TestDb {
             std::fs::read_to_string(repo().join("migrations/V1__legacy_baseline.sql")).unwrap();
         let mut c = self.client();
         c.batch_execute(&v1).unwrap();
-        pgmend::commands::demo::generate_dirty_data(&mut c, members).unwrap();
+        pgmend::demo_data::generate_dirty_data(&mut c, members).unwrap();
     }
 
     /// The legacy schema with the demo's Silver Week data for `members` members, adopted
@@ -187,7 +187,7 @@ impl TestDb {
             std::fs::read_to_string(repo().join("migrations/V1__legacy_baseline.sql")).unwrap();
         let mut c = self.client();
         c.batch_execute(&v1).unwrap();
-        pgmend::commands::demo::generate_dirty_data(&mut c, members).unwrap();
+        pgmend::demo_data::generate_dirty_data(&mut c, members).unwrap();
         assert_eq!(self.run(&["migrate", "baseline", "--yes"]).code, 0);
     }
 
