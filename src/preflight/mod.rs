@@ -145,22 +145,7 @@ fn intermediary(session: &mut Session) -> Result<Option<String>> {
 /// every transaction. A pooler in transaction mode that the user took for session mode is
 /// caught here at the latest, before the runner lock or a step relies on the session.
 pub fn ensure_session_kept(session: &mut Session) -> Result<()> {
-    ensure_backend(&mut session.client, session.backend_pid)
-}
-
-/// [`ensure_session_kept`] for a client already borrowed away from its session.
-pub fn ensure_backend(client: &mut postgres::Client, backend_pid: i32) -> Result<()> {
-    for _ in 0..2 {
-        let [pid] = crate::db::connect::simple_row(client, "SELECT pg_backend_pid()")
-            .doing("checking that the server session is still the same")?;
-        let pid: i32 = pid.parse().unwrap_or_default();
-        if pid != backend_pid {
-            bail!(
-                "the server session changed under pgmend (backend {backend_pid} at the start, {pid} now): what stands between pgmend and the server does not keep sessions (a pooler in transaction or statement mode), so pgmend's runner lock and prepared statements would be lost. If pgmend took its runner lock, backend {backend_pid} keeps it until that server connection closes: restart the pool, or run SELECT pg_terminate_backend({backend_pid}) once no client uses it. Then connect to the server directly, or through a pool in session mode. Every step committed so far is complete; a rerun continues from there"
-            );
-        }
-    }
-    Ok(())
+    crate::db::connect::ensure_backend(&mut session.client, session.backend_pid)
 }
 
 /// The release is tied to the schema that holds the legacy tables: refuses a session whose

@@ -132,7 +132,7 @@ pub fn apply(
 /// `--pooler session`, whether the session still has its server backend.
 fn done(client: &mut postgres::Client, settings: &Settings, i: usize, step: &Step) -> Result<bool> {
     if let Some(pid) = settings.keep_backend {
-        crate::preflight::ensure_backend(client, pid)?;
+        crate::db::connect::ensure_backend(client, pid)?;
     }
     let applied: Vec<i32> = history::read(client)?.iter().map(|a| a.version).collect();
     Ok(progress(client, applied)?.done(i, step))
