@@ -458,3 +458,34 @@ fn install_guard(
     );
     Ok(true)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_continue_command_repeats_the_confirmed_gates() {
+        assert_eq!(continue_command(&[]), "pgmend apply --yes");
+        assert_eq!(
+            continue_command(&["deploy-new-application".into()]),
+            "pgmend apply --yes --confirm deploy-new-application"
+        );
+    }
+
+    #[test]
+    fn a_failed_step_says_what_is_kept_unless_the_error_already_says_what_to_do() {
+        let step = Step::Repair {
+            name: "void-duplicate-coupons".into(),
+        };
+        let lost = step_failed(anyhow::anyhow!("connection lost"), 4, &step, &[]);
+        let text = format!("{lost:#}");
+        assert!(
+            text.starts_with("step 4 (repair void-duplicate-coupons) did not finish")
+                && text.contains("continue with: pgmend apply --yes")
+                && text.ends_with("connection lost"),
+            "{text}"
+        );
+        let stopped = step_failed(Stopped::error("stopped safely"), 4, &step, &[]);
+        assert_eq!(format!("{stopped:#}"), "stopped safely");
+    }
+}

@@ -151,14 +151,6 @@ impl Kind {
     }
 }
 
-/// The repair `name` of a loaded set, for a step of the release (`release.toml`) that names it.
-pub fn named<'a>(repairs: &'a [Repair], name: &str) -> Result<&'a Repair> {
-    repairs
-        .iter()
-        .find(|r| r.name == name)
-        .with_context(|| format!("release.toml names repair {name:?}, which has no definition"))
-}
-
 /// An identifier as written in a definition: a plain SQL name, quoted wherever it is used.
 pub fn check_identifier(origin: &str, field: &str, name: &str) -> Result<()> {
     let ok = !name.is_empty()
@@ -371,6 +363,14 @@ impl RepairSource {
             )
         })
     }
+}
+
+/// The repair `name` of a loaded set, for a step of the release (`release.toml`) that names it.
+pub fn named<'a>(repairs: &'a [Repair], name: &str) -> Result<&'a Repair> {
+    repairs
+        .iter()
+        .find(|r| r.name == name)
+        .with_context(|| format!("release.toml names repair {name:?}, which has no definition"))
 }
 
 #[cfg(test)]
