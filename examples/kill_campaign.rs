@@ -578,9 +578,9 @@ fn phase(stderr: &str, activity: &[Activity]) -> String {
         .to_string();
     let sub = if label.contains("repair ") {
         let frozen = tail.contains(": froze ") || tail.contains("resuming run ");
-        let finished = tail
-            .lines()
-            .any(|l| l.starts_with("run ") && l.contains(" rows changed"));
+        let finished = tail.lines().any(|l| {
+            l.starts_with("run ") && (l.contains(" rows changed") || l.contains(" row changed"))
+        });
         if finished {
             "after the run finished (recording the step)"
         } else if !frozen {

@@ -1,4 +1,22 @@
 //! The command line, as clap definitions. Option groups are shared with `flatten`.
+//!
+//! The clap definitions: the subcommands (`migrate status|plan|apply|baseline|validate`, `repair
+//! list|plan|apply|status|log|undo|abandon`, `report overruns`, top-level `plan`, `apply`,
+//! `verify`, `demo`, `completions`, `man`) and the option groups flattened into them —
+//! `ConnectionArgs` (`--database-url` / `DATABASE_URL`), `MigrationsArgs` (`--migrations-dir` /
+//! `PGMEND_MIGRATIONS_DIR`; not taken by `validate`), `RepairsArgs` (`--repairs-dir` /
+//! `PGMEND_REPAIRS_DIR`), `SafetyArgs` (`--yes`, `--lock-timeout` 500ms, `--lock-retry-for` 1m,
+//! `--statement-timeout` 1m, `--build-wait` 5m, `--runner-wait` 0s), `BatchArgs` (`--batch-target`
+//! 200ms, `--max-replica-lag`) and the global `OutputArgs` (`--format
+//! human|json|csv|markdown|html|xlsx`, an `Option`: not given is not `human`, so `report overruns
+//! --output r.csv` can take the format from the file name and `demo` can refuse even `--format
+//! human`). `misplaced_option_hint` turns clap's bare "unexpected argument" for an option the
+//! command does not take into a hint naming the commands that do; `redacted` is clap's error with
+//! every argument that may hold a password replaced (clap repeats unexpected arguments). `PlanArgs`
+//! / `ApplyArgs` (with `--target`) belong to the migration commands; the top-level `plan` and
+//! `apply` have their own `ReleasePlanArgs` (`--sample` 20) and `ReleaseApplyArgs` (`--confirm
+//! GATE`, repeatable, plus the safety and batch options). `RepairPlanArgs` takes `--sample` 20 and
+//! `--all`; `RepairRunArgs` (undo, abandon) a run id.
 
 use std::path::PathBuf;
 use std::time::Duration;

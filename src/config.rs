@@ -1,55 +1,62 @@
 //! Values the command line hands over, resolved and checked before any work starts.
+//!
+//! Values from the command line, checked before any work starts: `parse_duration` (the clap value
+//! parser for `500ms`, `30s`, `2m`, `1h`, `0`), `format_duration` (the same notation back, for
+//! messages), and `check_lock_options`, which refuses `--lock-timeout 0` and `--statement-timeout
+//! 0`. This is where a fuller resolved configuration would go; today it is only these.
 
 use std::time::Duration;
 
 use anyhow::{bail, Result};
 
-/// Parses `500ms`, `30s`, `2m`, `1h` (and `0`). Used as a clap value parser.
+/// Parses `500ms`, `30s`, `2m`, `1h` (and `0`), and the compound forms pgmend writes for
+/// longer durations (`12m30s`, `1h05m`). Used as a clap value parser.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     if text == "0" {
         return Ok(Duration::ZERO);
     }
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .ok_or_else(|| format!("{text:?} has no unit; write it like 500ms, 30s, 2m or 1h"))?;
-    let (number, unit) = text.split_at(split);
-    let n: u64 = number.parse().map_err(|_| {
-        format!("{text:?} does not start with a whole number; write it like 500ms, 30s, 2m or 1h")
-    })?;
-    let millis = match unit {
-        "ms" => Some(n),
-        "s" => n.checked_mul(1_000),
-        "m" | "min" => n.checked_mul(60_000),
-        "h" => n.checked_mul(3_600_000),
-        _ => {
-            return Err(format!(
-                "{text:?} has an unknown unit {unit:?}; use ms, s, m or h"
-            ))
-        }
-    };
-    millis
-        .map(Duration::from_millis)
-        .ok_or_else(|| format!("{text:?} is too long"))
+    if text.is_empty() {
+        return Err("an empty duration; write it like 500ms, 30s, 2m or 1h".into());
+    }
+    let mut rest = text;
+    let mut total: u64 = 0;
+    while !rest.is_empty() {
+        let split = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .ok_or_else(|| format!("{text:?} has no unit; write it like 500ms, 30s, 2m or 1h"))?;
+        let (number, after) = rest.split_at(split);
+        let n: u64 = number.parse().map_err(|_| {
+            format!(
+                "{text:?} does not start with a whole number; write it like 500ms, 30s, 2m or 1h"
+            )
+        })?;
+        let unit_len = after
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(after.len());
+        let (unit, next) = after.split_at(unit_len);
+        let millis = match unit {
+            "ms" => Some(n),
+            "s" => n.checked_mul(1_000),
+            "m" | "min" => n.checked_mul(60_000),
+            "h" => n.checked_mul(3_600_000),
+            _ => {
+                return Err(format!(
+                    "{text:?} has an unknown unit {unit:?}; use ms, s, m or h"
+                ))
+            }
+        };
+        total = millis
+            .and_then(|m| total.checked_add(m))
+            .ok_or_else(|| format!("{text:?} is too long"))?;
+        rest = next;
+    }
+    Ok(Duration::from_millis(total))
 }
 
-/// Writes a duration the way the command line takes it: `500ms`, `30s`, `2m`, `1h`,
-/// or a decimal for what falls between (`1.5s`).
+/// Writes a duration the way the command line takes it (see [`crate::human::duration`]).
 pub fn format_duration(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms == 0 {
-        "0s".into()
-    } else if ms < 1_000 {
-        format!("{ms}ms")
-    } else if ms.is_multiple_of(3_600_000) {
-        format!("{}h", ms / 3_600_000)
-    } else if ms.is_multiple_of(60_000) {
-        format!("{}m", ms / 60_000)
-    } else if ms.is_multiple_of(1_000) {
-        format!("{}s", ms / 1_000)
-    } else {
-        format!("{:.1}s", d.as_secs_f64())
-    }
+    crate::human::duration(d)
 }
 
 /// Checks the relations between safety options that clap cannot.
@@ -74,6 +81,10 @@ mod tests {
         }
         assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
         assert_eq!(format_duration(Duration::from_millis(1500)), "1.5s");
+        for text in ["12m30s", "1h05m", "1h"] {
+            assert_eq!(format_duration(parse_duration(text).unwrap()), text);
+        }
+        assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
     }
 
     #[test]

@@ -1,7 +1,15 @@
 //! Error kinds that decide the exit code, and readable renderings of PostgreSQL errors.
 //!
-//! Exit codes (PRODUCT.md): 0 done, 1 stopped safely because of the database's state,
-//! 2 an error in the input or the environment. Anything that is not a [`Stopped`] is a 2.
+//! Exit codes: 0 done, 1 stopped safely because of the database's state, 2 an error in the input or
+//! the environment. Anything that is not a [`Stopped`] or a [`Violators`] is a 2.
+//!
+//! `Stopped` (a `thiserror` type) marks "stopped on purpose because of the database's state,
+//! nothing half-done"; `Violators` is the kind of stop a census makes (rows break what the next
+//! step needs), which the release answers with a step's `retry_with` repair. They are the only
+//! errors that exit 1. `Outcome` is what a command that ran to the end reports. `describe` renders
+//! a `postgres::Error` with severity, message, SQLSTATE, detail, hint, table and constraint (the
+//! crate itself prints only "db error"). The `PgContext::doing` extension turns a postgres result
+//! into an `anyhow` error that says what pgmend was doing.
 
 use std::fmt;
 

@@ -7,6 +7,7 @@ pub mod config;
 pub mod db;
 pub mod demo_data;
 pub mod error;
+pub mod human;
 pub mod localpg;
 pub mod migrate;
 pub mod online;

@@ -4,6 +4,18 @@
 //!
 //! A detached watchdog stops the server and deletes its files when the process that
 //! started it exits, however it exits (a panic, Ctrl-C, kill -9).
+//!
+//! A throwaway PostgreSQL cluster for `demo`, the test harness and the benchmarks. Finds the server
+//! binaries (`PGBIN`, then `pg_config --bindir`, then the newest `/usr/lib/postgresql/*/bin`), runs
+//! `initdb` into a temporary directory with a random password (scram for TCP, trust on its private
+//! socket), starts the server on a free local port (up to five tries) with durability off, and, as
+//! root, runs the server programs as `postgres` through `runuser`. A detached watchdog (`setsid
+//! sh`) stops the server and deletes its files when the starting process exits, however it exits;
+//! `Drop` does the same early. `keep` (for `demo --keep`) skips both; `stop_command` is the shell
+//! command that stops a kept server (its own `pg_ctl`, through `runuser` as root), which `demo
+//! --keep` prints with the directory to remove. `start_with` writes files into the data directory
+//! and settings into `postgresql.conf` before the first start (the TLS tests' certificates, `ssl =
+//! on` and a `pg_hba.conf` with a `hostssl`-only role).
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

@@ -1,4 +1,18 @@
 //! The one exit path: run the command, print the error chain, map to 0/1/2.
+//!
+//! The one exit path. Parses the command line, dispatches to `commands::*`, and maps the result:
+//! `Outcome::Done` → 0, `Outcome::Findings` → 1, an error whose chain holds `error::Stopped` or
+//! `error::Violators` → 1, any other error → 2 (printed to stderr as `pgmend: stopped: ...` or
+//! `pgmend: error: ...` with the whole cause chain, `{:#}`). clap usage errors exit 2, `--help` and
+//! `--version` 0. A closed stdout pipe never reaches here as an error: every result is written
+//! through `output::stdout`, so the command keeps its own exit code. A `--format` the command
+//! cannot render is refused here (exit 2): `csv` is for `repair log` and `report overruns`,
+//! `markdown`, `html` and `xlsx` for `report overruns`; `demo`, `completions` and `man` take none.
+//! `completions SHELL` and `man` are answered here too, from `Cli::command()` (clap_complete,
+//! clap_mangen), so they always match the parser. The only other exit codes, 130, 143 and 129, come
+//! from `signals` (a second SIGINT, SIGTERM or SIGHUP). After an error, it also prints what a stop
+//! left behind (`signals::leftovers`), when anything is. Every line to stderr goes through `say!`
+//! (`src/signals.rs`), which ignores a failing stderr instead of panicking as `eprintln!` does.
 
 use std::io::Write;
 use std::process::ExitCode;

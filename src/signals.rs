@@ -12,6 +12,17 @@
 //!
 //! Every line written here goes through [`say`]: after SIGHUP from a closed terminal stderr
 //! fails, and the stop must go on regardless.
+//!
+//! Stop requests. `install(resume)` (once per process, from `apply`, `migrate apply` and `repair
+//! apply` once they start working) starts a `signal-hook` iterator thread for SIGINT, SIGTERM and
+//! SIGHUP; `resume` is the command that continues. The first signal is recorded (`requested()`
+//! returns it), announced, and starts a watchdog that exits 1 after `CLEANUP_LIMIT` (20 s);
+//! `cleanup_deadline()` (3 s earlier) is when lock retries stop and clean-up statements are
+//! cancelled. A second signal exits at once with 128 + its number. Code that leaves something
+//! behind if the process ends mid-way says so with `leave(key, text)` and `cleaned(key)` (the guard
+//! in `repair::guard`, an online build in `online::index`), so the watchdog, the second signal and
+//! `main` report exactly what is left and how the next run removes it. `check(what)` is the
+//! `Stopped` error of a loop that must not start its next item.
 
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};

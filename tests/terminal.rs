@@ -116,7 +116,7 @@ fn on_a_terminal_the_report_shows_the_totals_campaigns_and_first_members_and_say
     assert_eq!(member_rows(&shown), 20, "{shown}");
     let more = format!(
         "... and {} more member-months over the cap",
-        pgmend::report::yen(over - 20)
+        pgmend::human::int(over - 20)
     );
     assert!(shown.contains(&more), "{more}: {shown}");
     assert!(
@@ -139,7 +139,7 @@ fn on_a_terminal_the_report_shows_the_totals_campaigns_and_first_members_and_say
     assert_eq!(member_rows(&r.stdout), 5);
     assert!(r
         .stdout
-        .contains(&format!("... and {} more", pgmend::report::yen(over - 5))));
+        .contains(&format!("... and {} more", pgmend::human::int(over - 5))));
     let r = db.run(&["report", "overruns", "--format", "json", "--members", "5"]);
     assert_eq!(r.code, 2, "{}", r.both());
     assert!(r.stderr.contains("--members only applies"), "{}", r.stderr);

@@ -50,9 +50,9 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
     });
     say(&format!(
         "The old system's counter (campaigns.issued_yen) says {} yen were issued; its coupons add up to {} yen: {} yen of lost updates, double taps that read the counter at the same moment. The counter stops at the deploy and the rollback repair rewrites it, so pgmend records both figures when the release passes the deploy gate; the finance report shows them per campaign.",
-        crate::report::yen(counter),
-        crate::report::yen(issued),
-        crate::report::yen(issued - counter),
+        crate::human::int(counter),
+        crate::human::int(issued),
+        crate::human::int(issued - counter),
     ));
 
     step(

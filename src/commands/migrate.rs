@@ -163,8 +163,8 @@ pub fn apply(args: &ApplyArgs, format: Format) -> Result<Outcome> {
         confirm(
             false,
             &format!(
-                "Apply {} migration(s) to {}?",
-                plan.pending.len(),
+                "Apply {} to {}?",
+                crate::human::count(plan.pending.len() as i64, "migration"),
                 session.params
             ),
             "review its plan first (`pgmend migrate plan`)",
@@ -211,8 +211,10 @@ pub fn apply(args: &ApplyArgs, format: Format) -> Result<Outcome> {
                 for a in &applied {
                     writeln!(
                         out,
-                        "applied V{}__{} ({} ms)",
-                        a.version, a.name, a.duration_ms
+                        "applied V{}__{} ({})",
+                        a.version,
+                        a.name,
+                        crate::human::millis(a.duration_ms)
                     )?;
                 }
                 writeln!(

@@ -14,6 +14,7 @@ use crate::cli::{
 use crate::db::retry::LockPolicy;
 use crate::db::runner_lock;
 use crate::error::{Outcome, PgContext};
+use crate::human;
 use crate::preflight::privileges;
 use crate::repair::definition::Kind;
 use crate::repair::preview::{self, Change, Preview};
@@ -139,22 +140,22 @@ pub fn print_report(report: &RunReport, format: Format) -> Result<()> {
             let mut out = crate::output::stdout();
             writeln!(
                 out,
-                "run {} of {}{}: {}/{} targets, {} rows changed in {} batches (p50 {} ms, p99 {} ms, max {} ms), state {}",
+                "run {} of {}{}: {}/{} targets, {} changed in {} (p50 {}, p99 {}, max {}), state {}",
                 r.run_id,
                 r.repair,
                 if report.resumed { " (resumed)" } else { "" },
-                r.processed,
-                r.targets,
-                r.changed,
-                report.batches,
-                report.batch_ms_p50,
-                report.batch_ms_p99,
-                report.batch_ms_max,
+                human::int(r.processed),
+                human::int(r.targets),
+                human::count(r.changed, "row"),
+                human::count(report.batches as i64, "batch|batches"),
+                human::millis(report.batch_ms_p50),
+                human::millis(report.batch_ms_p99),
+                human::millis(report.batch_ms_max),
                 r.state
             )?;
             if report.left_over > 0 && r.kind == Kind::RebuildCounter.as_str() && !report.after_gate
             {
-                writeln!(out, "  note: {} counter(s) already differ from the source again (writes by an application that does not maintain them yet); the rebuild after the deploy gate catches them", report.left_over)?;
+                writeln!(out, "  note: {} already differ from the source again (writes by an application that does not maintain them yet); the rebuild after the deploy gate catches them", human::count(report.left_over, "counter"))?;
             }
             Ok(())
         }
@@ -321,8 +322,10 @@ pub fn undo(args: &RepairRunArgs, format: Format) -> Result<Outcome> {
     confirm(
         args.safety.yes,
         &format!(
-            "Restore the {} rows run {} of {} changed?",
-            run.changed, run.run_id, run.repair
+            "Restore the {} run {} of {} changed?",
+            human::count(run.changed, "row"),
+            run.run_id,
+            run.repair
         ),
         &format!(
             "review what the run changed first (`pgmend repair log {}`)",
@@ -336,11 +339,11 @@ pub fn undo(args: &RepairRunArgs, format: Format) -> Result<Outcome> {
         Format::Json => print_json(&report)?,
         _ => writeln!(
             crate::output::stdout(),
-            "run {} undid run {}: {} rows restored, {} created rows deleted",
+            "run {} undid run {}: {} restored, {} deleted",
             report.undo_run,
             report.undone_run,
-            report.restored,
-            report.deleted
+            human::count(report.restored, "row"),
+            human::count(report.deleted, "created row")
         )?,
     }
     Ok(Outcome::Done)

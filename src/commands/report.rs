@@ -105,13 +105,13 @@ fn write_files(
         written.push(path.display().to_string());
     }
     crate::say!(
-        "pgmend: wrote {} (state {}; {} campaigns, campaign overruns {} yen; {} member-months over the cap, {} yen)",
+        "pgmend: wrote {} (state {}; {}, campaign overruns {}; {} over the cap, {})",
         written.join(", "),
         summary.state.as_str(),
-        summary.campaigns,
-        report::yen(summary.totals.campaign_overrun_yen),
-        report::yen(summary.totals.members_over_monthly_cap),
-        report::yen(summary.totals.member_overrun_yen),
+        crate::human::count(summary.campaigns as i64, "campaign"),
+        crate::human::yen(summary.totals.campaign_overrun_yen),
+        crate::human::count(summary.totals.members_over_monthly_cap, "member-month"),
+        crate::human::yen(summary.totals.member_overrun_yen),
     );
     Ok(())
 }

@@ -7,6 +7,23 @@
 //! malformed string can put (part of) a password where a key, a port or an sslmode was
 //! expected, so an error repeats a piece of the string only when it cannot be one (see
 //! [`shown`]), and otherwise says which parameter by name or by number.
+//!
+//! Connection parameters the way libpq users expect them, without a server: parses a URL or a
+//! `key=value` string (pgmend's own parsers; the `postgres` crate ignores the environment and knows
+//! three `sslmode`s), fills what is left out from `PGHOST`, `PGPORT`, `PGUSER`, `PGPASSWORD`,
+//! `PGDATABASE`, `PGSSLMODE`, `PGSSLROOTCERT`, `PGCONNECT_TIMEOUT`, `PGAPPNAME`, `PGOPTIONS`, then
+//! applies defaults (`application_name` `pgmend`, `connect_timeout` 10s, `sslmode` `prefer`). When
+//! no password is given, `password_from_file` reads the password file as libpq does (`passfile`,
+//! `PGPASSFILE`, else `$HOME/.pgpass`; `*` wildcards, `\` escapes, first match; `localhost` also
+//! matches a unix socket; a file others can read is ignored with a warning). `resolve` takes the
+//! environment as a function so it is tested without touching the process environment.
+//! `environment_variables` lists every variable pgmend reads (the libpq ones, `DATABASE_URL`, the
+//! migrations and repairs directories); the test harnesses, the kill campaign and the replica and
+//! terminal tests clear exactly that list. `ConnParams`' `Display` and `Debug` leave the password
+//! out, and parse errors never repeat the input: `shown` decides which piece of it a message may
+//! quote (one that cannot be part of a password), `check_key` names an unknown key or its number
+//! and suggests the known key it misspells (`closest_key`), and `looks_like_a_url` catches a URL
+//! whose scheme lost its `://`.
 
 use std::collections::BTreeMap;
 use std::fmt;

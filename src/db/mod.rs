@@ -1,4 +1,6 @@
-//! The only layer that talks to PostgreSQL: connecting, the runner lock, bounded lock waits.
+//! The connection layer: connection parameters, the session, the pre-flight and privilege
+//! checks, the runner lock, bounded lock waits. Not (yet) the only layer that talks to
+//! PostgreSQL: ARCHITECTURE.md lists where SQL lives today.
 
 pub mod connect;
 pub mod conninfo;

@@ -1,6 +1,14 @@
 //! Bounded lock waits: every attempt runs under `lock_timeout`, and an attempt the server
 //! rolled back for a lock or a deadlock is retried with full-jitter exponential backoff until
 //! a total budget runs out. There is never a last attempt without a timeout.
+//!
+//! Bounded lock waits. `LockPolicy` holds `--lock-timeout`, `--statement-timeout` and
+//! `--lock-retry-for`, and renders the `SET LOCAL` statements for both timeouts. `with_lock_retry`
+//! runs a closure that opens, fills and commits one transaction; on SQLSTATE 55P03, 40P01 or 40001
+//! it sleeps a full-jitter exponential backoff (100 ms base, 5 s cap) and tries again, logging each
+//! retry to stderr; when the pause plus one more full lock wait would go past the budget it returns
+//! `Stopped`, naming the sessions that hold locks on the tables involved. Any other error is
+//! returned at once.
 
 use std::time::{Duration, Instant};
 

@@ -6,6 +6,13 @@
 //! pgmend polls it from the client. Session locks need a direct connection (or a
 //! session-mode pooler): in a transaction-mode pooler the lock would stay behind on a
 //! server connection that another client then uses.
+//!
+//! One pgmend at a time per database: a session-level advisory lock with key `0x70676d656e64`
+//! ("pgmend" in ASCII; `pg_locks` shows classid 28775, objid 1835363940), taken by polling
+//! `pg_try_advisory_lock` every 250 ms for up to `--runner-wait`, then `Stopped` naming the holder
+//! (pid, application_name, user, client address, connection start). The returned `RunnerLock` is
+//! proof of holding it; `acquire` marks the `Session`, which unlocks explicitly when it drops (and
+//! the server releases it anyway when the session ends, e.g. after a kill).
 
 use std::time::{Duration, Instant};
 

@@ -1,5 +1,12 @@
 //! Executing a migration plan: each transactional migration and its history row commit
 //! together, under bounded lock waits, while this session holds the runner lock.
+//!
+//! `execute` runs a `Plan`. It refuses a plan with blockers before changing anything and creates
+//! the history table in its own retried transaction. Then, for each pending migration, it takes the
+//! migration's censuses with `online::evaluate::check_before` (which stops, exit 1, when one
+//! blocks) and runs it: a transactional migration as `SET LOCAL` timeouts, the file's SQL and
+//! `history::record` in one transaction through `with_lock_retry`; an online migration through
+//! `online::index::apply`. Progress goes through a callback.
 
 use std::time::{Duration, Instant};
 
@@ -76,8 +83,8 @@ pub fn execute(
                 .doing(format!("recording {label} in the history"))?;
         } else {
             progress(&format!(
-                "applying {label} ({} statements, one transaction)",
-                planned.statements.len()
+                "applying {label} ({}, one transaction)",
+                crate::human::count(planned.statements.len() as i64, "statement")
             ));
             with_lock_retry(client, policy, &format!("applying {label}"), &tables, |c| {
                 let mut tx = c.transaction()?;

@@ -4,6 +4,14 @@
 //! What V1 defines is learned by running V1 into this session's temporary schema inside a
 //! transaction that is rolled back: temporary tables lock nothing anyone else uses, and
 //! the comparison is then catalog against catalog, not text against text.
+//!
+//! Adoption of an existing database. `compare` reads the catalog facts (columns with type, NOT NULL
+//! and default; primary key, unique, foreign key and check constraints; tables) of the schema
+//! `current_schema()` names, and compares them with the facts of V1 run into `pg_temp` in a
+//! rolled-back transaction. Missing and different facts refuse the baseline; extra columns,
+//! constraints and tables are allowed and reported; extra indexes are listed too. A database with
+//! none of V1's tables is refused with a pointer to `migrate apply`. `record` creates the history
+//! table and writes V1's row in one retried transaction.
 
 use std::collections::BTreeMap;
 

@@ -1,5 +1,10 @@
 //! refinery's history table, read without creating it and written in refinery's format
 //! (`applied_on` RFC 3339 text, `checksum` a decimal u64), so refinery could read it too.
+//!
+//! refinery's history table, `refinery_schema_history`. `read` returns the applied rows, or none
+//! when the table does not exist, without creating it. `ensure_table` creates it as refinery would
+//! (checking first, so no NOTICE is raised); `record` inserts a row in the caller's transaction, in
+//! refinery's format (`applied_on` RFC 3339 UTC, `checksum` decimal text).
 
 use anyhow::Result;
 use postgres::GenericClient;

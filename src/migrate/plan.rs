@@ -1,5 +1,21 @@
 //! The migration plan: what `apply` would do, built in a read-only transaction and
 //! rendered without a server. `apply` executes this same value.
+//!
+//! `build` makes the `Plan` value in one `READ ONLY` transaction: reads the history, checks
+//! consistency, selects the pending migrations up to `--target`, adds blockers (a pending migration
+//! would create tables that already exist; for V1 on an unrecorded database, the blocker says to
+//! use `baseline`), and counts each pending migration's censuses (`online::evaluate::evaluate`),
+//! passing the columns that the earlier pending migrations add (`census::added_column`) as shadows.
+//! For an online migration it also asks `online::index::existing_note` what `apply` will do first
+//! about each index it builds that already exists (skip a valid one as defined; drop an INVALID or
+//! different one CONCURRENTLY, then build), so the plan shows that drop before it happens.
+//! `render_human` writes the plan to any `Write` without a server; `render_migration` (also used by
+//! the release plan) writes one pending migration: its statements, their locks, each census finding
+//! (marked `apply stops here (exit 1)` when it blocks), the strongest lock and what it blocks, and
+//! the SQL. The plan command exits 0 whatever the censuses found. `build_with(..., false)` skips
+//! the censuses, for callers that do not show them (`migrate apply --yes`, each migration step of
+//! the release): applying takes each census again right before its step, and a census reads the
+//! table.
 
 use std::io::Write;
 
@@ -172,8 +188,8 @@ pub fn render_human(plan: &Plan, out: &mut impl Write) -> std::io::Result<()> {
     } else {
         writeln!(
             out,
-            "The database is {at}; {} migration(s) pending (dry run: nothing was changed).",
-            plan.pending.len()
+            "The database is {at}; {} pending (dry run: nothing was changed).",
+            crate::human::count(plan.pending.len() as i64, "migration")
         )?;
     }
     for m in &plan.pending {

@@ -1,4 +1,8 @@
 //! Where each migration stands: the files on one side, the history table on the other.
+//!
+//! Pure: pairs the files with the history by version into `Entry` values with a `State` (`applied`,
+//! `pending`, `pending_out_of_order`, `edited`, `missing_from_disk`). `ensure_consistent` turns the
+//! problem states into one error that says what to do for each.
 
 use anyhow::{bail, Result};
 use serde::Serialize;

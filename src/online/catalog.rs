@@ -1,4 +1,8 @@
 //! What the catalog says about indexes: INVALID ones anywhere in the database.
+//!
+//! `invalid_indexes`: every index in the database with `NOT indisvalid OR NOT indisready`, with its
+//! definition and whether a build is running on its table (`pg_stat_progress_create_index`).
+//! `InvalidIndex::describe` is the line `status` prints, with the `DROP INDEX CONCURRENTLY` to run.
 
 use anyhow::Result;
 use postgres::GenericClient;

@@ -4,6 +4,18 @@
 //! count under its predicate, an `ADD CONSTRAINT ... CHECK` a count of rows that break the
 //! check, and a `/* pgmend:precondition ... */` block in the file a query of its own.
 //! They are facts about the data, never records of which tool ran.
+//!
+//! Censuses, without a server. `Census` (guard, name, counts, fix, violators_sql, tables) and
+//! `Guard` (`unique_index`, `check_not_valid`, `check`, `precondition`; all but `check_not_valid`
+//! block). `for_migration` reads a migration's text with `regex`: each `/* pgmend:precondition ...
+//! */` block (keys `name`, `explain`, `fix`, `tables`, then `query:` to the end of the block; an
+//! unknown or missing key is an error), each `CREATE UNIQUE INDEX` (a `GROUP BY ... HAVING count(*) >
+//! 1` over the columns, under the predicate, with NULLs left out) and each `ALTER TABLE ... ADD
+//! CONSTRAINT ... CHECK (...) [NOT VALID]` (`WHERE NOT (expression)`). `added_column` reads `ALTER
+//! TABLE ... ADD [COLUMN]` statements (type and default), and `with_shadows` wraps a census query
+//! in a CTE named like the table, `WITH issued_coupons AS (SELECT *, (false)::boolean AS
+//! legacy_duplicate, ... FROM issued_coupons)`, so that a column a pending migration adds reads as
+//! the value it gives existing rows.
 
 use std::sync::LazyLock;
 

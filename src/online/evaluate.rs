@@ -1,4 +1,12 @@
 //! Taking a census against the database: how many violators, and a few of them.
+//!
+//! Takes censuses against the database. `evaluate` counts one census in the caller's transaction,
+//! inside a savepoint, with up to five sample rows as `row_to_json` text; a census whose tables do
+//! not exist yet, or whose query fails with 42703 or 42P01, is returned uncounted with a `not_yet`
+//! reason; shadows apply only to columns the table lacks today. `Finding` (a flattened `Census`
+//! plus `violators`, `sample`, `not_yet`) is what the plan and `validate` serialize, and `describe`
+//! the sentence people read. `check_before` takes a migration's censuses in one short read-only
+//! transaction, without shadows, and returns `Stopped` listing every blocking finding.
 
 use anyhow::Result;
 use serde::Serialize;

@@ -2,6 +2,12 @@
 //!
 //! VALIDATE CONSTRAINT takes SHARE UPDATE EXCLUSIVE (reads and writes go on) but scans the
 //! whole table; it is run only when a census has just shown that it will succeed.
+//!
+//! `pgmend migrate validate NAME`: looks the constraint up in `current_schema()`, returns at once
+//! if it is already validated, refuses anything but a CHECK, builds a `check` census from
+//! `pg_get_constraintdef`, takes it with `check_before`, then runs `ALTER TABLE ... VALIDATE
+//! CONSTRAINT` in a transaction under `SET LOCAL` timeouts through `with_lock_retry`. Returns
+//! `Validation` (constraint, table, already_valid, finding).
 
 use anyhow::{bail, Result};
 use serde::Serialize;

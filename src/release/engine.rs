@@ -297,7 +297,11 @@ pub fn repair(
             &[&(i as i32 + 1), &step.label(), &run.run.run_id],
         )
         .doing("recording the finished step")?;
-    crate::say!("run {}: {} rows changed", run.run.run_id, run.run.changed);
+    crate::say!(
+        "run {}: {} changed",
+        run.run.run_id,
+        crate::human::count(run.run.changed, "row")
+    );
     Ok(run)
 }
 

@@ -16,6 +16,20 @@
 //! (two-key form, pgmend's class key), so of two concurrent inserts the second sees the
 //! first's row once it commits. The function is SECURITY DEFINER with a fixed search_path:
 //! the application's role needs no rights on pgmend's ledger.
+//!
+//! The guard that lets V4 converge while the old application keeps inserting duplicates. `install`
+//! generates, from a `VoidSpec`, a PL/pgSQL function `pgmend."pgmend guard: NAME"()` (`SECURITY
+//! DEFINER`, `search_path = pg_catalog, pg_temp`, the table named with its schema) and a `BEFORE
+//! INSERT` trigger `"pgmend guard: NAME"` (`CREATE OR REPLACE TRIGGER`, PostgreSQL 14+), in one
+//! retried transaction under the lock policy. For a row not already marked, the function takes a
+//! transaction advisory lock on the group (`pg_advisory_xact_lock(class, hashtext(group))`, so two
+//! inserts of one group see each other in turn), ranks the group's live rows and the new one with
+//! the definition's `rank_by` (`void::rank_order` over both), and when a live row ranks first marks
+//! the new row, voids it unless `keep_when_not_null` is set, and writes an `update` ledger record
+//! to the run given. `installed` lists guard triggers (by their name prefix, from `pg_trigger`) for
+//! `verify`; `remove_all` drops each trigger and its function under the lock policy. `install`
+//! registers the trigger with `signals::leave` and `remove_all` clears it, so a stop cut short
+//! names the guard it leaves.
 
 use anyhow::Result;
 

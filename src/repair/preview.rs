@@ -13,6 +13,7 @@ use super::counter::CounterEngine;
 use super::definition::{Kind, Repair, Spec};
 use super::void::VoidEngine;
 use crate::error::{describe, sqlstate, PgContext};
+use crate::human;
 use crate::online::census::{with_shadows, AddedColumn};
 
 /// One row that would change.
@@ -286,13 +287,17 @@ pub fn render_summary(p: &Preview, out: &mut impl Write) -> std::io::Result<()> 
     match p.kind {
         Kind::VoidDuplicates => writeln!(
             out,
-            "{}: {} rows would change, {} of them voided (the rest are redeemed: marked only)",
-            p.repair, p.changes, p.voided_or_created
+            "{}: {} would change, {} of them voided (the rest are redeemed: marked only)",
+            p.repair,
+            human::count(p.changes, "row"),
+            human::int(p.voided_or_created)
         )?,
         Kind::RebuildCounter => writeln!(
             out,
-            "{}: {} counters would change, {} of them created",
-            p.repair, p.changes, p.voided_or_created
+            "{}: {} would change, {} of them created",
+            p.repair,
+            human::count(p.changes, "counter"),
+            human::int(p.voided_or_created)
         )?,
     }
     if p.kind == Kind::VoidDuplicates && !p.amounts.is_empty() {

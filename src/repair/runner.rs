@@ -1,6 +1,23 @@
 //! The batch runner: freeze the targets, walk them in keyset pages (seq ranges, never
 //! OFFSET), one short transaction per batch that changes the rows, writes the ledger and
 //! advances the checkpoint together. Resumes an unfinished run from its checkpoint.
+//!
+//! The batch runner. `ensure_schema` runs `SCHEMA_SQL` in one retried transaction under the lock
+//! policy when pgmend's tables are missing. `apply` prepares the engine, then resumes the repair's
+//! `running` run when its `definition_checksum` equals the definition's (a different one is
+//! `Stopped`), or calls `freeze` (one transaction: the run row and its targets, under a
+//! `statement_timeout` of at least 10 minutes; then `ANALYZE pgmend.repair_targets` unless it froze
+//! nothing). The batch loop checks `signals::requested()`, waits for replicas (`wait_for_replicas`,
+//! polling `pg_stat_replication` every 500 ms) when `--max-replica-lag` is set, and runs one batch
+//! through `with_lock_retry`: the engine's read (a counter's drift, outside the transaction), then
+//! `SET LOCAL` timeouts, the engine's statements, and the `UPDATE` of the run's checkpoint and
+//! counts (guarded by the checkpoint it read; a batch whose update finds no such row is rolled back
+//! with an error), committed together. Batch sizes start at one target (a target's cost is unknown
+//! until then: a campaign's counter sums 370,000 coupons, a member-month's four) and follow
+//! `--batch-target` (ratio clamped to 0.5–2, size to 1–50,000); progress lines go to the callback
+//! at most every 2 s. After the last batch `reconcile` gives `left_over` and the run is marked
+//! `finished` (an interrupted run stays `running`). `RunReport` carries the run, `resumed`,
+//! `interrupted`, the batch count and p50/p99/max batch times, and `left_over`.
 
 use std::time::{Duration, Instant};
 
@@ -11,9 +28,9 @@ use super::counter::{BatchResult, CounterEngine, Drift};
 use super::definition::{Repair, Spec};
 use super::store::{self, Run};
 use super::void::VoidEngine;
-use crate::config::format_duration;
 use crate::db::retry::{execute_with_lock_retry, with_lock_retry, LockPolicy};
 use crate::error::{PgContext, Stopped};
+use crate::human;
 
 #[derive(Debug, Clone, Copy)]
 pub struct RunOptions {
@@ -140,8 +157,11 @@ pub fn apply(
     let (mut run, resumed) = match unfinished {
         Some(run) if run.definition_checksum == repair.checksum => {
             progress(&format!(
-                "resuming run {} of {} from its checkpoint: {} of {} targets done",
-                run.run_id, repair.name, run.checkpoint, run.targets
+                "resuming run {} of {} from its checkpoint: {} of {} done",
+                run.run_id,
+                repair.name,
+                human::int(run.checkpoint),
+                human::count(run.targets, "target")
             ));
             (run, true)
         }
@@ -222,27 +242,27 @@ pub fn apply(
             if let Some(bar) = &bar {
                 bar.set_position(run.checkpoint as u64);
                 bar.set_message(format!(
-                    "{} rows changed, last batch {} in {}ms",
-                    run.changed,
-                    hi - lo,
-                    took.as_millis()
+                    "{} changed, last batch {} in {}",
+                    human::count(run.changed, "row"),
+                    human::int(hi - lo),
+                    human::duration(took)
                 ));
             } else if last_line.elapsed() >= Duration::from_secs(2) || run.checkpoint == run.targets
             {
                 let rate = run.processed as f64 / started.elapsed().as_secs_f64().max(0.001);
                 let eta = ((run.targets - run.checkpoint) as f64 / rate.max(0.001)) as u64;
                 progress(&format!(
-                "{}: {}/{} targets ({}%), {} rows changed, {:.0} targets/s, ETA {}, last batch {} in {}",
-                repair.name,
-                run.checkpoint,
-                run.targets,
-                run.checkpoint * 100 / run.targets.max(1),
-                run.changed,
-                rate,
-                format_duration(Duration::from_secs(eta)),
-                hi - lo,
-                format_duration(Duration::from_millis(took.as_millis() as u64))
-            ));
+                    "{}: {}/{} targets ({}), {} changed, {} targets, ETA {}, last batch {} in {}",
+                    repair.name,
+                    human::int(run.checkpoint),
+                    human::int(run.targets),
+                    human::percent(run.checkpoint, run.targets),
+                    human::count(run.changed, "row"),
+                    human::rate(rate),
+                    human::duration(Duration::from_secs(eta)),
+                    human::int(hi - lo),
+                    human::duration(took)
+                ));
                 last_line = Instant::now();
             }
         }
@@ -261,8 +281,10 @@ pub fn apply(
         };
         let added = repass(client, counter, &mut run, &options.policy)?;
         progress(&format!(
-        "{}: {differing} key(s) differ from the source again after the pass, so a writer does not keep counter and source in step; correcting {added} of them again (pass {} of {MAX_REPASSES})",
+        "{}: {} differ from the source again after the pass, so a writer does not keep counter and source in step; correcting {} of them again (pass {} of {MAX_REPASSES})",
         repair.name,
+        human::count(differing, "key"),
+        human::int(added),
         repasses + 1
     ));
         if let Some(bar) = &bar {
@@ -272,8 +294,11 @@ pub fn apply(
     if let Some(bar) = bar {
         bar.finish_and_clear();
         progress(&format!(
-            "{}: {}/{} targets, {} rows changed",
-            repair.name, run.checkpoint, run.targets, run.changed
+            "{}: {}/{} targets, {} changed",
+            repair.name,
+            human::int(run.checkpoint),
+            human::int(run.targets),
+            human::count(run.changed, "row")
         ));
     }
     let left_over_keys = match &engine {
@@ -361,9 +386,36 @@ fn progress_bar(name: &str, targets: i64, done: i64) -> Option<indicatif::Progre
         return None;
     }
     let bar = indicatif::ProgressBar::new(targets as u64);
+    // Rate and ETA written as every other line of pgmend writes them (`human`), not in
+    // indicatif's own forms (`29428.7221/s`, `3 minutes`).
     if let Ok(style) = indicatif::ProgressStyle::with_template(
-        "{prefix} [{bar:30}] {pos}/{len} targets, {per_sec}, ETA {eta}: {msg}",
+        "{prefix} [{bar:30}] {count} targets, {rate}, ETA {left}: {msg}",
     ) {
+        let style = style
+            .with_key(
+                "count",
+                |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                    let _ = write!(
+                        w,
+                        "{}/{}",
+                        human::int(s.pos()),
+                        human::int(s.len().unwrap_or(0))
+                    );
+                },
+            )
+            .with_key(
+                "rate",
+                |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                    let _ = write!(w, "{}", human::rate(s.per_sec()));
+                },
+            )
+            .with_key(
+                "left",
+                |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                    let whole_seconds = Duration::from_secs(s.eta().as_secs());
+                    let _ = write!(w, "{}", human::duration(whole_seconds));
+                },
+            );
         bar.set_style(style.progress_chars("=> "));
     }
     bar.set_prefix(name.to_string());
@@ -416,12 +468,12 @@ fn freeze(
             .doing("analyzing the frozen targets")?;
     }
     progress(&format!(
-        "run {} of {}: froze {} targets as of {} in {}",
+        "run {} of {}: froze {} as of {} in {}",
         run.run_id,
         repair.name,
-        run.targets,
+        human::count(run.targets, "target"),
         run.as_of,
-        format_duration(Duration::from_millis(started.elapsed().as_millis() as u64))
+        human::duration(started.elapsed())
     ));
     Ok(run)
 }
@@ -468,8 +520,9 @@ fn wait_for_replicas(
         }
         if !announced {
             progress(&format!(
-                "pausing: a replica is {lag_ms} ms behind (--max-replica-lag {})",
-                format_duration(max_lag)
+                "pausing: a replica is {} behind (--max-replica-lag {})",
+                human::millis(lag_ms.max(0) as u64),
+                human::duration(max_lag)
             ));
             announced = true;
         }

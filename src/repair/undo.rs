@@ -205,11 +205,23 @@ pub fn undo(
     let (count, sample) = conflicts(client, &shape, run.run_id, checkpoint_at_start)?;
     if count > 0 {
         return Err(Stopped::error(format!(
-            "undo of run {} refused; nothing was changed{}. {count} row(s) cannot be restored:\n  - {}{}",
+            "undo of run {} refused; nothing was changed{}. {} cannot be restored:\n  - {}{}",
             run.run_id,
-            if unfinished.is_some() { " by this attempt (the rows its earlier attempt restored stay restored)" } else { "" },
+            if unfinished.is_some() {
+                " by this attempt (the rows its earlier attempt restored stay restored)"
+            } else {
+                ""
+            },
+            crate::human::count(count, "row"),
             sample.join("\n  - "),
-            if count > sample.len() as i64 { format!("\n  - ... and {} more", count - sample.len() as i64) } else { String::new() }
+            if count > sample.len() as i64 {
+                format!(
+                    "\n  - ... and {} more",
+                    crate::human::int(count - sample.len() as i64)
+                )
+            } else {
+                String::new()
+            }
         )));
     }
     let undo_run: i64 = match unfinished {
@@ -307,8 +319,10 @@ pub fn undo(
         restored += r;
         deleted += d;
         progress(&format!(
-            "undo of run {}: {restored} rows restored, {deleted} created rows deleted",
-            run.run_id
+            "undo of run {}: {} restored, {} deleted",
+            run.run_id,
+            crate::human::count(restored, "row"),
+            crate::human::count(deleted, "created row")
         ));
     }
     client

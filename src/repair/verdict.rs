@@ -7,6 +7,7 @@ use anyhow::Result;
 use super::definition::{Kind, Repair};
 use super::runner::{self, RunOptions, RunReport};
 use crate::error::{Outcome, Stopped};
+use crate::human;
 
 /// Runs a repair, progress lines to stderr. The caller has installed the signal handler
 /// (`signals::install`): a signal stops the run after its current batch.
@@ -22,28 +23,31 @@ pub fn run_repair(
 pub fn finish(report: &RunReport, repair: &Repair) -> Result<Outcome> {
     if report.interrupted {
         return Err(Stopped::error(format!(
-            "{}: run {} of {} stopped after its current batch ({} of {} targets done). Resume it with: {}",
+            "{}: run {} of {} stopped after its current batch ({} of {} done). Resume it with: {}",
             crate::signals::requested().map_or("interrupted", |s| s.name()),
             report.run.run_id,
             repair.name,
-            report.run.checkpoint,
-            report.run.targets,
+            human::int(report.run.checkpoint),
+            human::count(report.run.targets, "target"),
             crate::signals::resume_command()
         )));
     }
     let skipped = report.run.skipped.as_array().map_or(0, Vec::len);
     if skipped > 0 {
         return Err(Stopped::error(format!(
-            "run {} of {} skipped {skipped} key(s) it could not write: {}. Finance raises the budget or accepts the figure (see runbooks), then rerun the repair",
-            report.run.run_id, repair.name, report.run.skipped
+            "run {} of {} skipped {} it could not write: {}. Finance raises the budget or accepts the figure (see runbooks), then rerun the repair",
+            report.run.run_id,
+            repair.name,
+            human::count(skipped as i64, "key"),
+            report.run.skipped
         )));
     }
     if report.left_over > 0 && report.after_gate && repair.kind() == Kind::RebuildCounter {
         return Err(Stopped::error(format!(
-            "run {} of {} finished, but {} counter(s) still differ from their source after the run corrected them again, for example {}: after the deploy gate every writer should change a counter and its source in one transaction, so one does not (the old application still committing, a guard trigger left behind, a manual change or an undo). Find and stop it, then rerun the repair (or `pgmend apply --yes`)",
+            "run {} of {} finished, but {} still differ from their source after the run corrected them again, for example {}: after the deploy gate every writer should change a counter and its source in one transaction, so one does not (the old application still committing, a guard trigger left behind, a manual change or an undo). Find and stop it, then rerun the repair (or `pgmend apply --yes`)",
             report.run.run_id,
             repair.name,
-            report.left_over,
+            human::count(report.left_over, "counter"),
             report.left_over_keys.join(", ")
         )));
     }

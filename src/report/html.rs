@@ -15,7 +15,8 @@ use maud::{html, Markup, PreEscaped, DOCTYPE};
 use unicode_width::UnicodeWidthStr;
 
 use super::render::{facts, titled, totals_lines, Shown, LOST_UPDATES_TITLE, MEMBER_FIELDS};
-use super::{yen, Header, Lang, MemberRow, Render, CAMPAIGN_NUMBERS, LOST_UPDATE_NUMBERS};
+use super::{Header, Lang, MemberRow, Render, CAMPAIGN_NUMBERS, LOST_UPDATE_NUMBERS};
+use crate::human::int;
 
 const STYLE: &str = "
 body{font:14px/1.45 system-ui,sans-serif;margin:0 auto;padding:24px;max-width:1100px;color:#222}
@@ -198,7 +199,7 @@ fn campaign_chart(h: &Header, lang: Lang) -> Markup {
             @for i in 0..=(top / tick) {
                 @let x = scale(i * tick);
                 line.grid x1=(format!("{x:.1}")) x2=(format!("{x:.1}")) y1=(plot_top) y2=(plot_bottom) {}
-                text.tick x=(format!("{x:.1}")) y=(format!("{:.1}", plot_bottom + 18.0)) text-anchor="middle" { (yen(i * tick)) }
+                text.tick x=(format!("{x:.1}")) y=(format!("{:.1}", plot_bottom + 18.0)) text-anchor="middle" { (int(i * tick)) }
             }
             line.axis x1=(PLOT_LEFT) x2=(PLOT_LEFT) y1=(plot_top) y2=(plot_bottom) {}
             line.axis x1=(PLOT_LEFT) x2=(PLOT_RIGHT) y1=(plot_bottom) y2=(plot_bottom) {}
@@ -206,12 +207,12 @@ fn campaign_chart(h: &Header, lang: Lang) -> Markup {
                 @let y = plot_top + group * i as f64 + 6.0;
                 @let class = if c.overrun_yen > 0 { "over" } else { "issued" };
                 g.pair data-campaign=(c.campaign_id) {
-                    title { (format!("{}: {budget} {} / {issued} {} / {} {}", c.campaign_id, yen(c.budget_yen), yen(c.issued_yen), lang.tr("overrun_yen"), yen(c.overrun_yen))) }
+                    title { (format!("{}: {budget} {} / {issued} {} / {} {}", c.campaign_id, int(c.budget_yen), int(c.issued_yen), lang.tr("overrun_yen"), int(c.overrun_yen))) }
                     text x="4" y=(format!("{:.1}", y + 24.0)) { (clip(&c.campaign_id, 24)) }
                     rect.budget x=(PLOT_LEFT) y=(format!("{y:.1}")) width=(format!("{:.1}", scale(c.budget_yen) - PLOT_LEFT)) height="18" {}
-                    (label(scale(c.budget_yen), y + 13.5, &format!("{budget} {}", yen(c.budget_yen))))
+                    (label(scale(c.budget_yen), y + 13.5, &format!("{budget} {}", int(c.budget_yen))))
                     rect class=(class) x=(PLOT_LEFT) y=(format!("{:.1}", y + 21.0)) width=(format!("{:.1}", scale(c.issued_yen) - PLOT_LEFT)) height="18" {}
-                    (label(scale(c.issued_yen), y + 34.5, &format!("{issued} {}", yen(c.issued_yen))))
+                    (label(scale(c.issued_yen), y + 34.5, &format!("{issued} {}", int(c.issued_yen))))
                 }
             }
         }
@@ -233,9 +234,9 @@ fn histogram(buckets: &Buckets, lang: Lang) -> Markup {
     let range = |i: usize| {
         let (low, high) = buckets.range(i);
         if low == high {
-            yen(low)
+            int(low)
         } else {
-            format!("{}–{}", yen(low), yen(high))
+            format!("{}–{}", int(low), int(high))
         }
     };
     // Range labels are rotated when they would not fit under their bar.
@@ -250,7 +251,7 @@ fn histogram(buckets: &Buckets, lang: Lang) -> Markup {
             @for i in 0..=(top / tick) {
                 @let v = i * tick;
                 line.grid x1=(left) x2=(right) y1=(format!("{:.1}", y(v))) y2=(format!("{:.1}", y(v))) {}
-                text.tick x=(format!("{:.1}", left - 6.0)) y=(format!("{:.1}", y(v) + 4.0)) text-anchor="end" { (yen(v)) }
+                text.tick x=(format!("{:.1}", left - 6.0)) y=(format!("{:.1}", y(v) + 4.0)) text-anchor="end" { (int(v)) }
             }
             line.axis x1=(left) x2=(left) y1=(plot_top) y2=(plot_bottom) {}
             line.axis x1=(left) x2=(right) y1=(plot_bottom) y2=(plot_bottom) {}
@@ -260,11 +261,11 @@ fn histogram(buckets: &Buckets, lang: Lang) -> Markup {
                 @let mid = x + col / 2.0;
                 g.bucket {
                     title { (match lang {
-                        Lang::En => format!("{count} member-months over by {} yen", range(i)),
-                        Lang::Ja => format!("超過額 {} 円の会員・月：{count} 件", range(i)),
+                        Lang::En => format!("{} over by {} yen", crate::human::count(*count as i64, "member-month"), range(i)),
+                        Lang::Ja => format!("超過額 {} 円の会員・月：{} 件", range(i), int(*count as i64)),
                     }) }
                     rect.bar x=(format!("{:.1}", x + 3.0)) y=(format!("{top_y:.1}")) width=(format!("{:.1}", col - 6.0)) height=(format!("{:.1}", plot_bottom - top_y)) {}
-                    text.count x=(format!("{mid:.1}")) y=(format!("{:.1}", top_y - 5.0)) text-anchor="middle" { (yen(*count as i64)) }
+                    text.count x=(format!("{mid:.1}")) y=(format!("{:.1}", top_y - 5.0)) text-anchor="middle" { (int(*count as i64)) }
                     @if rotate {
                         text.range x=(format!("{mid:.1}")) y=(format!("{:.1}", plot_bottom + 14.0)) text-anchor="end"
                             transform=(format!("rotate(-45 {mid:.1} {:.1})", plot_bottom + 14.0)) { (range(i)) }
@@ -313,12 +314,12 @@ fn head(h: &Header, lang: Lang) -> Markup {
             (campaign_chart(h, lang))
         }
         section.campaigns {
-            h2 { (lang.tr("Campaigns")) " (" (yen(h.campaigns.len() as i64)) ")" }
+            h2 { (lang.tr("Campaigns")) " (" (int(h.campaigns.len() as i64)) ")" }
             div.scroll { table {
                 (table_head(lang, &titled("campaign_id", &CAMPAIGN_NUMBERS), 1))
                 tbody { @for c in &h.campaigns { tr {
                     td.id { (c.campaign_id) }
-                    @for v in c.numbers() { td.n { (yen(v)) } }
+                    @for v in c.numbers() { td.n { (int(v)) } }
                 } } }
             } }
         }
@@ -329,7 +330,7 @@ fn head(h: &Header, lang: Lang) -> Markup {
                 (table_head(lang, &titled("campaign_id", &LOST_UPDATE_NUMBERS), 1))
                 tbody { @for c in h.campaigns.iter().filter(|c| c.legacy_counter_yen.is_some()) { tr {
                     td.id { (c.campaign_id) }
-                    @for v in c.lost_updates() { td.n { (v.map(yen).unwrap_or_default()) } }
+                    @for v in c.lost_updates() { td.n { (v.map(int).unwrap_or_default()) } }
                 } } }
             } }
         }
@@ -359,7 +360,7 @@ impl<W: Write> Render for Html<W> {
         let lang = self.lang;
         self.write(html! {
             (PreEscaped("<section class=\"members\">"))
-            h2 { (lang.tr("Members over the monthly cap")) " (" (yen(h.totals.members_over_monthly_cap)) ")" }
+            h2 { (lang.tr("Members over the monthly cap")) " (" (int(h.totals.members_over_monthly_cap)) ")" }
             (PreEscaped("<div class=\"scroll\"><table>"))
             (table_head(lang, &MEMBER_FIELDS, 2))
             (PreEscaped("<tbody>"))
@@ -375,7 +376,7 @@ impl<W: Write> Render for Html<W> {
         }
         self.write(html! { tr {
             td.id { (m.member_id) } td { (m.month) }
-            td.n { (yen(m.used_yen)) } td.n { (yen(m.cap_yen)) } td.n { (yen(m.overrun_yen)) }
+            td.n { (int(m.used_yen)) } td.n { (int(m.cap_yen)) } td.n { (int(m.overrun_yen)) }
         } })
     }
 

@@ -79,7 +79,8 @@ pub fn record_at_gate(client: &mut impl GenericClient, gate: &str) -> Result<()>
         .doing("recording the legacy counter at the deploy gate")?;
     if recorded > 0 {
         crate::say!(
-            "recorded the legacy counter (campaigns.issued_yen) and what the old system issued, for {recorded} campaigns: the finance report's lost updates"
+            "recorded the legacy counter (campaigns.issued_yen) and what the old system issued, for {}: the finance report's lost updates",
+            crate::human::count(recorded, "campaign")
         );
     }
     Ok(())

@@ -620,34 +620,3 @@ fn campaign_totals(campaigns: &[CampaignRow]) -> Result<Totals> {
     }
     Ok(t)
 }
-
-/// `1234567` → `1,234,567`.
-pub fn yen(amount: i64) -> String {
-    let digits = amount.unsigned_abs().to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3 + 1);
-    if amount < 0 {
-        out.push('-');
-    }
-    for (i, d) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(d);
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::yen;
-
-    #[test]
-    fn yen_groups_thousands() {
-        assert_eq!(yen(0), "0");
-        assert_eq!(yen(999), "999");
-        assert_eq!(yen(1000), "1,000");
-        assert_eq!(yen(-1234567), "-1,234,567");
-        assert_eq!(yen(i64::MIN), "-9,223,372,036,854,775,808");
-        assert_eq!(yen(3_000_000_000), "3,000,000,000");
-    }
-}

@@ -6,9 +6,9 @@ use std::io::{self, Write};
 
 use unicode_width::UnicodeWidthStr;
 
-use super::{
-    yen, DuplicateRow, Header, Lang, MemberRow, Totals, CAMPAIGN_NUMBERS, LOST_UPDATE_NUMBERS,
-};
+use crate::human::int;
+
+use super::{DuplicateRow, Header, Lang, MemberRow, Totals, CAMPAIGN_NUMBERS, LOST_UPDATE_NUMBERS};
 
 pub trait Render {
     fn begin(&mut self, header: &Header) -> io::Result<()>;
@@ -50,7 +50,7 @@ pub(super) fn facts(lang: Lang, h: &Header) -> [(&'static str, String); 4] {
             lang.tr("Monthly cap"),
             format!(
                 "{} {}",
-                yen(h.monthly_cap_yen),
+                int(h.monthly_cap_yen),
                 lang.tr("yen per member and month")
             ),
         ),
@@ -60,24 +60,24 @@ pub(super) fn facts(lang: Lang, h: &Header) -> [(&'static str, String); 4] {
 /// The totals as (label for people, amount in yen with separators), in `lang`.
 pub(super) fn totals_lines(lang: Lang, t: &Totals) -> [(&'static str, String); 6] {
     let lines = [
-        ("Campaign overruns (yen)", yen(t.campaign_overrun_yen)),
+        ("Campaign overruns (yen)", int(t.campaign_overrun_yen)),
         (
             "Member overruns past the monthly cap (yen)",
-            yen(t.member_overrun_yen),
+            int(t.member_overrun_yen),
         ),
-        ("Voided by the repair (yen)", yen(t.voided_yen)),
+        ("Voided by the repair (yen)", int(t.voided_yen)),
         (
             "Redeemed legacy duplicates: money lost (yen)",
-            yen(t.redeemed_legacy_duplicates_yen),
+            int(t.redeemed_legacy_duplicates_yen),
         ),
         (
             "Voided, then redeemed anyway by the old cart (yen)",
-            yen(t.voided_then_redeemed_yen),
+            int(t.voided_then_redeemed_yen),
         ),
         (
             "Lost updates: issued by the old system, missing from its counter (yen)",
             t.lost_update_yen
-                .map(yen)
+                .map(int)
                 .unwrap_or_else(|| lang.tr("not recorded").into()),
         ),
     ];
@@ -149,11 +149,11 @@ impl Shown {
         (more > 0).then(|| match lang {
             Lang::En => format!(
                 "... and {} more member-months over the cap, not shown. Every row: add --members all, or write a file: --output overruns.xlsx (or overruns.csv).",
-                yen(more)
+                int(more)
             ),
             Lang::Ja => format!(
                 "…ほかに {} 件の会員・月は表示していません。すべて表示するには --members all、ファイルに書くには --output overruns.xlsx（または overruns.csv）。",
-                yen(more)
+                int(more)
             ),
         })
     }
@@ -265,7 +265,7 @@ impl<W: Write> Text<W> {
                     .chain(
                         c.lost_updates()
                             .iter()
-                            .map(|v| v.map(yen).unwrap_or_default()),
+                            .map(|v| v.map(int).unwrap_or_default()),
                     )
                     .collect()
             })
@@ -323,7 +323,7 @@ impl<W: Write> Render for Text<W> {
         self.heading(&format!(
             "{} ({})",
             lang.tr("Campaigns"),
-            yen(h.campaigns.len() as i64)
+            int(h.campaigns.len() as i64)
         ))?;
         if h.campaigns.is_empty() {
             self.none()?;
@@ -334,7 +334,7 @@ impl<W: Write> Render for Text<W> {
                 .iter()
                 .map(|c| {
                     std::iter::once(self.cell(&c.campaign_id))
-                        .chain(c.numbers().iter().map(|v| yen(*v)))
+                        .chain(c.numbers().iter().map(|v| int(*v)))
                         .collect()
                 })
                 .collect();
@@ -350,16 +350,16 @@ impl<W: Write> Render for Text<W> {
         self.heading(&format!(
             "{} ({})",
             lang.tr("Members over the monthly cap"),
-            yen(h.totals.members_over_monthly_cap)
+            int(h.totals.members_over_monthly_cap)
         ))?;
         let w = h.member_widths;
         let mut cols = columns(lang, &MEMBER_FIELDS, 2);
         let widest = [
             w.member_id,
             w.month,
-            yen(w.max_used_yen).len(),
-            yen(h.monthly_cap_yen).len(),
-            yen(w.max_used_yen - h.monthly_cap_yen).len(),
+            int(w.max_used_yen).len(),
+            int(h.monthly_cap_yen).len(),
+            int(w.max_used_yen - h.monthly_cap_yen).len(),
         ];
         for (c, n) in cols.iter_mut().zip(widest) {
             c.width = c.width.max(n);
@@ -380,9 +380,9 @@ impl<W: Write> Render for Text<W> {
         let cells = [
             self.cell(&m.member_id),
             self.cell(&m.month),
-            yen(m.used_yen),
-            yen(m.cap_yen),
-            yen(m.overrun_yen),
+            int(m.used_yen),
+            int(m.cap_yen),
+            int(m.overrun_yen),
         ];
         let cols = std::mem::take(&mut self.members);
         let result = self.row(&cols, &cells);

@@ -15,7 +15,8 @@ use rust_xlsxwriter::{
     Chart, ChartType, ColNum, Format, FormatBorder, RowNum, Workbook, XlsxError,
 };
 
-use super::{legacy_counter::Source, yen, DuplicateRow, Header, Lang, MemberRow};
+use super::{legacy_counter::Source, DuplicateRow, Header, Lang, MemberRow};
+use crate::human::int;
 
 /// Excel's rows per sheet, the header included.
 pub const EXCEL_ROWS: u32 = 1_048_576;
@@ -282,7 +283,7 @@ impl<W: Write + Send> Xlsx<W> {
             let note = format!(
                 "{title}: {} sheets; Excel holds at most {} rows per sheet",
                 sheets.len(),
-                yen(self.rows_per_sheet as i64)
+                int(self.rows_per_sheet as i64)
             );
             let row = self.summary_row;
             self.summary_row += 1;
