@@ -15,9 +15,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 /// The modules below (or beside) the database layer: errors with their SQLSTATE, durations
-/// and lock options, stdout and progress lines, and the signal state a bounded retry checks.
-/// None of them uses anything of pgmend but each other.
-const DB_MAY_USE: &[&str] = &["error", "config", "output", "signals"];
+/// and lock options, how numbers and durations are written, stdout and progress lines, and the
+/// signal state a bounded retry checks. None of them uses anything of pgmend but each other.
+const DB_MAY_USE: &[&str] = &["error", "config", "human", "output", "signals"];
 
 /// The source files of `src/`, as (path relative to `src/`, text without comments).
 fn sources() -> Vec<(String, String)> {
