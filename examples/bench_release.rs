@@ -304,22 +304,14 @@ fn after_gate(pg: &LocalPg, exe: &std::path::Path, members: i32) -> Result<()> {
     let (base_secs, base, _) = measure(false)?;
     let (secs, with, doc) = measure(true)?;
     let doc = doc.unwrap();
-    let batches: Vec<String> = doc["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|s| s["outcome"] == "done")
-        .filter_map(|s| s.get("run"))
-        .map(|r| {
-            format!(
-                "{} {}/{}/{}",
-                r["run"]["repair"].as_str().unwrap_or("?"),
-                r["batch_ms_p50"],
-                r["batch_ms_p99"],
-                r["batch_ms_max"]
-            )
-        })
-        .collect();
+    let batches = batch_times(
+        doc["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["outcome"] == "done")
+            .filter_map(|s| s.get("run")),
+    );
     let verify = run(&["verify"])?.status.code().unwrap_or(-1);
     println!(
         "| {members} after the gate | old app {old_ops} ops in 3 s | baseline: {:.0} tx/s, p99 {:.0} ms, worst {:.0} ms | with pgmend ({secs:.1}s): {:.0} tx/s ({:.0}%), p99 {:.0} ms, worst {:.0} ms | batches p50/p99/max ms: {} | verify exit {verify} |",
@@ -328,6 +320,20 @@ fn after_gate(pg: &LocalPg, exe: &std::path::Path, members: i32) -> Result<()> {
         batches.join("; ")
     );
     Ok(())
+}
+
+/// "repair p50/p99/max" of each run in an apply's JSON steps, batch times in ms.
+fn batch_times<'a>(runs: impl Iterator<Item = &'a serde_json::Value>) -> Vec<String> {
+    runs.map(|r| {
+        format!(
+            "{} {}/{}/{}",
+            r["run"]["repair"].as_str().unwrap_or("?"),
+            r["batch_ms_p50"],
+            r["batch_ms_p99"],
+            r["batch_ms_max"]
+        )
+    })
+    .collect()
 }
 
 fn percentiles(mut lat: Vec<Duration>) -> (usize, f64, f64) {
@@ -546,18 +552,7 @@ fn main() -> Result<()> {
             .first()
             .map(|r| r["run"]["changed"].as_i64().unwrap_or(0))
             .unwrap_or(0);
-        let batches: Vec<String> = runs
-            .iter()
-            .map(|r| {
-                format!(
-                    "{} {}/{}/{}",
-                    r["run"]["repair"].as_str().unwrap_or("?"),
-                    r["batch_ms_p50"],
-                    r["batch_ms_p99"],
-                    r["batch_ms_max"]
-                )
-            })
-            .collect();
+        let batches = batch_times(runs.iter().copied());
         println!(
             "| {members} | {coupons} | {void_changed} | {:.1}s | {:.1}s | {:.2}x | {:.0} | {} | {:.1} MB | {:.1} MB | {:.1} MB |",
             one_time.as_secs_f64(),

@@ -310,25 +310,26 @@ pub fn hold_the_concurrent_build_reading(
         ))
         .unwrap();
     let child = spawn(&exe(), &db.conninfo(), args);
-    let pid = waiting_build(db, "CREATE INDEX CONCURRENTLY%");
+    let pid = waiting_for_a_lock(
+        db,
+        "the concurrent statement waiting for the old reader",
+        "CREATE INDEX CONCURRENTLY%",
+    );
     (child, reader, pid)
 }
 
-/// The pid of pgmend's concurrent statement matching `pattern` once it waits for a lock.
-pub fn waiting_build(db: &TestDb, pattern: &str) -> i32 {
+/// The pid of pgmend's statement matching `pattern` (ILIKE) once it waits for a lock;
+/// `what` names the wait in a timeout's message.
+pub fn waiting_for_a_lock(db: &TestDb, what: &str, pattern: &str) -> i32 {
     let mut watch = db.client();
-    poll(
-        "the concurrent statement waiting for the old reader",
-        Duration::from_secs(60),
-        || {
-            watch
-                .query_opt(
-                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'pgmend'
-                        AND query ILIKE $1 AND wait_event_type = 'Lock'",
-                    &[&pattern],
-                )
-                .unwrap()
-                .map(|r| r.get(0))
-        },
-    )
+    poll(what, Duration::from_secs(60), || {
+        watch
+            .query_opt(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'pgmend'
+                    AND query ILIKE $1 AND wait_event_type = 'Lock'",
+                &[&pattern],
+            )
+            .unwrap()
+            .map(|r| r.get(0))
+    })
 }
