@@ -364,11 +364,10 @@ fn a_session_mode_pool_with_pooler_session_releases_to_the_exact_state() {
 /// The legacy tables and their dirty data in schema `coupons`, adopted with baseline there.
 fn legacy_in_coupons() -> TestDb {
     let db = fresh_db();
-    let v1 = std::fs::read_to_string(repo().join("migrations/V1__legacy_baseline.sql")).unwrap();
     let mut c = db.client();
     c.batch_execute("CREATE SCHEMA coupons; SET search_path = coupons")
         .unwrap();
-    c.batch_execute(&v1).unwrap();
+    c.batch_execute(&v1_sql()).unwrap();
     pgmend::commands::demo::generate_dirty_data(&mut c, 30).unwrap();
     db
 }
@@ -408,8 +407,7 @@ fn legacy_tables_in_another_schema_are_refused_and_named_and_schema_releases_the
 
     // pgmend's records now belong to coupons: a release of public (which has legacy tables
     // of its own from now on) would take coupons' steps as done.
-    let v1 = std::fs::read_to_string(repo().join("migrations/V1__legacy_baseline.sql")).unwrap();
-    db.client().batch_execute(&v1).unwrap();
+    db.legacy_schema();
     refused(
         &db,
         || db.run(&CONFIRM),

@@ -131,12 +131,17 @@ impl TestDb {
         run(self.pgmend().args(args), &self.password())
     }
 
+    /// Creates the legacy schema (V1, the shipped file) with no rows; returns the connection
+    /// that did (its search_path as the test left it).
+    pub fn legacy_schema(&self) -> postgres::Client {
+        let mut c = self.client();
+        c.batch_execute(&v1_sql()).unwrap();
+        c
+    }
+
     /// Creates the legacy schema (V1) the way production has it, with a few dirty rows.
     pub fn make_legacy(&self) {
-        let v1 =
-            std::fs::read_to_string(repo().join("migrations/V1__legacy_baseline.sql")).unwrap();
-        let mut c = self.client();
-        c.batch_execute(&v1).unwrap();
+        let mut c = self.legacy_schema();
         c.batch_execute(
             "INSERT INTO campaigns VALUES ('SW-A', 1000, 100000, 3000), ('SW-B', 1000, 300000, 0);
              INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen)
@@ -182,21 +187,14 @@ impl TestDb {
     /// The legacy schema with the demo's Silver Week data for `members` members, as
     /// production has it before pgmend touches it (not baselined).
     pub fn make_legacy_data(&self, members: i32) {
-        let v1 =
-            std::fs::read_to_string(repo().join("migrations/V1__legacy_baseline.sql")).unwrap();
-        let mut c = self.client();
-        c.batch_execute(&v1).unwrap();
+        let mut c = self.legacy_schema();
         pgmend::commands::demo::generate_dirty_data(&mut c, members).unwrap();
     }
 
     /// The legacy schema with the demo's Silver Week data for `members` members, adopted
     /// with `migrate baseline`.
     pub fn make_legacy_baselined(&self, members: i32) {
-        let v1 =
-            std::fs::read_to_string(repo().join("migrations/V1__legacy_baseline.sql")).unwrap();
-        let mut c = self.client();
-        c.batch_execute(&v1).unwrap();
-        pgmend::commands::demo::generate_dirty_data(&mut c, members).unwrap();
+        self.make_legacy_data(members);
         assert_eq!(self.run(&["migrate", "baseline", "--yes"]).code, 0);
     }
 
@@ -266,6 +264,11 @@ pub fn run_without_password(command: &mut Command) -> Run {
         stderr: String::from_utf8_lossy(&stderr).into_owned(),
     };
     run
+}
+
+/// The shipped legacy baseline, V1.
+pub fn v1_sql() -> String {
+    std::fs::read_to_string(repo().join("migrations/V1__legacy_baseline.sql")).unwrap()
 }
 
 pub fn repo() -> PathBuf {
