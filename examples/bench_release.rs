@@ -137,6 +137,26 @@ fn legacy_load(
     threads
 }
 
+/// With `load`, the legacy application under load (see [`legacy_load`]), given a second to
+/// get going; otherwise nothing. Set the flag to stop it.
+#[allow(clippy::type_complexity)]
+fn start_legacy_load(
+    load: bool,
+    conninfo: String,
+    members: i32,
+) -> (
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+    Vec<std::thread::JoinHandle<Vec<Duration>>>,
+) {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    if !load {
+        return (stop, Vec::new());
+    }
+    let threads = legacy_load(conninfo, members, stop.clone());
+    std::thread::sleep(Duration::from_millis(1000));
+    (stop, threads)
+}
+
 /// The new application at full speed (issue 14's load): 8 clients, 90% of them on campaign
 /// SW-A, each coupon in one transaction with its member-month and campaign counters (seed 000's
 /// corrected issuance; a coupon over the budget is refused, as the check then demands).
@@ -322,6 +342,16 @@ fn after_gate(pg: &LocalPg, exe: &std::path::Path, members: i32) -> Result<()> {
     Ok(())
 }
 
+/// Runs each statement as the admin, naming the one that fails.
+fn execute_each(admin: &mut postgres::Client, statements: &[&str]) -> Result<()> {
+    for sql in statements {
+        admin
+            .batch_execute(sql)
+            .map_err(|e| anyhow::anyhow!("{sql}: {}", pgmend::error::describe(&e)))?;
+    }
+    Ok(())
+}
+
 /// "repair p50/p99/max" of each run in an apply's JSON steps, batch times in ms.
 fn batch_times<'a>(runs: impl Iterator<Item = &'a serde_json::Value>) -> Vec<String> {
     runs.map(|r| {
@@ -396,16 +426,15 @@ fn main() -> Result<()> {
     println!("| members | coupons | duplicates changed | one-shot | pgmend | ratio (one-shot/pgmend) | pgmend rows/s | batches p50/p99/max ms | peak RSS | WAL one-shot | WAL pgmend |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for members in sizes {
-        for sql in [
-            "DROP DATABASE IF EXISTS src",
-            "DROP DATABASE IF EXISTS oneshot",
-            "DROP DATABASE IF EXISTS viapgmend",
-            "CREATE DATABASE src",
-        ] {
-            admin
-                .batch_execute(sql)
-                .map_err(|e| anyhow::anyhow!("{sql}: {}", pgmend::error::describe(&e)))?;
-        }
+        execute_each(
+            &mut admin,
+            &[
+                "DROP DATABASE IF EXISTS src",
+                "DROP DATABASE IF EXISTS oneshot",
+                "DROP DATABASE IF EXISTS viapgmend",
+                "CREATE DATABASE src",
+            ],
+        )?;
         {
             let mut c = postgres::Client::connect(&pg.conninfo("src"), postgres::NoTls)?;
             support::make_legacy(&mut c, members)?;
@@ -420,40 +449,32 @@ fn main() -> Result<()> {
             )?;
         }
         if gate {
-            for sql in [
-                "DROP DATABASE IF EXISTS aftergate",
-                "CREATE DATABASE aftergate TEMPLATE src",
-                "CHECKPOINT",
-            ] {
-                admin
-                    .batch_execute(sql)
-                    .map_err(|e| anyhow::anyhow!("{sql}: {}", pgmend::error::describe(&e)))?;
-            }
+            execute_each(
+                &mut admin,
+                &[
+                    "DROP DATABASE IF EXISTS aftergate",
+                    "CREATE DATABASE aftergate TEMPLATE src",
+                    "CHECKPOINT",
+                ],
+            )?;
             after_gate(&pg, &exe, members)?;
             continue;
         }
-        for sql in [
-            "CREATE DATABASE oneshot TEMPLATE src",
-            "CREATE DATABASE viapgmend TEMPLATE src",
-            "CHECKPOINT",
-        ] {
-            admin
-                .batch_execute(sql)
-                .map_err(|e| anyhow::anyhow!("{sql}: {}", pgmend::error::describe(&e)))?;
-        }
+        execute_each(
+            &mut admin,
+            &[
+                "CREATE DATABASE oneshot TEMPLATE src",
+                "CREATE DATABASE viapgmend TEMPLATE src",
+                "CHECKPOINT",
+            ],
+        )?;
 
         let mut one = postgres::Client::connect(&pg.conninfo("oneshot"), postgres::NoTls)?;
         let coupons: i64 = one
             .query_one("SELECT count(*) FROM issued_coupons", &[])?
             .get(0);
         let wal0 = wal_lsn(&mut one)?;
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let load_threads = if load {
-            legacy_load(pg.conninfo("oneshot"), members, stop.clone())
-        } else {
-            Vec::new()
-        };
-        std::thread::sleep(Duration::from_millis(if load { 1000 } else { 0 }));
+        let (stop, load_threads) = start_legacy_load(load, pg.conninfo("oneshot"), members);
         let t = Instant::now();
         one.batch_execute(ONE_SHOT)
             .map_err(|e| anyhow::anyhow!("one-shot SQL: {}", pgmend::error::describe(&e)))?;
@@ -483,13 +504,7 @@ fn main() -> Result<()> {
             )?;
         }
         let wal0 = wal_lsn(&mut via)?;
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let load_threads = if load {
-            legacy_load(pg.conninfo("viapgmend"), members, stop.clone())
-        } else {
-            Vec::new()
-        };
-        std::thread::sleep(Duration::from_millis(if load { 1000 } else { 0 }));
+        let (stop, load_threads) = start_legacy_load(load, pg.conninfo("viapgmend"), members);
         let t = Instant::now();
         // Under load the legacy application runs, so pgmend goes up to the deploy gate only.
         let args: &[&str] = if load {
