@@ -238,21 +238,8 @@ pub fn assert_checkpoint_in_step(c: &mut postgres::Client, run_id: i64) {
             &[&run_id],
         )
         .unwrap();
-    let (checkpoint, processed, changed, ledger, past, out_of_step): (
-        i64,
-        i64,
-        i64,
-        i64,
-        i64,
-        i64,
-    ) = (
-        row.get(0),
-        row.get(1),
-        row.get(2),
-        row.get(3),
-        row.get(4),
-        row.get(5),
-    );
+    let [checkpoint, processed, changed, ledger, past, out_of_step]: [i64; 6] =
+        std::array::from_fn(|i| row.get(i));
     assert_eq!(
         changed, ledger,
         "run {run_id}: repair_runs.changed counts the ledger's records (checkpoint {checkpoint})"
