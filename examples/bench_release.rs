@@ -137,6 +137,26 @@ fn legacy_load(
     threads
 }
 
+/// With `load`, the legacy application under load (see [`legacy_load`]), given a second to
+/// get going; otherwise nothing. Set the flag to stop it.
+#[allow(clippy::type_complexity)]
+fn start_legacy_load(
+    load: bool,
+    conninfo: String,
+    members: i32,
+) -> (
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+    Vec<std::thread::JoinHandle<Vec<Duration>>>,
+) {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    if !load {
+        return (stop, Vec::new());
+    }
+    let threads = legacy_load(conninfo, members, stop.clone());
+    std::thread::sleep(Duration::from_millis(1000));
+    (stop, threads)
+}
+
 /// The new application at full speed (issue 14's load): 8 clients, 90% of them on campaign
 /// SW-A, each coupon in one transaction with its member-month and campaign counters (seed 000's
 /// corrected issuance; a coupon over the budget is refused, as the check then demands).
@@ -304,22 +324,14 @@ fn after_gate(pg: &LocalPg, exe: &std::path::Path, members: i32) -> Result<()> {
     let (base_secs, base, _) = measure(false)?;
     let (secs, with, doc) = measure(true)?;
     let doc = doc.unwrap();
-    let batches: Vec<String> = doc["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|s| s["outcome"] == "done")
-        .filter_map(|s| s.get("run"))
-        .map(|r| {
-            format!(
-                "{} {}/{}/{}",
-                r["run"]["repair"].as_str().unwrap_or("?"),
-                r["batch_ms_p50"],
-                r["batch_ms_p99"],
-                r["batch_ms_max"]
-            )
-        })
-        .collect();
+    let batches = batch_times(
+        doc["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["outcome"] == "done")
+            .filter_map(|s| s.get("run")),
+    );
     let verify = run(&["verify"])?.status.code().unwrap_or(-1);
     println!(
         "| {members} after the gate | old app {old_ops} ops in 3 s | baseline: {:.0} tx/s, p99 {:.0} ms, worst {:.0} ms | with pgmend ({secs:.1}s): {:.0} tx/s ({:.0}%), p99 {:.0} ms, worst {:.0} ms | batches p50/p99/max ms: {} | verify exit {verify} |",
@@ -328,6 +340,30 @@ fn after_gate(pg: &LocalPg, exe: &std::path::Path, members: i32) -> Result<()> {
         batches.join("; ")
     );
     Ok(())
+}
+
+/// Runs each statement as the admin, naming the one that fails.
+fn execute_each(admin: &mut postgres::Client, statements: &[&str]) -> Result<()> {
+    for sql in statements {
+        admin
+            .batch_execute(sql)
+            .map_err(|e| anyhow::anyhow!("{sql}: {}", pgmend::error::describe(&e)))?;
+    }
+    Ok(())
+}
+
+/// "repair p50/p99/max" of each run in an apply's JSON steps, batch times in ms.
+fn batch_times<'a>(runs: impl Iterator<Item = &'a serde_json::Value>) -> Vec<String> {
+    runs.map(|r| {
+        format!(
+            "{} {}/{}/{}",
+            r["run"]["repair"].as_str().unwrap_or("?"),
+            r["batch_ms_p50"],
+            r["batch_ms_p99"],
+            r["batch_ms_max"]
+        )
+    })
+    .collect()
 }
 
 fn percentiles(mut lat: Vec<Duration>) -> (usize, f64, f64) {
@@ -390,16 +426,15 @@ fn main() -> Result<()> {
     println!("| members | coupons | duplicates changed | one-shot | pgmend | ratio (one-shot/pgmend) | pgmend rows/s | batches p50/p99/max ms | peak RSS | WAL one-shot | WAL pgmend |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for members in sizes {
-        for sql in [
-            "DROP DATABASE IF EXISTS src",
-            "DROP DATABASE IF EXISTS oneshot",
-            "DROP DATABASE IF EXISTS viapgmend",
-            "CREATE DATABASE src",
-        ] {
-            admin
-                .batch_execute(sql)
-                .map_err(|e| anyhow::anyhow!("{sql}: {}", pgmend::error::describe(&e)))?;
-        }
+        execute_each(
+            &mut admin,
+            &[
+                "DROP DATABASE IF EXISTS src",
+                "DROP DATABASE IF EXISTS oneshot",
+                "DROP DATABASE IF EXISTS viapgmend",
+                "CREATE DATABASE src",
+            ],
+        )?;
         {
             let mut c = postgres::Client::connect(&pg.conninfo("src"), postgres::NoTls)?;
             support::make_legacy(&mut c, members)?;
@@ -414,40 +449,32 @@ fn main() -> Result<()> {
             )?;
         }
         if gate {
-            for sql in [
-                "DROP DATABASE IF EXISTS aftergate",
-                "CREATE DATABASE aftergate TEMPLATE src",
-                "CHECKPOINT",
-            ] {
-                admin
-                    .batch_execute(sql)
-                    .map_err(|e| anyhow::anyhow!("{sql}: {}", pgmend::error::describe(&e)))?;
-            }
+            execute_each(
+                &mut admin,
+                &[
+                    "DROP DATABASE IF EXISTS aftergate",
+                    "CREATE DATABASE aftergate TEMPLATE src",
+                    "CHECKPOINT",
+                ],
+            )?;
             after_gate(&pg, &exe, members)?;
             continue;
         }
-        for sql in [
-            "CREATE DATABASE oneshot TEMPLATE src",
-            "CREATE DATABASE viapgmend TEMPLATE src",
-            "CHECKPOINT",
-        ] {
-            admin
-                .batch_execute(sql)
-                .map_err(|e| anyhow::anyhow!("{sql}: {}", pgmend::error::describe(&e)))?;
-        }
+        execute_each(
+            &mut admin,
+            &[
+                "CREATE DATABASE oneshot TEMPLATE src",
+                "CREATE DATABASE viapgmend TEMPLATE src",
+                "CHECKPOINT",
+            ],
+        )?;
 
         let mut one = postgres::Client::connect(&pg.conninfo("oneshot"), postgres::NoTls)?;
         let coupons: i64 = one
             .query_one("SELECT count(*) FROM issued_coupons", &[])?
             .get(0);
         let wal0 = wal_lsn(&mut one)?;
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let load_threads = if load {
-            legacy_load(pg.conninfo("oneshot"), members, stop.clone())
-        } else {
-            Vec::new()
-        };
-        std::thread::sleep(Duration::from_millis(if load { 1000 } else { 0 }));
+        let (stop, load_threads) = start_legacy_load(load, pg.conninfo("oneshot"), members);
         let t = Instant::now();
         one.batch_execute(ONE_SHOT)
             .map_err(|e| anyhow::anyhow!("one-shot SQL: {}", pgmend::error::describe(&e)))?;
@@ -477,13 +504,7 @@ fn main() -> Result<()> {
             )?;
         }
         let wal0 = wal_lsn(&mut via)?;
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let load_threads = if load {
-            legacy_load(pg.conninfo("viapgmend"), members, stop.clone())
-        } else {
-            Vec::new()
-        };
-        std::thread::sleep(Duration::from_millis(if load { 1000 } else { 0 }));
+        let (stop, load_threads) = start_legacy_load(load, pg.conninfo("viapgmend"), members);
         let t = Instant::now();
         // Under load the legacy application runs, so pgmend goes up to the deploy gate only.
         let args: &[&str] = if load {
@@ -546,18 +567,7 @@ fn main() -> Result<()> {
             .first()
             .map(|r| r["run"]["changed"].as_i64().unwrap_or(0))
             .unwrap_or(0);
-        let batches: Vec<String> = runs
-            .iter()
-            .map(|r| {
-                format!(
-                    "{} {}/{}/{}",
-                    r["run"]["repair"].as_str().unwrap_or("?"),
-                    r["batch_ms_p50"],
-                    r["batch_ms_p99"],
-                    r["batch_ms_max"]
-                )
-            })
-            .collect();
+        let batches = batch_times(runs.iter().copied());
         println!(
             "| {members} | {coupons} | {void_changed} | {:.1}s | {:.1}s | {:.2}x | {:.0} | {} | {:.1} MB | {:.1} MB | {:.1} MB |",
             one_time.as_secs_f64(),

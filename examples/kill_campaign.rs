@@ -169,7 +169,7 @@ pub fn create_legacy_source(exe: &Path, conn: Conn, name: &str, members: i32) ->
     {
         let mut c = connect(&conn(name))?;
         c.batch_execute(V1)?;
-        pgmend::commands::demo::generate_dirty_data(&mut c, members)?;
+        pgmend::demo_data::generate_dirty_data(&mut c, members)?;
     }
     let out = run_pgmend(exe, &conn(name), &["migrate", "baseline", "--yes"])?;
     if out.code != 0 {
@@ -226,8 +226,26 @@ pub struct EndState {
     pub invalid_indexes: Vec<String>,
     pub void_rows_recorded_twice: Vec<String>,
     pub unfinished_runs: Vec<String>,
+    /// Runs whose counts disagree with their ledger: see [`RUNS_OUT_OF_STEP`].
+    pub runs_out_of_step: Vec<String>,
     pub verify: (i32, String),
 }
+
+/// Every repair run (undo runs and counter runs that made a second pass left out: a pass
+/// over a key already corrected counts it again and keeps its one record) whose progress
+/// disagrees with its ledger: `changed` is the number of its ledger records, and `processed`
+/// its checkpoint. The checkpoint commits with the batch's changes and records, so a fault
+/// at any moment leaves them in step; a checkpoint written in a transaction of its own
+/// leaves `changed` short of the ledger once a fault falls between the two commits.
+pub const RUNS_OUT_OF_STEP: &str = "
+    SELECT format('run %s of %s (%s): changed %s, processed %s, checkpoint %s, %s ledger records',
+                  r.run_id, r.repair, r.state, r.changed, r.processed, r.checkpoint,
+                  (SELECT count(*) FROM pgmend.repair_ledger l WHERE l.run_id = r.run_id))
+      FROM pgmend.repair_runs r
+     WHERE r.kind <> 'undo' AND r.repass_from IS NULL
+       AND (r.changed <> (SELECT count(*) FROM pgmend.repair_ledger l WHERE l.run_id = r.run_id)
+            OR r.processed <> r.checkpoint)
+     ORDER BY r.run_id";
 
 fn strings(c: &mut postgres::Client, sql: &str) -> Result<Vec<String>> {
     Ok(c.query(sql, &[])
@@ -301,6 +319,7 @@ pub fn end_state(exe: &Path, conninfo: &str) -> Result<EndState> {
         "SELECT format('run %s of %s: %s, %s/%s', run_id, repair, state, checkpoint, targets)
            FROM pgmend.repair_runs WHERE state <> 'finished' ORDER BY run_id",
     )?;
+    let runs_out_of_step = strings(&mut c, RUNS_OUT_OF_STEP)?;
     drop(c);
     let out = run_pgmend(exe, conninfo, &["report", "overruns", "--format", "json"])?;
     if out.code != 0 {
@@ -334,6 +353,7 @@ pub fn end_state(exe: &Path, conninfo: &str) -> Result<EndState> {
         invalid_indexes,
         void_rows_recorded_twice,
         unfinished_runs,
+        runs_out_of_step,
         verify: (v.code, format!("{}{}", v.stdout, v.stderr)),
     })
 }
@@ -436,6 +456,9 @@ pub fn differences(reference: &EndState, got: &EndState) -> Vec<String> {
     }
     for r in &got.unfinished_runs {
         out.push(format!("run not finished: {r}"));
+    }
+    for r in &got.runs_out_of_step {
+        out.push(format!("run out of step with its ledger: {r}"));
     }
     if got.verify.0 != 0 {
         out.push(format!(

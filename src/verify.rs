@@ -93,8 +93,33 @@ fn missing(name: &'static str, detail: String) -> Check {
 pub const NO_COUPON_TABLES: &str = "this database has no campaigns and issued_coupons tables; check --database-url (and the search_path) points at the coupon database";
 
 pub fn run(client: &mut impl GenericClient) -> Result<Verification> {
-    // Not a legacy database either: a wrong --database-url is an error (exit 2), as in the
-    // report, not a check that failed.
+    ensure_coupon_tables(client)?;
+    if !released(client)? {
+        return Ok(Verification {
+            ok: false,
+            checks: vec![missing(
+                "released_schema",
+                "the database is still in its legacy state (no legacy_duplicate column or counter tables); run `pgmend plan`, then `pgmend apply`".into(),
+            )],
+            anomalies: Vec::new(),
+        });
+    }
+    let mut checks = data_checks(client)?;
+    checks.push(unique_index(client)?);
+    checks.push(budget_check(client)?);
+    checks.push(no_invalid_index(client)?);
+    checks.push(no_guard_trigger(client)?);
+    let anomalies = anomalies(client)?;
+    Ok(Verification {
+        ok: checks.iter().all(|c| c.ok),
+        checks,
+        anomalies,
+    })
+}
+
+/// Not a legacy database either: a wrong --database-url is an error (exit 2), as in the
+/// report, not a check that failed.
+fn ensure_coupon_tables(client: &mut impl GenericClient) -> Result<()> {
     let tables: bool = client
         .query_one(
             "SELECT to_regclass('campaigns') IS NOT NULL AND to_regclass('issued_coupons') IS NOT NULL",
@@ -105,54 +130,57 @@ pub fn run(client: &mut impl GenericClient) -> Result<Verification> {
     if !tables {
         anyhow::bail!(NO_COUPON_TABLES);
     }
-    let released = exists(client, "issued_coupons", "legacy_duplicate")?
+    Ok(())
+}
+
+/// Whether the release's columns and counter tables exist.
+fn released(client: &mut impl GenericClient) -> Result<bool> {
+    Ok(exists(client, "issued_coupons", "legacy_duplicate")?
         && exists(client, "campaign_budgets", "issued_yen")?
-        && exists(client, "member_monthly_usage", "used_yen")?;
-    let mut checks = Vec::new();
-    let mut anomalies = Vec::new();
-    if !released {
-        checks.push(missing(
-            "released_schema",
-            "the database is still in its legacy state (no legacy_duplicate column or counter tables); run `pgmend plan`, then `pgmend apply`".into(),
-        ));
-        return Ok(Verification {
-            ok: false,
-            checks,
-            anomalies,
-        });
-    }
-    checks.push(count(
-        client,
-        "one_live_coupon_per_member",
-        "SELECT campaign_id, member_id, count(*) FILTER (WHERE NOT legacy_duplicate) AS live
-           FROM issued_coupons GROUP BY 1, 2 HAVING count(*) FILTER (WHERE NOT legacy_duplicate) <> 1",
-        "every (campaign, member) has exactly one coupon that is not a legacy duplicate",
-        "(campaign, member) pairs with zero or several live coupons: run `pgmend repair apply void-duplicate-coupons`",
-    )?);
-    checks.push(count(
-        client,
-        "campaign_budgets_match_coupons",
-        "SELECT c.campaign_id, b.issued_yen AS counter_yen, coalesce(s.yen, 0) AS real_yen
-           FROM campaigns c
-           LEFT JOIN campaign_budgets b USING (campaign_id)
-           LEFT JOIN (SELECT campaign_id, sum(amount_yen)::bigint AS yen FROM issued_coupons
-                       WHERE voided_at IS NULL GROUP BY 1) s USING (campaign_id)
-          WHERE b.issued_yen IS DISTINCT FROM coalesce(s.yen, 0)",
-        "every campaign's issued_yen equals the sum of its non-voided coupons",
-        "campaigns whose counter is missing or differs from its coupons: run `pgmend repair apply rebuild-campaign-budgets`",
-    )?);
-    checks.push(count(
-        client,
-        "member_monthly_usage_matches_coupons",
-        "SELECT coalesce(s.member_id, u.member_id) AS member_id, coalesce(s.month, u.month) AS month,
-                coalesce(u.used_yen, 0) AS counter_yen, coalesce(s.yen, 0) AS real_yen
-           FROM (SELECT member_id, month, sum(amount_yen)::bigint AS yen FROM issued_coupons
-                  WHERE voided_at IS NULL GROUP BY 1, 2) s
-           FULL JOIN member_monthly_usage u ON u.member_id = s.member_id AND u.month = s.month
-          WHERE coalesce(u.used_yen, 0) <> coalesce(s.yen, 0)",
-        "every member-month's used_yen equals the sum of its non-voided coupons (a missing row counts as 0)",
-        "member-months whose usage differs from their coupons: run `pgmend repair apply rebuild-member-monthly-usage`",
-    )?);
+        && exists(client, "member_monthly_usage", "used_yen")?)
+}
+
+/// The invariants of the data: one live coupon per member and campaign, and both counters
+/// equal to the sum of their non-voided coupons.
+fn data_checks(client: &mut impl GenericClient) -> Result<Vec<Check>> {
+    Ok(vec![
+        count(
+            client,
+            "one_live_coupon_per_member",
+            "SELECT campaign_id, member_id, count(*) FILTER (WHERE NOT legacy_duplicate) AS live
+               FROM issued_coupons GROUP BY 1, 2 HAVING count(*) FILTER (WHERE NOT legacy_duplicate) <> 1",
+            "every (campaign, member) has exactly one coupon that is not a legacy duplicate",
+            "(campaign, member) pairs with zero or several live coupons: run `pgmend repair apply void-duplicate-coupons`",
+        )?,
+        count(
+            client,
+            "campaign_budgets_match_coupons",
+            "SELECT c.campaign_id, b.issued_yen AS counter_yen, coalesce(s.yen, 0) AS real_yen
+               FROM campaigns c
+               LEFT JOIN campaign_budgets b USING (campaign_id)
+               LEFT JOIN (SELECT campaign_id, sum(amount_yen)::bigint AS yen FROM issued_coupons
+                           WHERE voided_at IS NULL GROUP BY 1) s USING (campaign_id)
+              WHERE b.issued_yen IS DISTINCT FROM coalesce(s.yen, 0)",
+            "every campaign's issued_yen equals the sum of its non-voided coupons",
+            "campaigns whose counter is missing or differs from its coupons: run `pgmend repair apply rebuild-campaign-budgets`",
+        )?,
+        count(
+            client,
+            "member_monthly_usage_matches_coupons",
+            "SELECT coalesce(s.member_id, u.member_id) AS member_id, coalesce(s.month, u.month) AS month,
+                    coalesce(u.used_yen, 0) AS counter_yen, coalesce(s.yen, 0) AS real_yen
+               FROM (SELECT member_id, month, sum(amount_yen)::bigint AS yen FROM issued_coupons
+                      WHERE voided_at IS NULL GROUP BY 1, 2) s
+               FULL JOIN member_monthly_usage u ON u.member_id = s.member_id AND u.month = s.month
+              WHERE coalesce(u.used_yen, 0) <> coalesce(s.yen, 0)",
+            "every member-month's used_yen equals the sum of its non-voided coupons (a missing row counts as 0)",
+            "member-months whose usage differs from their coupons: run `pgmend repair apply rebuild-member-monthly-usage`",
+        )?,
+    ])
+}
+
+/// The unique index `one_coupon_per_member`: unique, valid, on its columns, with its predicate.
+fn unique_index(client: &mut impl GenericClient) -> Result<Check> {
     let index = client
         .query_opt(
             "SELECT i.indisunique, i.indisvalid, i.indisready, coalesce(pg_get_expr(i.indpred, i.indrelid), ''),
@@ -163,12 +191,26 @@ pub fn run(client: &mut impl GenericClient) -> Result<Verification> {
             &[],
         )
         .doing("reading the unique index")?;
-    checks.push(match index {
-        None => missing("unique_index_one_coupon_per_member", "the index one_coupon_per_member does not exist: run `pgmend apply`".into()),
+    Ok(match index {
+        None => missing(
+            "unique_index_one_coupon_per_member",
+            "the index one_coupon_per_member does not exist: run `pgmend apply`".into(),
+        ),
         Some(r) => {
-            let (unique, valid, ready, predicate, columns, table): (bool, bool, bool, String, String, String) =
-                (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5));
-            let right = unique && valid && ready && predicate == "(NOT legacy_duplicate)" && columns == "campaign_id, member_id" && table == "issued_coupons";
+            let (unique, valid, ready, predicate, columns, table): (
+                bool,
+                bool,
+                bool,
+                String,
+                String,
+                String,
+            ) = (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5));
+            let right = unique
+                && valid
+                && ready
+                && predicate == "(NOT legacy_duplicate)"
+                && columns == "campaign_id, member_id"
+                && table == "issued_coupons";
             Check {
                 name: "unique_index_one_coupon_per_member",
                 ok: right,
@@ -185,7 +227,11 @@ pub fn run(client: &mut impl GenericClient) -> Result<Verification> {
                 },
             }
         }
-    });
+    })
+}
+
+/// The NOT VALID check `issued_within_budget` exists.
+fn budget_check(client: &mut impl GenericClient) -> Result<Check> {
     let check: bool = client
         .query_one(
             "SELECT EXISTS (SELECT 1 FROM pg_constraint WHERE conname = 'issued_within_budget' AND contype = 'c'
@@ -194,7 +240,7 @@ pub fn run(client: &mut impl GenericClient) -> Result<Verification> {
         )
         .doing("reading the check")?
         .get(0);
-    checks.push(if check {
+    Ok(if check {
         Check {
             name: "check_issued_within_budget",
             ok: true,
@@ -208,57 +254,80 @@ pub fn run(client: &mut impl GenericClient) -> Result<Verification> {
             "the check issued_within_budget is missing on campaign_budgets: run `pgmend apply`"
                 .into(),
         )
-    });
+    })
+}
+
+/// No INVALID index anywhere in the database.
+fn no_invalid_index(client: &mut impl GenericClient) -> Result<Check> {
     let invalid = catalog::invalid_indexes(client)?;
-    checks.push(Check {
-        name: "no_invalid_index",
-        ok: invalid.is_empty(),
-        violations: invalid.len() as i64,
-        sample: invalid
-            .iter()
-            .take(SAMPLE as usize)
-            .map(|i| format!("{}.{} on {}", i.schema, i.index, i.table))
-            .collect(),
-        detail: if invalid.is_empty() {
-            "no INVALID index in the database".into()
-        } else {
-            invalid[0].describe()
-        },
-    });
+    let sample = invalid
+        .iter()
+        .map(|i| format!("{}.{} on {}", i.schema, i.index, i.table))
+        .collect();
+    Ok(listed(
+        "no_invalid_index",
+        sample,
+        "no INVALID index in the database",
+        || invalid[0].describe(),
+    ))
+}
+
+/// No guard trigger left behind by an interrupted release.
+fn no_guard_trigger(client: &mut impl GenericClient) -> Result<Check> {
     let guards = crate::repair::guard::installed(client)?;
-    checks.push(Check {
-        name: "no_guard_trigger",
-        ok: guards.is_empty(),
-        violations: guards.len() as i64,
-        sample: guards
-            .iter()
-            .take(SAMPLE as usize)
-            .map(|(table, trigger)| format!("{trigger:?} on {table}"))
-            .collect(),
-        detail: if guards.is_empty() {
-            "no pgmend guard trigger left on a table".into()
-        } else {
+    let sample = guards
+        .iter()
+        .map(|(table, trigger)| format!("{trigger:?} on {table}"))
+        .collect();
+    Ok(listed(
+        "no_guard_trigger",
+        sample,
+        "no pgmend guard trigger left on a table",
+        || {
             "pgmend guard triggers left by an interrupted release: they mark the new application's rows as duplicates; `pgmend apply --yes` drops them".into()
         },
-    });
-    anomalies.push(count(
-        client,
-        "voided_then_redeemed",
-        "SELECT coupon_id, campaign_id, member_id, voided_at, redeemed_at FROM issued_coupons
-          WHERE voided_at IS NOT NULL AND redeemed_at IS NOT NULL",
-        "no voided coupon was redeemed",
-        "voided coupons that were redeemed anyway (the old cart ignores voided_at): change the cart, and tell finance (the report counts them apart)",
-    )?);
-    anomalies.push(count(
-        client,
-        "counter_without_campaign",
-        "SELECT b.campaign_id FROM campaign_budgets b LEFT JOIN campaigns c USING (campaign_id) WHERE c.campaign_id IS NULL",
-        "every campaign_budgets row has its campaign",
-        "campaign_budgets rows with no campaign",
-    )?);
-    Ok(Verification {
-        ok: checks.iter().all(|c| c.ok),
-        checks,
-        anomalies,
-    })
+    ))
+}
+
+/// A check that holds when `offenders` is empty; the sample is the first few of them.
+fn listed(
+    name: &'static str,
+    mut offenders: Vec<String>,
+    ok_detail: &str,
+    bad_detail: impl FnOnce() -> String,
+) -> Check {
+    let violations = offenders.len() as i64;
+    offenders.truncate(SAMPLE as usize);
+    Check {
+        name,
+        ok: violations == 0,
+        violations,
+        sample: offenders,
+        detail: if violations == 0 {
+            ok_detail.into()
+        } else {
+            bad_detail()
+        },
+    }
+}
+
+/// What is worth a human look without breaking an invariant.
+fn anomalies(client: &mut impl GenericClient) -> Result<Vec<Check>> {
+    Ok(vec![
+        count(
+            client,
+            "voided_then_redeemed",
+            "SELECT coupon_id, campaign_id, member_id, voided_at, redeemed_at FROM issued_coupons
+              WHERE voided_at IS NOT NULL AND redeemed_at IS NOT NULL",
+            "no voided coupon was redeemed",
+            "voided coupons that were redeemed anyway (the old cart ignores voided_at): change the cart, and tell finance (the report counts them apart)",
+        )?,
+        count(
+            client,
+            "counter_without_campaign",
+            "SELECT b.campaign_id FROM campaign_budgets b LEFT JOIN campaigns c USING (campaign_id) WHERE c.campaign_id IS NULL",
+            "every campaign_budgets row has its campaign",
+            "campaign_budgets rows with no campaign",
+        )?,
+    ])
 }

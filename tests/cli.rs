@@ -6,7 +6,7 @@ mod common;
 use common::*;
 
 fn output(args: &[&str]) -> Run {
-    run(pgmend_command().args(args), "")
+    run_without_password(pgmend_command().args(args))
 }
 
 #[test]

@@ -91,7 +91,7 @@ fn every_string_the_parser_refuses_exits_2_saying_why_without_the_password() {
             pgmend_command()
                 .env("PGCONNECT_TIMEOUT", "2")
                 .args(["migrate", "status", "--database-url", conninfo]),
-            "",
+            pw,
         );
         assert_eq!(r.code, 2, "{conninfo}: {}", r.both());
         assert!(r.stderr.contains(expect), "{conninfo}: expected {expect:?} in {}", r.stderr);
@@ -99,6 +99,66 @@ fn every_string_the_parser_refuses_exits_2_saying_why_without_the_password() {
             assert!(!r.both().contains(piece), "{conninfo}: {piece} shows in {}", r.both());
         }
         assert!(!r.stderr.contains("could not connect"), "{conninfo}: {}", r.stderr);
+    }
+}
+
+/// The strings most deployments hand pgmend: `DATABASE_URL` (as the harness does), or a
+/// URL whose password the user meant to take from `PGPASSWORD`. Malformed in several ways,
+/// given to commands that change the database and to ones that read, in both output
+/// formats: exit 2, and no piece of the password (`Sup3r` + `Secret`, or PGPASSWORD's
+/// `Env` + `Passw0rd`) anywhere in stdout or stderr.
+#[test]
+fn a_malformed_database_url_never_shows_a_password_whatever_the_command_or_format() {
+    let shapes = [
+        "postgresql://u:Sup3rSecret@h:notaport/x",
+        "postgresql://u:Sup3r/Secret@h/x",
+        "postgresql://u:Sup3r%zzSecret@h/x",
+        "postgresql://u:Sup3rSecret@h/x?sslmode=Sup3rSecret",
+        "postgresql://u@h/x?password=Sup3r&Secret",
+        "postgres:/u:Sup3rSecret@h/x",
+        "host=h user=u password=Sup3r Secret dbname=x",
+        "host=h user=u password='Sup3rSecret dbname=x",
+        "host=h user=u password=Sup3rSecret port=Sup3rSecret",
+        "host=h user=u passwort=Sup3rSecret",
+        // The password from PGPASSWORD, the URL itself broken.
+        "postgresql://u@h:65536/x",
+        "host=h user=u dbname=x sslmode=maybe",
+    ];
+    let commands: [&[&str]; 5] = [
+        &["apply", "--yes"],
+        &["repair", "apply", "void-duplicate-coupons", "--yes"],
+        &["plan", "--format", "json"],
+        &["report", "overruns", "--format", "csv"],
+        &["verify", "--format", "json"],
+    ];
+    for conninfo in shapes {
+        for args in commands {
+            for via_flag in [false, true] {
+                let mut c = pgmend_command();
+                c.env("PGPASSWORD", "EnvPassw0rd")
+                    .env("PGCONNECT_TIMEOUT", "2");
+                if via_flag {
+                    c.args(args).args(["--database-url", conninfo]);
+                } else {
+                    c.env("DATABASE_URL", conninfo).args(args);
+                }
+                let r = run(&mut c, "Sup3rSecret");
+                let what = format!("{args:?} with {conninfo:?} (flag: {via_flag})");
+                assert_eq!(r.code, 2, "{what}: {}", r.both());
+                assert!(
+                    r.stderr.contains("pgmend: error: ") && !r.stderr.contains("could not connect"),
+                    "{what}: refused before connecting: {}",
+                    r.stderr
+                );
+                for piece in ["Sup3r", "Secret", "EnvPassw0rd", "Passw0rd"] {
+                    assert!(
+                        !r.both().contains(piece),
+                        "{what}: {piece} shows in {}",
+                        r.both()
+                    );
+                }
+            }
+        }
     }
 }
 
@@ -350,14 +410,12 @@ fn verify_full_without_a_root_certificate_refuses_before_connecting() {
 
 #[test]
 fn usage_errors_exit_2() {
-    let r = run(
-        pgmend_command().args(["migrate", "apply", "--lock-timeout", "5"]),
-        "",
-    );
+    let r =
+        run_without_password(pgmend_command().args(["migrate", "apply", "--lock-timeout", "5"]));
     assert_eq!(r.code, 2);
     assert!(r.stderr.contains("500ms"), "{}", r.stderr);
-    let r = run(pgmend_command().args(["migrate", "frobnicate"]), "");
+    let r = run_without_password(pgmend_command().args(["migrate", "frobnicate"]));
     assert_eq!(r.code, 2);
-    let r = run(pgmend_command().args(["--help"]), "");
+    let r = run_without_password(pgmend_command().args(["--help"]));
     assert_eq!(r.code, 0);
 }

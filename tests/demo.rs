@@ -8,16 +8,13 @@ use common::*;
 fn the_demo_tells_the_whole_release_on_a_dirty_legacy_database() {
     let reports = tempfile::tempdir().unwrap();
     let dir = reports.path().join("reports");
-    let r = run(
-        pgmend_command().args([
-            "demo",
-            "--members",
-            "500",
-            "--reports-dir",
-            dir.to_str().unwrap(),
-        ]),
-        "",
-    );
+    let r = run_without_password(pgmend_command().args([
+        "demo",
+        "--members",
+        "500",
+        "--reports-dir",
+        dir.to_str().unwrap(),
+    ]));
     assert_eq!(r.code, 0, "{}", r.both());
     assert!(
         r.stderr
@@ -128,7 +125,7 @@ fn the_readme_quick_start_runs_as_written() {
         .split_whitespace()
         .collect();
     let dir = tempfile::tempdir().unwrap();
-    let r = run(pgmend_command().args(&args).current_dir(dir.path()), "");
+    let r = run_without_password(pgmend_command().args(&args).current_dir(dir.path()));
     assert_eq!(r.code, 0, "{}", r.both());
     assert!(r.stdout.contains("Every invariant holds."), "{}", r.stdout);
     for file in [
@@ -213,17 +210,14 @@ fn ctrl_c_during_the_demo_removes_the_throwaway_server() {
 #[test]
 fn demo_keep_prints_a_stop_command_that_works_and_says_where_the_files_are() {
     let reports = tempfile::tempdir().unwrap();
-    let r = run(
-        pgmend_command().args([
-            "demo",
-            "--keep",
-            "--members",
-            "30",
-            "--reports-dir",
-            reports.path().to_str().unwrap(),
-        ]),
-        "",
-    );
+    let r = run_without_password(pgmend_command().args([
+        "demo",
+        "--keep",
+        "--members",
+        "30",
+        "--reports-dir",
+        reports.path().to_str().unwrap(),
+    ]));
     let stop = r
         .stderr
         .lines()

@@ -347,21 +347,7 @@ fn a_release_started_while_an_undo_runs_waits_for_it_and_ends_correct() {
         &db.conninfo(),
         &["repair", "undo", "1", "--yes", "--lock-timeout", "60s"],
     );
-    let mut watch = db.client();
-    poll(
-        "the undo waiting on the held coupon",
-        Duration::from_secs(60),
-        || {
-            watch
-                .query_opt(
-                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'pgmend'
-                        AND wait_event_type = 'Lock'",
-                    &[],
-                )
-                .unwrap()
-                .map(|r| r.get::<_, i32>(0))
-        },
-    );
+    waiting_for_a_lock(&db, "the undo waiting on the held coupon", "%");
     let refused = db.run(&CONFIRM);
     assert_eq!(refused.code, 1, "{}", refused.both());
     assert!(

@@ -561,70 +561,18 @@ fn a_wrong_password_or_an_unreachable_server_exits_2_for_apply() {
     );
 }
 
-/// A role that can log in with a password; dropped (best effort) when the test ends.
-struct Role {
-    name: String,
-    /// The test database and the server's `postgres` database, as the admin.
-    admin: [String; 2],
+/// A role that can log in with a password and has only the privileges `grants` gives it
+/// (`{role}` stands for its name).
+fn weak_role(db: &TestDb, grants: &str) -> LoginRole {
+    LoginRole::create(
+        db,
+        "weak",
+        "Weak-Pass-1",
+        &format!("GRANT CONNECT ON DATABASE {{db}} TO {{role}}; {grants}"),
+    )
 }
 
-impl Role {
-    fn create(db: &TestDb, grants: &str) -> Role {
-        let name = format!("weak_{}", db.name);
-        let mut c = db.client();
-        c.batch_execute(&format!(
-            "CREATE ROLE {name} LOGIN PASSWORD 'Weak-Pass-1'; GRANT CONNECT ON DATABASE {db} TO {name}; {grants}",
-            db = db.name,
-            grants = grants.replace("{role}", &name)
-        ))
-        .unwrap();
-        let p = &db.params;
-        Role {
-            admin: [
-                db.conninfo(),
-                format!(
-                    "host={} port={} user={} password={} dbname=postgres sslmode=disable",
-                    p.host,
-                    p.port,
-                    p.user,
-                    p.password.clone().unwrap_or_default()
-                ),
-            ],
-            name,
-        }
-    }
-
-    fn url(&self, db: &TestDb) -> String {
-        format!(
-            "host={} port={} user={} password=Weak-Pass-1 dbname={} sslmode=disable",
-            db.params.host, db.params.port, self.name, db.name
-        )
-    }
-
-    fn run(&self, db: &TestDb, args: &[&str]) -> Run {
-        let mut c = pgmend_command();
-        c.env("DATABASE_URL", self.url(db)).args(args);
-        run(&mut c, "Weak-Pass-1")
-    }
-}
-
-impl Drop for Role {
-    fn drop(&mut self) {
-        for (conninfo, sql) in self.admin.iter().zip([
-            format!(
-                "REASSIGN OWNED BY {0} TO CURRENT_USER; DROP OWNED BY {0}",
-                self.name
-            ),
-            format!("DROP ROLE IF EXISTS {}", self.name),
-        ]) {
-            if let Ok(mut c) = postgres::Client::connect(conninfo, postgres::NoTls) {
-                let _ = c.batch_execute(&sql);
-            }
-        }
-    }
-}
-
-fn refused_for(db: &TestDb, role: &Role, args: &[&str], expect: &[&str]) -> Run {
+fn refused_for(db: &TestDb, role: &LoginRole, args: &[&str], expect: &[&str]) -> Run {
     let before = snapshot(db);
     let r = role.run(db, args);
     if std::env::var_os("HOSTILE_SHOW").is_some() {
@@ -648,7 +596,7 @@ fn a_role_that_owns_nothing_is_refused_before_any_change() {
     let db = legacy();
     // PostgreSQL 14 lets every role create in schema public; 15 took that away. Revoke it
     // so that the role owns nothing and may create nothing on every version.
-    let role = Role::create(
+    let role = weak_role(
         &db,
         "REVOKE CREATE ON SCHEMA public FROM PUBLIC; GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}",
     );
@@ -688,7 +636,7 @@ fn a_role_that_cannot_create_pgmends_schema_is_refused_before_v2_runs() {
     // The role owns the tables and may create tables, so V2 and V3 would succeed; the first
     // repair would then fail at CREATE SCHEMA pgmend and leave the release half-done.
     let db = legacy();
-    let role = Role::create(
+    let role = weak_role(
         &db,
         "ALTER TABLE campaigns OWNER TO {role}; ALTER TABLE issued_coupons OWNER TO {role};
          GRANT CREATE ON SCHEMA public TO {role}; GRANT SELECT, INSERT ON refinery_schema_history TO {role}",
@@ -725,7 +673,7 @@ fn a_repair_without_update_on_its_table_is_refused_before_pgmends_schema_exists(
         db.run(&["migrate", "apply", "--yes", "--target", "3"]).code,
         0
     );
-    let role = Role::create(
+    let role = weak_role(
         &db,
         "GRANT CREATE ON DATABASE {db} TO {role}; GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}"
             .replace("{db}", &db.name)
@@ -770,4 +718,98 @@ fn a_read_only_server_is_refused_by_every_command_that_writes() {
     }
     let r = db.run(&["plan"]);
     assert_eq!(r.code, 0, "the dry run still works: {}", r.both());
+}
+
+/// A function that writes whenever it is read, as an audit of reads does, and a view over
+/// it: SQL that the data (not pgmend) controls, run by any dry run that reads the view or
+/// calls the function. Its `nextval` is the witness: a sequence is not rolled back, so a
+/// dry run made read-write leaves it advanced even though the dry run rolls back its
+/// transaction; in a read-only transaction the server refuses it (25006) before anything
+/// is written.
+const READ_AUDIT: &str = "
+    CREATE SEQUENCE reads_audited;
+    CREATE TABLE read_audit (at timestamptz NOT NULL DEFAULT now(), what text NOT NULL);
+    CREATE FUNCTION audited(what text, v integer) RETURNS integer LANGUAGE plpgsql VOLATILE AS $$
+    BEGIN
+      PERFORM nextval('reads_audited');
+      INSERT INTO read_audit (what) VALUES (what);
+      RETURN v;
+    END $$;
+    CREATE VIEW coupons_audited AS
+      SELECT coupon_id, campaign_id, member_id, month, audited('coupon', amount_yen) AS amount_yen,
+             issued_at, redeemed_at, voided_at
+        FROM issued_coupons;";
+
+/// What the read audit recorded: whether its sequence was ever called, and its rows.
+fn audited_reads(db: &TestDb) -> (bool, i64) {
+    let row = db
+        .client()
+        .query_one(
+            "SELECT (SELECT is_called FROM reads_audited), (SELECT count(*) FROM read_audit)",
+            &[],
+        )
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+/// Every dry run — `repair plan`, `migrate plan` and `plan`, through a repair's preview and
+/// through a migration's census — runs what the data controls in a read-only transaction:
+/// the server refuses the write (25006), pgmend exits 2 saying so, and nothing is written,
+/// not even what a rollback cannot undo.
+#[test]
+fn a_dry_run_reading_a_function_that_writes_is_refused_by_the_server_and_writes_nothing() {
+    let db = legacy();
+    assert_eq!(
+        db.run(&["migrate", "apply", "--yes", "--target", "2"]).code,
+        0
+    );
+    db.client().batch_execute(READ_AUDIT).unwrap();
+    // The member-month counters summed from the audited view ...
+    let shipped =
+        std::fs::read_to_string(repo().join("repairs/rebuild-member-monthly-usage.toml")).unwrap();
+    let audited = shipped.replace(
+        "source_table = \"issued_coupons\"",
+        "source_table = \"coupons_audited\"",
+    );
+    assert_ne!(audited, shipped);
+    let repairs = repairs_dir("rebuild-member-monthly-usage.toml", audited.as_bytes());
+    // ... and a check whose census calls the function on every coupon.
+    let migrations = migrations_dir(&[(
+        "V6__audited_amounts.sql",
+        "ALTER TABLE issued_coupons ADD CONSTRAINT amounts_audited CHECK (audited('census', amount_yen) > 0) NOT VALID;",
+    )]);
+    let (r, m) = (dir_arg(repairs.path()), dir_arg(migrations.path()));
+    for args in [
+        &[
+            "repair",
+            "plan",
+            "rebuild-member-monthly-usage",
+            "--repairs-dir",
+            &r,
+        ][..],
+        &[
+            "repair",
+            "plan",
+            "rebuild-member-monthly-usage",
+            "--format",
+            "json",
+            "--repairs-dir",
+            &r,
+        ],
+        &["plan", "--repairs-dir", &r],
+        &["migrate", "plan", "--migrations-dir", &m],
+        &["plan", "--migrations-dir", &m],
+    ] {
+        refused(&db, args, &["read-only transaction"]);
+        assert_eq!(
+            audited_reads(&db),
+            (false, 0),
+            "{args:?}: the dry run wrote (the read audit's sequence moved)"
+        );
+    }
+    // The same view read where writing is allowed does advance the witness.
+    db.client()
+        .batch_execute("SELECT sum(amount_yen) FROM coupons_audited")
+        .unwrap();
+    assert!(audited_reads(&db).0);
 }

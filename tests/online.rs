@@ -157,6 +157,60 @@ fn a_build_broken_by_a_late_duplicate_is_dropped_and_the_release_stops() {
     assert!(index_is_valid(&db));
 }
 
+/// Counts, on a sequence (which no rollback undoes), every statement that starts to build
+/// one_coupon_per_member: the server's own record of whether a build was attempted, however
+/// it ended.
+const COUNT_BUILDS: &str = "
+    CREATE SEQUENCE unique_index_builds;
+    CREATE FUNCTION count_unique_index_builds() RETURNS event_trigger LANGUAGE plpgsql AS $$
+    BEGIN
+      IF current_query() ILIKE '%CREATE UNIQUE INDEX%one_coupon_per_member%' THEN
+        PERFORM nextval('unique_index_builds');
+      END IF;
+    END $$;
+    CREATE EVENT TRIGGER count_unique_index_builds ON ddl_command_start WHEN TAG IN ('CREATE INDEX')
+      EXECUTE FUNCTION count_unique_index_builds();";
+
+fn builds_started(db: &TestDb) -> i64 {
+    db.scalar_i64("SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM unique_index_builds")
+}
+
+/// While the census finds duplicates the unique index is not built at all (a build that
+/// fails on them and is cleaned up ends with the same exit code and leaves the same
+/// catalog, so only the server's count tells the two apart); once they are voided it is
+/// built, once.
+#[test]
+fn the_unique_index_build_is_never_started_while_its_census_finds_duplicates() {
+    let db = fresh_db();
+    db.make_legacy();
+    assert_eq!(db.run(&["migrate", "baseline", "--yes"]).code, 0);
+    assert_eq!(
+        db.run(&["migrate", "apply", "--yes", "--target", "3"]).code,
+        0
+    );
+    db.client().batch_execute(COUNT_BUILDS).unwrap();
+    let before = snapshot(&db);
+    let r = db.run(&["migrate", "apply", "--yes", "--target", "4"]);
+    assert_eq!(r.code, 1, "{}", r.both());
+    assert_eq!(
+        builds_started(&db),
+        0,
+        "a build was attempted:\n{}",
+        r.stderr
+    );
+    assert_eq!(
+        snapshot(&db),
+        before,
+        "the refused step changed the database"
+    );
+
+    db.void_duplicates_by_sql();
+    let r = db.run(&["migrate", "apply", "--yes", "--target", "4"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert_eq!(builds_started(&db), 1, "the trigger counts the build");
+    assert!(index_is_valid(&db));
+}
+
 #[test]
 fn an_invalid_or_different_index_of_the_same_name_is_rebuilt_and_a_valid_one_adopted() {
     let db = at_v2();

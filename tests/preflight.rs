@@ -22,54 +22,17 @@ const ROLE_PASSWORD: &str = "Owner-Pass-7";
 
 /// A non-superuser role that owns the legacy tables, as the application's owner role does in
 /// production (a superuser bypasses row-level security, so the admin cannot show it).
-struct Owner {
-    name: String,
-    admin: String,
-}
-
-impl Owner {
-    fn create(db: &TestDb) -> Owner {
-        let name = format!("owner_{}", db.name);
-        let mut c = db.client();
-        c.batch_execute(&format!(
-            "CREATE ROLE {name} LOGIN PASSWORD '{ROLE_PASSWORD}';
-             GRANT CONNECT, CREATE ON DATABASE {db} TO {name};
-             GRANT CREATE ON SCHEMA public TO {name};
-             ALTER TABLE campaigns OWNER TO {name};
-             ALTER TABLE issued_coupons OWNER TO {name};
-             ALTER TABLE refinery_schema_history OWNER TO {name};",
-            db = db.name
-        ))
-        .unwrap();
-        Owner {
-            name,
-            admin: db.conninfo(),
-        }
-    }
-
-    fn url(&self, db: &TestDb) -> String {
-        format!(
-            "host={} port={} user={} password={ROLE_PASSWORD} dbname={} sslmode=disable",
-            db.params.host, db.params.port, self.name, db.name
-        )
-    }
-
-    fn run(&self, db: &TestDb, args: &[&str]) -> Run {
-        let mut c = pgmend_command();
-        c.env("DATABASE_URL", self.url(db)).args(args);
-        run(&mut c, ROLE_PASSWORD)
-    }
-}
-
-impl Drop for Owner {
-    fn drop(&mut self) {
-        if let Ok(mut c) = postgres::Client::connect(&self.admin, postgres::NoTls) {
-            let _ = c.batch_execute(&format!(
-                "REASSIGN OWNED BY {0} TO CURRENT_USER; DROP OWNED BY {0}",
-                self.name
-            ));
-        }
-    }
+fn owner(db: &TestDb) -> LoginRole {
+    LoginRole::create(
+        db,
+        "owner",
+        ROLE_PASSWORD,
+        "GRANT CONNECT, CREATE ON DATABASE {db} TO {role};
+         GRANT CREATE ON SCHEMA public TO {role};
+         ALTER TABLE campaigns OWNER TO {role};
+         ALTER TABLE issued_coupons OWNER TO {role};
+         ALTER TABLE refinery_schema_history OWNER TO {role};",
+    )
 }
 
 fn legacy() -> TestDb {
@@ -141,7 +104,7 @@ fn hide_some_coupons(db: &TestDb) {
 #[test]
 fn forced_row_security_is_refused_by_every_command_before_any_change() {
     let db = legacy();
-    let owner = Owner::create(&db);
+    let owner = owner(&db);
     hide_some_coupons(&db);
     for args in [
         &CONFIRM[..],
@@ -170,7 +133,7 @@ fn forced_row_security_is_refused_by_every_command_before_any_change() {
 #[test]
 fn a_role_that_bypasses_row_security_releases_to_the_exact_state() {
     let db = legacy();
-    let owner = Owner::create(&db);
+    let owner = owner(&db);
     hide_some_coupons(&db);
     db.client()
         .batch_execute(&format!("ALTER ROLE {} BYPASSRLS", owner.name))
@@ -401,12 +364,11 @@ fn a_session_mode_pool_with_pooler_session_releases_to_the_exact_state() {
 /// The legacy tables and their dirty data in schema `coupons`, adopted with baseline there.
 fn legacy_in_coupons() -> TestDb {
     let db = fresh_db();
-    let v1 = std::fs::read_to_string(repo().join("migrations/V1__legacy_baseline.sql")).unwrap();
     let mut c = db.client();
     c.batch_execute("CREATE SCHEMA coupons; SET search_path = coupons")
         .unwrap();
-    c.batch_execute(&v1).unwrap();
-    pgmend::commands::demo::generate_dirty_data(&mut c, 30).unwrap();
+    c.batch_execute(&v1_sql()).unwrap();
+    pgmend::demo_data::generate_dirty_data(&mut c, 30).unwrap();
     db
 }
 
@@ -445,8 +407,7 @@ fn legacy_tables_in_another_schema_are_refused_and_named_and_schema_releases_the
 
     // pgmend's records now belong to coupons: a release of public (which has legacy tables
     // of its own from now on) would take coupons' steps as done.
-    let v1 = std::fs::read_to_string(repo().join("migrations/V1__legacy_baseline.sql")).unwrap();
-    db.client().batch_execute(&v1).unwrap();
+    db.legacy_schema();
     refused(
         &db,
         || db.run(&CONFIRM),
@@ -545,7 +506,7 @@ fn release_steps_that_do_not_resolve_are_refused_before_the_first_change() {
 #[test]
 fn timeouts_and_isolation_a_role_brings_do_not_reach_pgmends_statements() {
     let db = legacy();
-    let owner = Owner::create(&db);
+    let owner = owner(&db);
     db.client()
         .batch_execute(&format!(
             "ALTER ROLE {0} SET statement_timeout = '1ms';
@@ -571,7 +532,7 @@ fn timeouts_and_isolation_a_role_brings_do_not_reach_pgmends_statements() {
 #[test]
 fn a_session_replication_role_that_skips_triggers_is_refused() {
     let db = legacy();
-    let owner = Owner::create(&db);
+    let owner = owner(&db);
     db.client()
         .batch_execute(&format!(
             "ALTER ROLE {} SET session_replication_role = replica",
@@ -591,7 +552,7 @@ fn a_session_replication_role_that_skips_triggers_is_refused() {
 #[test]
 fn plan_by_a_role_that_cannot_apply_says_what_apply_would_be_refused_for() {
     let db = legacy();
-    let owner = Owner::create(&db);
+    let owner = owner(&db);
     let reader = format!("reader_{}", db.name);
     db.client()
         .batch_execute(&format!(

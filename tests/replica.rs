@@ -27,7 +27,7 @@ fn batches_wait_while_the_replica_lags_and_go_on_when_it_catches_up() {
     ))
     .unwrap();
     c.batch_execute(&v1).unwrap();
-    pgmend::commands::demo::generate_dirty_data(&mut c, 2000).unwrap();
+    pgmend::demo_data::generate_dirty_data(&mut c, 2000).unwrap();
     assert!(pgmend(&url, &["migrate", "baseline", "--yes"])
         .status()
         .unwrap()

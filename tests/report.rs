@@ -542,9 +542,7 @@ fn before_the_release_it_reports_the_legacy_state_and_predicts_the_lost_duplicat
 #[test]
 fn sums_past_two_to_the_31_are_exact() {
     let db = fresh_db();
-    let v1 = std::fs::read_to_string(repo().join("migrations/V1__legacy_baseline.sql")).unwrap();
-    let mut c = db.client();
-    c.batch_execute(&v1).unwrap();
+    let mut c = db.legacy_schema();
     // Three coupons of 2,000,000,000 yen: 6,000,000,000 in one campaign, 4,000,000,000 for
     // one member in one month; each alone fits in an integer, no sum does.
     c.batch_execute(
@@ -803,9 +801,7 @@ fn the_output_format_comes_from_the_file_name_unless_they_disagree() {
 /// campaign, a redeemed duplicate and a voided coupon redeemed anyway.
 fn snapshot_db() -> TestDb {
     let db = fresh_db();
-    let v1 = std::fs::read_to_string(repo().join("migrations/V1__legacy_baseline.sql")).unwrap();
-    let mut c = db.client();
-    c.batch_execute(&v1).unwrap();
+    let mut c = db.legacy_schema();
     c.batch_execute(
         "INSERT INTO campaigns VALUES ('SW-A', 1000, 3000, 0), ('秋-セール', 1500, 100000, 0),
                                       ('A|B', 1000, 1000, 0), ('EMPTY', 1000, 5000, 0);
@@ -894,9 +890,7 @@ fn hostile_ids() -> Vec<String> {
 /// over budget, and one member-month per id over the cap (two coupons of 1,500 yen).
 fn hostile_db() -> TestDb {
     let db = fresh_db();
-    let v1 = std::fs::read_to_string(repo().join("migrations/V1__legacy_baseline.sql")).unwrap();
-    let mut c = db.client();
-    c.batch_execute(&v1).unwrap();
+    let mut c = db.legacy_schema();
     for (i, id) in hostile_ids().iter().enumerate() {
         c.execute("INSERT INTO campaigns VALUES ($1, 1500, 2000, 0)", &[id])
             .unwrap();
@@ -1222,9 +1216,7 @@ fn the_lost_updates_equal_independent_sql_before_the_gate_after_it_and_after_the
 #[test]
 fn the_lost_updates_on_a_hand_made_database() {
     let db = fresh_db();
-    let v1 = std::fs::read_to_string(repo().join("migrations/V1__legacy_baseline.sql")).unwrap();
-    let mut c = db.client();
-    c.batch_execute(&v1).unwrap();
+    let mut c = db.legacy_schema();
     // LU-A: four coupons, counter 2,000 (two updates lost); LU-B: a counter above the coupons
     // (a negative difference stays a number); LU-C: no coupon.
     c.batch_execute(

@@ -17,9 +17,9 @@ fn legacy_baselined() -> TestDb {
     db
 }
 
-#[test]
-fn apply_retries_until_the_blocking_transaction_ends_and_the_application_keeps_answering() {
-    let db = legacy_baselined();
+/// `migrate apply --target 2` (V2's ALTER TABLEs) with 500 ms lock waits retried for
+/// `retry_for`, while a transaction that has read issued_coupons stays open for 10 s.
+fn v2_while_held_for_10s(db: &TestDb, retry_for: &str) -> (Run, Duration, Duration) {
     let args = [
         "migrate",
         "apply",
@@ -29,9 +29,15 @@ fn apply_retries_until_the_blocking_transaction_ends_and_the_application_keeps_a
         "--lock-timeout",
         "500ms",
         "--lock-retry-for",
-        "60s",
+        retry_for,
     ];
-    let (run, took, longest) = run_while_held(&db, HOLD, Duration::from_secs(10), PROBE, &args);
+    run_while_held(db, HOLD, Duration::from_secs(10), PROBE, &args)
+}
+
+#[test]
+fn apply_retries_until_the_blocking_transaction_ends_and_the_application_keeps_answering() {
+    let db = legacy_baselined();
+    let (run, took, longest) = v2_while_held_for_10s(&db, "60s");
     assert_eq!(run.code, 0, "{}", run.both());
     assert!(
         took >= Duration::from_secs(8),
@@ -50,18 +56,7 @@ fn apply_retries_until_the_blocking_transaction_ends_and_the_application_keeps_a
 #[test]
 fn apply_stops_with_exit_1_when_the_retry_budget_is_shorter_than_the_blocker() {
     let db = legacy_baselined();
-    let args = [
-        "migrate",
-        "apply",
-        "--yes",
-        "--target",
-        "2",
-        "--lock-timeout",
-        "500ms",
-        "--lock-retry-for",
-        "3s",
-    ];
-    let (run, took, longest) = run_while_held(&db, HOLD, Duration::from_secs(10), PROBE, &args);
+    let (run, took, longest) = v2_while_held_for_10s(&db, "3s");
     assert_eq!(run.code, 1, "{}", run.both());
     assert!(
         took < Duration::from_secs(9),

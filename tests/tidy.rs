@@ -14,13 +14,12 @@ const SQL_ALLOWED: &[&str] = &[
     "src/online/",
     "src/report/",
     "src/verify.rs",
-    "src/release.rs",
+    "src/release/",
+    "src/preflight/",
+    "src/statements/",
+    "src/demo_data.rs",
     // The throwaway cluster's own set-up (roles, settings), not the release's database.
     "src/localpg.rs",
-    // until the release engine leaves commands (h15-eng)
-    "src/commands/release.rs",
-    // until the demo data generator leaves commands (h15-eng)
-    "src/commands/demo.rs",
 ];
 
 /// The one module that quotes identifiers and constants, and two that quote for other
@@ -34,12 +33,7 @@ const QUOTING_ALLOWED: &[&str] = &[
 ];
 
 /// The owner of pgmend's tables.
-const PGMEND_TABLES_ALLOWED: &[&str] = &[
-    "src/store/",
-    // until the release engine leaves commands (h15-eng)
-    "src/commands/release.rs",
-    "src/release.rs",
-];
+const PGMEND_TABLES_ALLOWED: &[&str] = &["src/store/"];
 
 #[test]
 fn sql_text_only_in_the_allowed_modules() {

@@ -56,10 +56,10 @@ pub fn make_legacy(c: &mut postgres::Client, members: i32) -> anyhow::Result<()>
     c.batch_execute(&v1)?;
     // The size the issue names: about 1.1 million coupons and 300,000 duplicates at 300,000
     // members (the demo's shape gives 740,000 and 120,000).
-    pgmend::commands::demo::generate_dirty_data_shaped(
+    pgmend::demo_data::generate_dirty_data_shaped(
         c,
         members,
-        &pgmend::commands::demo::Shape {
+        &pgmend::demo_data::Shape {
             takes_a: 90,
             takes_b_c: 90,
             triples: 7,

@@ -7,35 +7,15 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use tabled::{settings::Style, Table, Tabled};
 
-use super::{confirm, open, print_json};
-use crate::cli::{
-    ApplyArgs, BaselineArgs, Format, MigrationsArgs, PlanArgs, SafetyArgs, StatusArgs, ValidateArgs,
-};
-use crate::config;
+use super::{confirm, load, open, policy, print_json};
+use crate::cli::{ApplyArgs, BaselineArgs, Format, PlanArgs, StatusArgs, ValidateArgs};
 use crate::db::conninfo::ConnParams;
-use crate::db::retry::LockPolicy;
-use crate::db::{privileges, runner_lock};
+use crate::db::runner_lock;
 use crate::error::{Outcome, PgContext};
-use crate::migrate::source::{Migration, Source};
+use crate::migrate::source::{by_version, Migration};
 use crate::migrate::{apply, baseline, history, plan, status};
 use crate::online::{catalog, validate};
-
-pub fn load(args: &MigrationsArgs) -> Result<Vec<Migration>> {
-    let source = match &args.migrations_dir {
-        Some(dir) => Source::Directory(dir.clone()),
-        None => Source::Embedded,
-    };
-    source.load()
-}
-
-pub fn policy(safety: &SafetyArgs) -> Result<LockPolicy> {
-    config::check_lock_options(safety.lock_timeout, safety.statement_timeout)?;
-    Ok(LockPolicy {
-        lock_timeout: safety.lock_timeout,
-        statement_timeout: safety.statement_timeout,
-        retry_for: safety.lock_retry_for,
-    })
-}
+use crate::preflight::privileges;
 
 #[derive(Serialize)]
 struct DatabaseJson<'a> {
@@ -171,7 +151,7 @@ pub fn apply(args: &ApplyArgs, format: Format) -> Result<Outcome> {
         let pending = plan
             .pending
             .iter()
-            .filter_map(|p| plan.migrations.iter().find(|m| m.version == p.version));
+            .map(|p| by_version(&plan.migrations, p.version));
         privileges::check(
             &mut session.client,
             "these migrations",

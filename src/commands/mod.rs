@@ -12,21 +12,69 @@ use std::io::{IsTerminal, Write};
 
 use anyhow::{bail, Result};
 
-use crate::cli::{ConnectionArgs, Pooler};
+use crate::cli::{BatchArgs, ConnectionArgs, MigrationsArgs, Pooler, RepairsArgs, SafetyArgs};
+use crate::config;
+use crate::db::retry::LockPolicy;
 use crate::db::{self, conninfo, Session};
+use crate::migrate::source::{Migration, Source};
+use crate::preflight::{self, Environment};
+use crate::repair::definition::RepairSource;
+use crate::repair::runner::RunOptions;
+
+pub use crate::db::connect::{read_only, snapshot};
+
+/// The migration set `--migrations-dir` names, or the one built into pgmend.
+pub fn load(args: &MigrationsArgs) -> Result<Vec<Migration>> {
+    let source = match &args.migrations_dir {
+        Some(dir) => Source::Directory(dir.clone()),
+        None => Source::Embedded,
+    };
+    source.load()
+}
+
+/// `--lock-timeout`, `--statement-timeout` and `--lock-retry-for`, checked.
+pub fn policy(safety: &SafetyArgs) -> Result<LockPolicy> {
+    config::check_lock_options(safety.lock_timeout, safety.statement_timeout)?;
+    Ok(LockPolicy {
+        lock_timeout: safety.lock_timeout,
+        statement_timeout: safety.statement_timeout,
+        retry_for: safety.lock_retry_for,
+    })
+}
+
+/// The repair set `--repairs-dir` names, or the one built into pgmend.
+pub fn source(args: &RepairsArgs) -> RepairSource {
+    match &args.repairs_dir {
+        Some(dir) => RepairSource::Directory(dir.clone()),
+        None => RepairSource::Embedded,
+    }
+}
+
+/// The lock policy and the batch options of a command that runs repairs.
+pub fn run_options(safety: &SafetyArgs, batch: &BatchArgs) -> Result<RunOptions> {
+    Ok(RunOptions {
+        policy: policy(safety)?,
+        batch_target: batch.batch_target,
+        max_replica_lag: batch.max_replica_lag,
+    })
+}
 
 /// Opens a session from `--database-url` / `DATABASE_URL` and the PG* variables, in the
 /// schema `--schema` names, and runs the pre-flight of the environment on it
-/// ([`db::preflight`]): every command goes through here before its first statement.
+/// ([`preflight`]): every command goes through here before its first statement.
 pub fn open(conn: &ConnectionArgs) -> Result<Session> {
+    Ok(open_checked(conn)?.0)
+}
+
+/// [`open`], with what the pre-flight found (for the summaries of `plan`, `apply` and `verify`).
+pub fn open_checked(conn: &ConnectionArgs) -> Result<(Session, Environment)> {
     let mut params = conninfo::resolve(conn.database_url.as_deref(), &|k| std::env::var(k).ok())?;
     if let Some(schema) = &conn.schema {
         params.options = Some(with_search_path(params.options.as_deref(), schema)?);
     }
     let mut session = db::connect(&params)?;
-    let environment = db::preflight::check(&mut session, conn.pooler == Pooler::Session)?;
-    session.environment = Some(environment);
-    Ok(session)
+    let environment = preflight::check(&mut session, conn.pooler == Pooler::Session)?;
+    Ok((session, environment))
 }
 
 /// The connection's `options` with `-c search_path=SCHEMA` added last, so that every
@@ -49,28 +97,6 @@ fn with_search_path(options: Option<&str>, schema: &str) -> Result<String> {
         Some(o) if !o.trim().is_empty() => format!("{o} {set}"),
         _ => set,
     })
-}
-
-/// A READ ONLY transaction: the server refuses any write made in it.
-pub fn read_only(client: &mut postgres::Client) -> Result<postgres::Transaction<'_>> {
-    use crate::error::PgContext;
-    client
-        .build_transaction()
-        .read_only(true)
-        .start()
-        .doing("opening a read-only transaction")
-}
-
-/// One REPEATABLE READ, READ ONLY snapshot: every query in it sees the same moment, and the
-/// server refuses any write (a hot standby will do).
-pub fn snapshot(client: &mut postgres::Client) -> Result<postgres::Transaction<'_>> {
-    use crate::error::PgContext;
-    client
-        .build_transaction()
-        .isolation_level(postgres::IsolationLevel::RepeatableRead)
-        .read_only(true)
-        .start()
-        .doing("opening a read-only snapshot")
 }
 
 /// Asks on the terminal before a change; refuses without one unless `--yes` was given,

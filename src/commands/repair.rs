@@ -6,35 +6,20 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use tabled::{settings::Style, Table, Tabled};
 
-use super::{confirm, open, print_json};
+use super::{confirm, open, policy, print_json, run_options, source};
 use crate::cli::{
-    BatchArgs, Format, RepairApplyArgs, RepairListArgs, RepairLogArgs, RepairPlanArgs,
-    RepairRunArgs, RepairStatusArgs, RepairsArgs, SafetyArgs,
+    Format, RepairApplyArgs, RepairListArgs, RepairLogArgs, RepairPlanArgs, RepairRunArgs,
+    RepairStatusArgs,
 };
 use crate::db::retry::LockPolicy;
-use crate::db::{privileges, runner_lock};
-use crate::error::{Outcome, PgContext, Stopped};
+use crate::db::runner_lock;
+use crate::error::{Outcome, PgContext};
 use crate::human;
-use crate::repair::definition::{Repair, RepairSource};
+use crate::preflight::privileges;
 use crate::repair::preview::{self, Change, Preview};
-use crate::repair::runner::{self, RunOptions, RunReport};
-use crate::repair::undo;
+use crate::repair::runner::RunReport;
+use crate::repair::{undo, verdict};
 use crate::store;
-
-pub fn source(args: &RepairsArgs) -> RepairSource {
-    match &args.repairs_dir {
-        Some(dir) => RepairSource::Directory(dir.clone()),
-        None => RepairSource::Embedded,
-    }
-}
-
-pub fn run_options(safety: &SafetyArgs, batch: &BatchArgs) -> Result<RunOptions> {
-    Ok(RunOptions {
-        policy: super::migrate::policy(safety)?,
-        batch_target: batch.batch_target,
-        max_replica_lag: batch.max_replica_lag,
-    })
-}
 
 pub fn list(args: &RepairListArgs, format: Format) -> Result<Outcome> {
     let repairs = source(&args.repairs).load()?;
@@ -48,7 +33,7 @@ pub fn list(args: &RepairListArgs, format: Format) -> Result<Outcome> {
         .iter()
         .map(|r| Row {
             name: r.name.clone(),
-            kind: r.kind().into(),
+            kind: r.kind().as_str().into(),
             description: r.description().into(),
         })
         .collect();
@@ -61,35 +46,6 @@ pub fn list(args: &RepairListArgs, format: Format) -> Result<Outcome> {
         )?,
     }
     Ok(Outcome::Done)
-}
-
-/// Renders a preview's header and summary for people.
-pub fn render_summary(p: &Preview, out: &mut impl Write) -> std::io::Result<()> {
-    if let Some(why) = &p.not_yet {
-        return writeln!(out, "{}: {why}", p.repair);
-    }
-    match p.kind.as_str() {
-        "void_duplicates" => writeln!(
-            out,
-            "{}: {} would change, {} of them voided (the rest are redeemed: marked only)",
-            p.repair,
-            human::count(p.changes, "row"),
-            human::int(p.voided_or_created)
-        )?,
-        _ => writeln!(
-            out,
-            "{}: {} would change, {} of them created",
-            p.repair,
-            human::count(p.changes, "counter"),
-            human::int(p.voided_or_created)
-        )?,
-    }
-    if p.kind == "void_duplicates" && !p.amounts.is_empty() {
-        for (by, yen) in &p.amounts {
-            writeln!(out, "  voided per {by}: {yen} yen")?;
-        }
-    }
-    Ok(())
 }
 
 pub fn plan(args: &RepairPlanArgs, format: Format) -> Result<Outcome> {
@@ -127,7 +83,7 @@ pub fn plan(args: &RepairPlanArgs, format: Format) -> Result<Outcome> {
             let p = preview::preview(&mut tx, &repair, &[], sample, &mut |c| {
                 Ok(preview::render_diff(c, colour, &mut out)?)
             })?;
-            render_summary(&p, &mut out)?;
+            preview::render_summary(&p, &mut out)?;
             if sample.is_some_and(|n| p.changes as usize > n) {
                 writeln!(
                     out,
@@ -160,7 +116,7 @@ pub fn apply(args: &RepairApplyArgs, format: Format) -> Result<Outcome> {
             Ok(preview::render_diff(c, false, &mut std::io::stderr())?)
         })?;
         tx.rollback().doing("closing the read-only transaction")?;
-        render_summary(&p, &mut std::io::stderr())?;
+        preview::render_summary(&p, &mut std::io::stderr())?;
         confirm(
             false,
             &format!("Run {} on {}?", repair.name, session.params),
@@ -171,60 +127,9 @@ pub fn apply(args: &RepairApplyArgs, format: Format) -> Result<Outcome> {
         )?;
     }
     crate::signals::install(&format!("pgmend repair apply {} --yes", repair.name));
-    let report = run_repair(&mut session.client, &repair, &options)?;
+    let report = verdict::run_repair(&mut session.client, &repair, &options)?;
     print_report(&report, format)?;
-    finish(&report, &repair)
-}
-
-/// Runs a repair, progress lines to stderr. The caller has installed the signal handler
-/// (`signals::install`): a signal stops the run after its current batch.
-pub fn run_repair(
-    client: &mut postgres::Client,
-    repair: &Repair,
-    options: &RunOptions,
-) -> Result<RunReport> {
-    runner::apply(client, repair, options, &mut |line| crate::say!("{line}"))
-}
-
-/// Exit 1 when the run stopped early or skipped keys; the run's state says the rest.
-pub fn finish(report: &RunReport, repair: &Repair) -> Result<Outcome> {
-    if report.interrupted {
-        return Err(Stopped::error(format!(
-            "{}: run {} of {} stopped after its current batch ({} of {} done). Resume it with: {}",
-            crate::signals::requested().map_or("interrupted", |s| s.name()),
-            report.run.run_id,
-            repair.name,
-            human::int(report.run.checkpoint),
-            human::count(report.run.targets, "target"),
-            crate::signals::resume_command()
-        )));
-    }
-    let skipped = report.run.skipped.as_array().map_or(0, Vec::len);
-    if skipped > 0 {
-        return Err(Stopped::error(format!(
-            "run {} of {} skipped {} it could not write: {}. Finance raises the budget or accepts the figure (see runbooks), then rerun the repair",
-            report.run.run_id,
-            repair.name,
-            human::count(skipped as i64, "key"),
-            report.run.skipped
-        )));
-    }
-    if report.left_over > 0 && report.after_gate && repair.kind() == "rebuild_counter" {
-        return Err(Stopped::error(format!(
-            "run {} of {} finished, but {} still differ from their source after the run corrected them again, for example {}: after the deploy gate every writer should change a counter and its source in one transaction, so one does not (the old application still committing, a guard trigger left behind, a manual change or an undo). Find and stop it, then rerun the repair (or `pgmend apply --yes`)",
-            report.run.run_id,
-            repair.name,
-            human::count(report.left_over, "counter"),
-            report.left_over_keys.join(", ")
-        )));
-    }
-    if report.left_over > 0 && repair.kind() == "void_duplicates" {
-        return Err(Stopped::error(format!(
-            "run {} of {} finished, but {} of its groups received new duplicates meanwhile; run it again (the release does this itself)",
-            report.run.run_id, repair.name, report.left_over
-        )));
-    }
-    Ok(Outcome::Done)
+    verdict::finish(&report, &repair)
 }
 
 pub fn print_report(report: &RunReport, format: Format) -> Result<()> {
@@ -405,7 +310,7 @@ fn find_run(client: &mut postgres::Client, run_id: i64) -> Result<store::Run> {
 }
 
 pub fn undo(args: &RepairRunArgs, format: Format) -> Result<Outcome> {
-    let policy: LockPolicy = super::migrate::policy(&args.safety)?;
+    let policy: LockPolicy = policy(&args.safety)?;
     let mut session = open(&args.conn)?;
     session.ensure_writable()?;
     let _lock = runner_lock::acquire(&mut session, args.safety.runner_wait)?;

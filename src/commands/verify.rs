@@ -5,12 +5,12 @@ use std::io::Write;
 use anyhow::Result;
 use tabled::{settings::Style, Table, Tabled};
 
-use super::{open, print_json, snapshot};
+use super::{open_checked, print_json, snapshot};
 use crate::cli::{Format, VerifyArgs};
 use crate::error::{Outcome, PgContext};
 
 pub fn run(args: &VerifyArgs, format: Format) -> Result<Outcome> {
-    let mut session = open(&args.conn)?;
+    let (mut session, environment) = open_checked(&args.conn)?;
     let mut tx = snapshot(&mut session.client)?;
     let result = crate::verify::run(&mut tx)?;
     tx.rollback().doing("closing the snapshot")?;
@@ -45,9 +45,7 @@ pub fn run(args: &VerifyArgs, format: Format) -> Result<Outcome> {
                 "{} (PostgreSQL {})",
                 session.params, session.server_version
             )?;
-            if let Some(environment) = &session.environment {
-                writeln!(out, "{environment}")?;
-            }
+            writeln!(out, "{environment}")?;
             writeln!(out, "{}", Table::new(rows).with(Style::psql()))?;
             writeln!(
                 out,

@@ -90,10 +90,8 @@ pub struct Session {
     pub server_version_num: i32,
     pub server_version: String,
     /// The server backend the session started on (`pg_backend_pid()`): a session that keeps
-    /// it has kept its session state (see [`super::preflight::ensure_session_kept`]).
+    /// it has kept its session state (see [`ensure_backend`]).
     pub backend_pid: i32,
-    /// What the pre-flight found, once it ran ([`super::preflight::check`]).
-    pub environment: Option<super::preflight::Environment>,
 }
 
 /// The runner lock is a session lock: it goes when the session ends, but the server ends a
@@ -206,7 +204,6 @@ pub fn connect(params: &ConnParams) -> Result<Session> {
         server_version_num,
         server_version,
         backend_pid,
-        environment: None,
     })
 }
 
@@ -364,6 +361,43 @@ fn root_certificate(params: &ConnParams) -> Option<PathBuf> {
     let home = std::env::var_os("HOME")?;
     let default = PathBuf::from(home).join(".postgresql/root.crt");
     default.is_file().then_some(default)
+}
+
+/// A READ ONLY transaction: the server refuses any write made in it.
+pub fn read_only(client: &mut postgres::Client) -> Result<postgres::Transaction<'_>> {
+    client
+        .build_transaction()
+        .read_only(true)
+        .start()
+        .doing("opening a read-only transaction")
+}
+
+/// One REPEATABLE READ, READ ONLY snapshot: every query in it sees the same moment, and the
+/// server refuses any write (a hot standby will do).
+pub fn snapshot(client: &mut postgres::Client) -> Result<postgres::Transaction<'_>> {
+    client
+        .build_transaction()
+        .isolation_level(postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .doing("opening a read-only snapshot")
+}
+
+/// Whether `client` still talks to server backend `backend_pid` (the one its session started
+/// on): through a pooler that does not keep sessions it would not, and the runner lock and
+/// session settings would be lost. Checked by the pre-flight and before every release step.
+pub fn ensure_backend(client: &mut postgres::Client, backend_pid: i32) -> Result<()> {
+    for _ in 0..2 {
+        let [pid] = simple_row(client, "SELECT pg_backend_pid()")
+            .doing("checking that the server session is still the same")?;
+        let pid: i32 = pid.parse().unwrap_or_default();
+        if pid != backend_pid {
+            bail!(
+                "the server session changed under pgmend (backend {backend_pid} at the start, {pid} now): what stands between pgmend and the server does not keep sessions (a pooler in transaction or statement mode), so pgmend's runner lock and prepared statements would be lost. If pgmend took its runner lock, backend {backend_pid} keeps it until that server connection closes: restart the pool, or run SELECT pg_terminate_backend({backend_pid}) once no client uses it. Then connect to the server directly, or through a pool in session mode. Every step committed so far is complete; a rerun continues from there"
+            );
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -4,8 +4,6 @@
 
 pub mod connect;
 pub mod conninfo;
-pub mod preflight;
-pub mod privileges;
 pub mod retry;
 pub mod runner_lock;
 pub mod sql_text;

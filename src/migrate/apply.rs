@@ -15,9 +15,10 @@ use serde::Serialize;
 
 use super::history;
 use super::plan::Plan;
-use super::source::Mode;
+use super::source::{by_version, Mode};
 use crate::db::conninfo::ConnParams;
 use crate::db::retry::{with_lock_retry, LockPolicy};
+use crate::error::PgContext;
 use crate::online::{evaluate, index};
 
 #[derive(Debug, Serialize)]
@@ -51,11 +52,7 @@ pub fn execute(
     }
     let mut done = Vec::new();
     for planned in &plan.pending {
-        let migration = plan
-            .migrations
-            .iter()
-            .find(|m| m.version == planned.version)
-            .expect("planned migrations come from the plan's files");
+        let migration = by_version(&plan.migrations, planned.version);
         let label = migration.label();
         crate::signals::check(&format!("{label}; the migrations before it are applied"))?;
         let tables: Vec<String> = planned
@@ -75,7 +72,15 @@ pub fn execute(
             progress(&format!(
                 "applying {label} (online: each statement in autocommit, watched)"
             ));
-            index::apply(client, params, migration, build_wait, progress)?;
+            let online = index::OnlineMigration {
+                label: label.clone(),
+                origin: &migration.origin,
+                statements: &migration.statements,
+                censuses: &migration.censuses,
+            };
+            index::apply(client, params, &online, build_wait, progress)?;
+            history::record(client, migration)
+                .doing(format!("recording {label} in the history"))?;
         } else {
             progress(&format!(
                 "applying {label} ({}, one transaction)",

@@ -5,5 +5,4 @@ pub mod baseline;
 pub mod history;
 pub mod plan;
 pub mod source;
-pub mod sql;
 pub mod status;

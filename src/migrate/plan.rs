@@ -23,12 +23,12 @@ use anyhow::{bail, Result};
 use serde::Serialize;
 
 use super::history;
-use super::source::{Migration, Mode};
-use super::sql::{LockMode, Statement};
+use super::source::{by_version, Migration, Mode};
 use super::status::{self, Entry};
 use crate::error::PgContext;
 use crate::online::census::{added_column, AddedColumn};
 use crate::online::evaluate::{evaluate, Finding};
+use crate::statements::{LockMode, Statement};
 
 #[derive(Debug, Serialize)]
 pub struct Plan {
@@ -104,10 +104,7 @@ pub fn build_with(
     let mut pending = Vec::new();
     let mut shadows: Vec<AddedColumn> = Vec::new();
     for entry in pending_entries {
-        let m = files
-            .iter()
-            .find(|m| m.version == entry.version)
-            .expect("pending entries come from files");
+        let m = by_version(&files, entry.version);
         let creates: Vec<String> = m
             .statements
             .iter()

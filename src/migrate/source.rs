@@ -18,11 +18,20 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
-use super::sql::{self, Statement};
 use crate::online::census::{self, Census};
+use crate::statements::{self as sql, Statement};
 
 mod embedded {
     include!(concat!(env!("OUT_DIR"), "/embedded_migrations.rs"));
+}
+
+/// The migration of `files` with `version`, which a plan or a status entry built from those
+/// files names: its absence is a bug, not an input error.
+pub fn by_version(files: &[Migration], version: i32) -> &Migration {
+    files
+        .iter()
+        .find(|m| m.version == version)
+        .expect("every planned or pending version comes from the migration files")
 }
 
 /// How a migration runs.

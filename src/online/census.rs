@@ -23,7 +23,7 @@ use anyhow::{bail, Result};
 use regex::Regex;
 use serde::Serialize;
 
-use crate::migrate::sql::Statement;
+use crate::statements::Statement;
 
 /// What a census guards, which decides whether violators stop the step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -276,7 +276,7 @@ pub fn with_shadows(sql: &str, shadows: &[AddedColumn]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::migrate::sql::split;
+    use crate::statements::split;
 
     #[test]
     fn unique_index_census_keeps_the_predicate() {

@@ -10,12 +10,22 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use regex::Regex;
 
+use super::census::Census;
 use super::evaluate;
 use crate::db::conninfo::ConnParams;
 use crate::error::{describe, sqlstate, PgContext, Stopped, Violators};
-use crate::migrate::history;
-use crate::migrate::source::Migration;
-use crate::migrate::sql::Statement;
+use crate::statements::Statement;
+
+/// What an online build needs of a migration; the migration layer above gives it, and writes
+/// the history row once [`apply`] returns.
+pub struct OnlineMigration<'a> {
+    /// For messages: `V4 (name)`.
+    pub label: String,
+    /// Where the file came from, for the message of a failed statement.
+    pub origin: &'a str,
+    pub statements: &'a [Statement],
+    pub censuses: &'a [Census],
+}
 
 /// How often the watcher looks at the build.
 const POLL: Duration = Duration::from_millis(500);
@@ -26,15 +36,15 @@ static CREATE_INDEX: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r#"(?is)^\s*create\s+(unique\s+)?index\s+concurrently\s+(?:if\s+not\s+exists\s+)?("?[\w$]+"?)\s+on\s+(?:only\s+)?([\w$."]+)"#).unwrap()
 });
 
-/// Applies an online migration statement by statement, then records it.
+/// Applies an online migration statement by statement; the caller records it in the history.
 pub fn apply(
     main: &mut postgres::Client,
     params: &ConnParams,
-    migration: &Migration,
+    migration: &OnlineMigration,
     build_wait: Duration,
     progress: &mut dyn FnMut(&str),
 ) -> Result<()> {
-    for statement in &migration.statements {
+    for statement in migration.statements {
         match CREATE_INDEX.captures(&statement.sql) {
             Some(c) => {
                 let name = c[2].trim_matches('"').to_string();
@@ -62,19 +72,6 @@ pub fn apply(
             }
         }
     }
-    main.execute(
-        &format!(
-            "INSERT INTO {} (version, name, applied_on, checksum) VALUES ($1, $2, $3, $4)",
-            history::TABLE
-        ),
-        &[
-            &migration.version,
-            &migration.name,
-            &chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Nanos, true),
-            &migration.checksum.to_string(),
-        ],
-    )
-    .doing(format!("recording {} in the history", migration.label()))?;
     Ok(())
 }
 
@@ -168,14 +165,14 @@ fn same_definition(catalog: &str, statement: &str) -> bool {
 fn build_index(
     main: &mut postgres::Client,
     params: &ConnParams,
-    migration: &Migration,
+    migration: &OnlineMigration,
     statement: &Statement,
     name: &str,
     table: &str,
     build_wait: Duration,
     progress: &mut dyn FnMut(&str),
 ) -> Result<()> {
-    let label = migration.label();
+    let label = &migration.label;
     if let Some(found) = existing(main, name)? {
         if found.adoptable(&statement.sql) {
             progress(&format!(
@@ -193,7 +190,7 @@ fn build_index(
     let leftover = format!("index {name}");
     for attempt in 1..=BUILD_ATTEMPTS {
         crate::signals::check(&format!("building {name} ({label})"))?;
-        for finding in evaluate::check_before(main, &label, &migration.censuses)? {
+        for finding in evaluate::check_before(main, label, migration.censuses)? {
             progress(&finding.describe());
         }
         progress(&format!(

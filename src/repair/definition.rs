@@ -137,10 +137,29 @@ impl Repair {
         }
     }
 
-    pub fn kind(&self) -> &'static str {
+    pub fn kind(&self) -> Kind {
         match self.spec {
-            Spec::VoidDuplicates(_) => "void_duplicates",
-            Spec::RebuildCounter(_) => "rebuild_counter",
+            Spec::VoidDuplicates(_) => Kind::VoidDuplicates,
+            Spec::RebuildCounter(_) => Kind::RebuildCounter,
+        }
+    }
+}
+
+/// The kind of a repair, as the `kind` key of its definition names it (and as JSON output and
+/// `pgmend.repair_runs.kind` write it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    #[default]
+    VoidDuplicates,
+    RebuildCounter,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::VoidDuplicates => "void_duplicates",
+            Kind::RebuildCounter => "rebuild_counter",
         }
     }
 }
@@ -353,6 +372,14 @@ impl RepairSource {
             )
         })
     }
+}
+
+/// The repair `name` of a loaded set, for a step of the release (`release.toml`) that names it.
+pub fn named<'a>(repairs: &'a [Repair], name: &str) -> Result<&'a Repair> {
+    repairs
+        .iter()
+        .find(|r| r.name == name)
+        .with_context(|| format!("release.toml names repair {name:?}, which has no definition"))
 }
 
 #[cfg(test)]

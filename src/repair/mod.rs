@@ -8,4 +8,5 @@ pub mod guard;
 pub mod preview;
 pub mod runner;
 pub mod undo;
+pub mod verdict;
 pub mod void;

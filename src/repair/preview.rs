@@ -10,10 +10,11 @@ use fallible_iterator::FallibleIterator;
 use serde::Serialize;
 
 use super::counter::CounterEngine;
-use super::definition::{Repair, Spec};
+use super::definition::{Kind, Repair, Spec};
 use super::void::VoidEngine;
 use crate::db::sql_text::Ident;
 use crate::error::{describe, sqlstate, PgContext};
+use crate::human;
 use crate::online::census::{with_shadows, AddedColumn};
 
 /// One row that would change.
@@ -29,7 +30,7 @@ pub struct Change {
 #[derive(Debug, Default, Serialize)]
 pub struct Preview {
     pub repair: String,
-    pub kind: String,
+    pub kind: Kind,
     pub description: String,
     /// Rows (or counter rows) that would change.
     pub changes: i64,
@@ -53,7 +54,7 @@ pub fn preview(
 ) -> Result<Preview> {
     let mut p = Preview {
         repair: repair.name.clone(),
-        kind: repair.kind().into(),
+        kind: repair.kind(),
         description: repair.description().into(),
         ..Preview::default()
     };
@@ -282,6 +283,35 @@ pub fn render_diff(change: &Change, colour: bool, out: &mut impl Write) -> std::
             _ => line.to_string(),
         };
         writeln!(out, "{painted}")?;
+    }
+    Ok(())
+}
+
+/// Renders a preview's header and summary for people.
+pub fn render_summary(p: &Preview, out: &mut impl Write) -> std::io::Result<()> {
+    if let Some(why) = &p.not_yet {
+        return writeln!(out, "{}: {why}", p.repair);
+    }
+    match p.kind {
+        Kind::VoidDuplicates => writeln!(
+            out,
+            "{}: {} would change, {} of them voided (the rest are redeemed: marked only)",
+            p.repair,
+            human::count(p.changes, "row"),
+            human::int(p.voided_or_created)
+        )?,
+        Kind::RebuildCounter => writeln!(
+            out,
+            "{}: {} would change, {} of them created",
+            p.repair,
+            human::count(p.changes, "counter"),
+            human::int(p.voided_or_created)
+        )?,
+    }
+    if p.kind == Kind::VoidDuplicates && !p.amounts.is_empty() {
+        for (by, yen) in &p.amounts {
+            writeln!(out, "  voided per {by}: {yen} yen")?;
+        }
     }
     Ok(())
 }

@@ -408,8 +408,12 @@ fn freeze(
             let mut tx = c.transaction()?;
             tx.batch_execute(&freeze_policy.set_local_sql())?;
             tx.batch_execute(crate::db::connect::RAISE_WORK_MEM)?;
-            let run_id =
-                store::runs::create(&mut tx, &repair.name, repair.kind(), &repair.checksum)?;
+            let run_id = store::runs::create(
+                &mut tx,
+                &repair.name,
+                repair.kind().as_str(),
+                &repair.checksum,
+            )?;
             let targets = tx.execute(&engine.freeze_sql(), &[&run_id])? as i64;
             store::runs::set_targets(&mut tx, run_id, targets)?;
             tx.commit()?;

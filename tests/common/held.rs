@@ -210,6 +210,52 @@ pub fn assert_whole_batches(conninfo: &str, run_id: i64, checkpoint: i64, exact:
         ledger, marked,
         "every committed batch is whole: one ledger record per marked coupon"
     );
+    assert_checkpoint_in_step(&mut c, run_id);
+}
+
+/// The run's checkpoint and counts are those of its committed batches, to the row: its
+/// `changed` is its number of ledger records and its `processed` its checkpoint; no ledger
+/// record belongs to a target past the checkpoint; and exactly the targets up to the
+/// checkpoint have one live coupon left (those past it still have their duplicates). A
+/// checkpoint committed apart from its batch's changes breaks this when a fault falls
+/// between the two.
+pub fn assert_checkpoint_in_step(c: &mut postgres::Client, run_id: i64) {
+    let row = c
+        .query_one(
+            "WITH r AS (SELECT * FROM pgmend.repair_runs WHERE run_id = $1),
+                  groups AS (SELECT ARRAY[campaign_id, member_id] AS key,
+                                    count(*) FILTER (WHERE NOT legacy_duplicate) AS live
+                               FROM issued_coupons GROUP BY campaign_id, member_id)
+             SELECT r.checkpoint, r.processed, r.changed,
+                    (SELECT count(*) FROM pgmend.repair_ledger l WHERE l.run_id = r.run_id),
+                    (SELECT count(*) FROM pgmend.repair_ledger l
+                       JOIN issued_coupons i ON i.coupon_id = (l.row_key->>'coupon_id')::uuid
+                       JOIN pgmend.repair_targets t ON t.run_id = l.run_id AND t.key = ARRAY[i.campaign_id, i.member_id]
+                      WHERE l.run_id = r.run_id AND t.seq > r.checkpoint),
+                    (SELECT count(*) FROM pgmend.repair_targets t JOIN groups g USING (key)
+                      WHERE t.run_id = r.run_id AND (t.seq <= r.checkpoint) <> (g.live = 1))
+               FROM r",
+            &[&run_id],
+        )
+        .unwrap();
+    let [checkpoint, processed, changed, ledger, past, out_of_step]: [i64; 6] =
+        std::array::from_fn(|i| row.get(i));
+    assert_eq!(
+        changed, ledger,
+        "run {run_id}: repair_runs.changed counts the ledger's records (checkpoint {checkpoint})"
+    );
+    assert_eq!(
+        processed, checkpoint,
+        "run {run_id}: processed is the checkpoint"
+    );
+    assert_eq!(
+        past, 0,
+        "run {run_id}: ledger records of targets past the checkpoint {checkpoint}"
+    );
+    assert_eq!(
+        out_of_step, 0,
+        "run {run_id}: targets whose coupons disagree with the checkpoint {checkpoint} (done up to it, untouched past it)"
+    );
 }
 
 /// The rerun resumes the run and reaches the reference's end state.
@@ -251,25 +297,26 @@ pub fn hold_the_concurrent_build_reading(
         ))
         .unwrap();
     let child = spawn(&exe(), &db.conninfo(), args);
-    let pid = waiting_build(db, "CREATE INDEX CONCURRENTLY%");
+    let pid = waiting_for_a_lock(
+        db,
+        "the concurrent statement waiting for the old reader",
+        "CREATE INDEX CONCURRENTLY%",
+    );
     (child, reader, pid)
 }
 
-/// The pid of pgmend's concurrent statement matching `pattern` once it waits for a lock.
-pub fn waiting_build(db: &TestDb, pattern: &str) -> i32 {
+/// The pid of pgmend's statement matching `pattern` (ILIKE) once it waits for a lock;
+/// `what` names the wait in a timeout's message.
+pub fn waiting_for_a_lock(db: &TestDb, what: &str, pattern: &str) -> i32 {
     let mut watch = db.client();
-    poll(
-        "the concurrent statement waiting for the old reader",
-        Duration::from_secs(60),
-        || {
-            watch
-                .query_opt(
-                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'pgmend'
-                        AND query ILIKE $1 AND wait_event_type = 'Lock'",
-                    &[&pattern],
-                )
-                .unwrap()
-                .map(|r| r.get(0))
-        },
-    )
+    poll(what, Duration::from_secs(60), || {
+        watch
+            .query_opt(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'pgmend'
+                    AND query ILIKE $1 AND wait_event_type = 'Lock'",
+                &[&pattern],
+            )
+            .unwrap()
+            .map(|r| r.get(0))
+    })
 }

@@ -20,11 +20,20 @@ struct Server {
 fn server() -> &'static Server {
     static SERVER: OnceLock<Server> = OnceLock::new();
     SERVER.get_or_init(|| match std::env::var("PGMEND_TEST_DATABASE_URL") {
-        Ok(url) => Server {
-            admin: conninfo::resolve(Some(&url), &|k| std::env::var(k).ok())
-                .expect("PGMEND_TEST_DATABASE_URL"),
-            _local: None,
-        },
+        Ok(url) => {
+            let mut admin = conninfo::resolve(Some(&url), &|k| std::env::var(k).ok())
+                .expect("PGMEND_TEST_DATABASE_URL");
+            // A server that asks for no password (trust, peer) never reads one: give it one
+            // anyway, so that every run's output is checked for a password (see `run`).
+            // (resolve has read the password file already: none is given here.)
+            if admin.password.as_deref().is_none_or(str::is_empty) {
+                admin.password = Some(format!("unasked{:016x}", rand::random::<u64>()));
+            }
+            Server {
+                admin,
+                _local: None,
+            }
+        }
         Err(_) => {
             let pg = LocalPg::start(false).expect("starting a throwaway PostgreSQL for the tests");
             let admin = conninfo::resolve(Some(&pg.conninfo("postgres")), &|_| None).unwrap();
@@ -122,12 +131,17 @@ impl TestDb {
         run(self.pgmend().args(args), &self.password())
     }
 
+    /// Creates the legacy schema (V1, the shipped file) with no rows; returns the connection
+    /// that did (its search_path as the test left it).
+    pub fn legacy_schema(&self) -> postgres::Client {
+        let mut c = self.client();
+        c.batch_execute(&v1_sql()).unwrap();
+        c
+    }
+
     /// Creates the legacy schema (V1) the way production has it, with a few dirty rows.
     pub fn make_legacy(&self) {
-        let v1 =
-            std::fs::read_to_string(repo().join("migrations/V1__legacy_baseline.sql")).unwrap();
-        let mut c = self.client();
-        c.batch_execute(&v1).unwrap();
+        let mut c = self.legacy_schema();
         c.batch_execute(
             "INSERT INTO campaigns VALUES ('SW-A', 1000, 100000, 3000), ('SW-B', 1000, 300000, 0);
              INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen)
@@ -173,21 +187,14 @@ impl TestDb {
     /// The legacy schema with the demo's Silver Week data for `members` members, as
     /// production has it before pgmend touches it (not baselined).
     pub fn make_legacy_data(&self, members: i32) {
-        let v1 =
-            std::fs::read_to_string(repo().join("migrations/V1__legacy_baseline.sql")).unwrap();
-        let mut c = self.client();
-        c.batch_execute(&v1).unwrap();
-        pgmend::commands::demo::generate_dirty_data(&mut c, members).unwrap();
+        let mut c = self.legacy_schema();
+        pgmend::demo_data::generate_dirty_data(&mut c, members).unwrap();
     }
 
     /// The legacy schema with the demo's Silver Week data for `members` members, adopted
     /// with `migrate baseline`.
     pub fn make_legacy_baselined(&self, members: i32) {
-        let v1 =
-            std::fs::read_to_string(repo().join("migrations/V1__legacy_baseline.sql")).unwrap();
-        let mut c = self.client();
-        c.batch_execute(&v1).unwrap();
-        pgmend::commands::demo::generate_dirty_data(&mut c, members).unwrap();
+        self.make_legacy_data(members);
         assert_eq!(self.run(&["migrate", "baseline", "--yes"]).code, 0);
     }
 
@@ -227,8 +234,25 @@ pub fn pgmend_command() -> Command {
     c
 }
 
-/// Runs and collects; fails the test if the password shows anywhere in the output.
+/// Runs and collects; fails the test if the password shows anywhere in the output. The
+/// password must be given: a run that connects with none is [`run_without_password`].
 pub fn run(command: &mut Command, password: &str) -> Run {
+    assert!(
+        !password.is_empty(),
+        "run checks the output for the password it was given, and was given none"
+    );
+    let run = run_without_password(command);
+    assert!(
+        !run.both().contains(password),
+        "the password leaked into the output:\n{}",
+        run.both()
+    );
+    run
+}
+
+/// Runs and collects, for a run that is given no password at all (usage, help, completions,
+/// the demo's own throwaway server).
+pub fn run_without_password(command: &mut Command) -> Run {
     let Output {
         status,
         stdout,
@@ -239,14 +263,12 @@ pub fn run(command: &mut Command, password: &str) -> Run {
         stdout: String::from_utf8_lossy(&stdout).into_owned(),
         stderr: String::from_utf8_lossy(&stderr).into_owned(),
     };
-    if !password.is_empty() {
-        assert!(
-            !run.both().contains(password),
-            "the password leaked into the output:\n{}",
-            run.both()
-        );
-    }
     run
+}
+
+/// The shipped legacy baseline, V1.
+pub fn v1_sql() -> String {
+    std::fs::read_to_string(repo().join("migrations/V1__legacy_baseline.sql")).unwrap()
 }
 
 pub fn repo() -> PathBuf {
@@ -402,4 +424,64 @@ pub fn snapshot(db: &TestDb) -> Vec<String> {
     }
     lines.sort();
     lines
+}
+
+/// A role that logs in with a password, created by the admin on `db`'s server (as the
+/// application's owner role, or a role short of privileges) and dropped when the test ends,
+/// with everything it owns given back to the admin (best effort).
+pub struct LoginRole {
+    pub name: String,
+    pub password: &'static str,
+    /// The test database and the server's `postgres` database, as the admin.
+    admin: [String; 2],
+}
+
+impl LoginRole {
+    /// Creates `{prefix}_{database}` with `password`, then runs `sql` as the admin, `{role}`
+    /// in it standing for the role's name and `{db}` for the database's.
+    pub fn create(db: &TestDb, prefix: &str, password: &'static str, sql: &str) -> LoginRole {
+        let name = format!("{prefix}_{}", db.name);
+        db.client()
+            .batch_execute(&format!(
+                "CREATE ROLE {name} LOGIN PASSWORD '{password}'; {}",
+                sql.replace("{role}", &name).replace("{db}", &db.name)
+            ))
+            .unwrap();
+        LoginRole {
+            admin: [db.conninfo(), conninfo_for("postgres")],
+            name,
+            password,
+        }
+    }
+
+    /// A connection string for this role to `db`, with its password.
+    pub fn url(&self, db: &TestDb) -> String {
+        format!(
+            "host={} port={} user={} password={} dbname={} sslmode=disable",
+            db.params.host, db.params.port, self.name, self.password, db.name
+        )
+    }
+
+    /// pgmend as this role on `db`; fails the test if the role's password shows.
+    pub fn run(&self, db: &TestDb, args: &[&str]) -> Run {
+        let mut c = pgmend_command();
+        c.env("DATABASE_URL", self.url(db)).args(args);
+        run(&mut c, self.password)
+    }
+}
+
+impl Drop for LoginRole {
+    fn drop(&mut self) {
+        for (conninfo, sql) in self.admin.iter().zip([
+            format!(
+                "REASSIGN OWNED BY {0} TO CURRENT_USER; DROP OWNED BY {0}",
+                self.name
+            ),
+            format!("DROP ROLE IF EXISTS {}", self.name),
+        ]) {
+            if let Ok(mut c) = postgres::Client::connect(conninfo, postgres::NoTls) {
+                let _ = c.batch_execute(&sql);
+            }
+        }
+    }
 }

@@ -5,13 +5,15 @@
 //! (exit 2) that says what was found and what to do; nothing has been changed at that point,
 //! not even pgmend's own tables.
 //!
-//! What the session sets for itself (row_security, the timeouts) is in [`super::connect`].
+//! What the session sets for itself (row_security, the timeouts) is in [`crate::db::connect`].
+
+pub mod privileges;
 
 use std::fmt;
 
 use anyhow::{bail, Result};
 
-use super::Session;
+use crate::db::Session;
 use crate::error::PgContext;
 
 /// The tables of the legacy schema (V1). The schema that holds them is the one released.
@@ -102,7 +104,7 @@ pub fn check(session: &mut Session, pooler_keeps_sessions: bool) -> Result<Envir
 /// the other. (The server cannot report a pooler's mode, and one client alone often keeps
 /// its server backend, so comparing `pg_backend_pid()` across transactions proves nothing.)
 fn intermediary(session: &mut Session) -> Result<Option<String>> {
-    let [server_tcp_port, server_port] = super::connect::simple_row(
+    let [server_tcp_port, server_port] = crate::db::connect::simple_row(
         &mut session.client,
         "SELECT inet_server_port(), current_setting('port')",
     )
@@ -143,22 +145,7 @@ fn intermediary(session: &mut Session) -> Result<Option<String>> {
 /// every transaction. A pooler in transaction mode that the user took for session mode is
 /// caught here at the latest, before the runner lock or a step relies on the session.
 pub fn ensure_session_kept(session: &mut Session) -> Result<()> {
-    ensure_backend(&mut session.client, session.backend_pid)
-}
-
-/// [`ensure_session_kept`] for a client already borrowed away from its session.
-pub fn ensure_backend(client: &mut postgres::Client, backend_pid: i32) -> Result<()> {
-    for _ in 0..2 {
-        let [pid] = super::connect::simple_row(client, "SELECT pg_backend_pid()")
-            .doing("checking that the server session is still the same")?;
-        let pid: i32 = pid.parse().unwrap_or_default();
-        if pid != backend_pid {
-            bail!(
-                "the server session changed under pgmend (backend {backend_pid} at the start, {pid} now): what stands between pgmend and the server does not keep sessions (a pooler in transaction or statement mode), so pgmend's runner lock and prepared statements would be lost. If pgmend took its runner lock, backend {backend_pid} keeps it until that server connection closes: restart the pool, or run SELECT pg_terminate_backend({backend_pid}) once no client uses it. Then connect to the server directly, or through a pool in session mode. Every step committed so far is complete; a rerun continues from there"
-            );
-        }
-    }
-    Ok(())
+    crate::db::connect::ensure_backend(&mut session.client, session.backend_pid)
 }
 
 /// The release is tied to the schema that holds the legacy tables: refuses a session whose

@@ -12,9 +12,9 @@ use anyhow::{bail, Result};
 use postgres::Client;
 
 use crate::migrate::source::Migration;
-use crate::migrate::sql::Statement;
 use crate::release::{Progress, Step};
 use crate::repair::definition::{Repair, Spec};
+use crate::statements::Statement;
 
 /// One privilege the pending work needs, and why (for the message).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -340,7 +340,7 @@ mod tests {
 
     #[test]
     fn statements_give_their_needs() {
-        let statements = crate::migrate::sql::split(
+        let statements = crate::statements::split(
             "ALTER TABLE issued_coupons ADD COLUMN x int;
              CREATE TABLE b (id text PRIMARY KEY REFERENCES campaigns);
              CREATE INDEX CONCURRENTLY i ON issued_coupons (x);

@@ -1,5 +1,9 @@
 //! The whole release as data (`release.toml`, built into the binary): migrations, repairs
-//! and gates in the order of PRODUCT.md, and where a database stands in it.
+//! and gates in the order of PRODUCT.md, and where a database stands in it. Its dry run is
+//! [`dry_run`], its execution [`engine`].
+
+pub mod dry_run;
+pub mod engine;
 
 use anyhow::{bail, Context, Result};
 use postgres::GenericClient;

@@ -1,0 +1,481 @@
+//! Applying the release (`pgmend apply`): the pending steps in order, one function per step
+//! kind, up to the first gate that was not confirmed. Returns what was done; the command
+//! renders it.
+//!
+//! The caller holds the runner lock, has run the privilege check and installed the signal
+//! handler. Between steps the engine reads the history and the release's records again, so a
+//! step done by another path (`migrate apply`, `repair apply`) is not done twice.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use serde::Serialize;
+
+use super::{progress, Step};
+use crate::db::conninfo::ConnParams;
+use crate::db::retry::LockPolicy;
+use crate::error::{PgContext, Stopped, Violators};
+use crate::migrate::source::Migration;
+use crate::migrate::{apply as migrate_apply, history, plan as migrate_plan};
+use crate::repair::definition::{self, Kind, Repair, Spec};
+use crate::repair::runner::{RunOptions, RunReport};
+use crate::repair::{guard, verdict};
+use crate::store;
+
+/// How many times a migration whose census found violators sends its `retry_with` repair
+/// back over what arrived meanwhile.
+const CENSUS_PASSES: u32 = 3;
+
+/// What the release is made of: its steps and the files they resolve to.
+pub struct Release<'a> {
+    pub steps: &'a [Step],
+    pub files: &'a [Migration],
+    pub repairs: &'a [Repair],
+}
+
+/// How the steps run.
+pub struct Settings<'a> {
+    pub params: &'a ConnParams,
+    pub policy: &'a LockPolicy,
+    pub options: &'a RunOptions,
+    pub build_wait: Duration,
+    /// The gates given with `--confirm`.
+    pub confirm: &'a [String],
+    /// With `--pooler session`: the server backend, checked before every step.
+    pub keep_backend: Option<i32>,
+}
+
+/// One step as `apply` left it.
+#[derive(Serialize)]
+pub struct Applied {
+    pub step: usize,
+    pub label: String,
+    pub outcome: String,
+    /// For repair steps: the run, with its batch timings.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run: Option<RunReport>,
+}
+
+/// The gate the release stopped at, waiting for a person.
+pub struct Waiting {
+    pub step: usize,
+    pub name: String,
+    pub explain: String,
+}
+
+/// What `apply` did: every step it looked at, and the gate it stopped at, if any.
+pub struct Walk {
+    pub steps: Vec<Applied>,
+    pub stopped_at: Option<Waiting>,
+}
+
+/// How one step ended.
+enum StepEnd {
+    Done(Option<Box<RunReport>>),
+    WaitingAtGate,
+}
+
+/// Runs every pending step in order, up to the first unconfirmed gate.
+pub fn apply(
+    client: &mut postgres::Client,
+    release: &Release,
+    settings: &Settings,
+) -> Result<Walk> {
+    // A guard that a killed pgmend left on a table would mark the new application's rows;
+    // the step that needs one installs it again.
+    for dropped in guard::remove_all(client, settings.policy)? {
+        crate::say!("dropped the guard trigger {dropped}, left by an interrupted release");
+    }
+    let mut walk = Walk {
+        steps: Vec::new(),
+        stopped_at: None,
+    };
+    for (i, step) in release.steps.iter().enumerate() {
+        let failed = |e| step_failed(e, i + 1, step, settings.confirm);
+        stop_if_signalled(i, step)?;
+        if done(client, settings, i, step).map_err(failed)? {
+            walk.steps.push(applied_step(i, step, "already done", None));
+            continue;
+        }
+        crate::say!("\n== step {}: {}", i + 1, step.label());
+        let started = Instant::now();
+        let end = run_step(client, release, settings, i, step).map_err(failed)?;
+        match end {
+            StepEnd::WaitingAtGate => {
+                walk.steps
+                    .push(applied_step(i, step, "waiting for confirmation", None));
+                if let Step::Gate { name, explain } = step {
+                    walk.stopped_at = Some(Waiting {
+                        step: i + 1,
+                        name: name.clone(),
+                        explain: explain.clone(),
+                    });
+                }
+                break;
+            }
+            StepEnd::Done(run) => {
+                crate::say!(
+                    "step {} done in {}",
+                    i + 1,
+                    crate::config::format_duration(Duration::from_millis(
+                        started.elapsed().as_millis() as u64
+                    ))
+                );
+                walk.steps
+                    .push(applied_step(i, step, "done", run.map(|r| *r)));
+            }
+        }
+    }
+    Ok(walk)
+}
+
+/// Whether step `i` is done already, read again before each step; first, with
+/// `--pooler session`, whether the session still has its server backend.
+fn done(client: &mut postgres::Client, settings: &Settings, i: usize, step: &Step) -> Result<bool> {
+    if let Some(pid) = settings.keep_backend {
+        crate::db::connect::ensure_backend(client, pid)?;
+    }
+    let applied: Vec<i32> = history::read(client)?.iter().map(|a| a.version).collect();
+    Ok(progress(client, applied)?.done(i, step))
+}
+
+fn applied_step(i: usize, step: &Step, outcome: &str, run: Option<RunReport>) -> Applied {
+    Applied {
+        step: i + 1,
+        label: step.label(),
+        outcome: outcome.into(),
+        run,
+    }
+}
+
+fn stop_if_signalled(i: usize, step: &Step) -> Result<()> {
+    match crate::signals::requested() {
+        Some(signal) => Err(Stopped::error(format!(
+            "{} received; stopped before step {} ({}); every step before it is complete. Continue with: {}",
+            signal.name(),
+            i + 1,
+            step.label(),
+            crate::signals::resume_command()
+        ))),
+        None => Ok(()),
+    }
+}
+
+fn run_step(
+    client: &mut postgres::Client,
+    release: &Release,
+    settings: &Settings,
+    i: usize,
+    step: &Step,
+) -> Result<StepEnd> {
+    match step {
+        Step::Migrate {
+            version,
+            retry_with,
+        } => {
+            // A migration after the deploy gate (V5's check) guards the counters' values
+            // from then on: every counter the release rebuilds must equal its source first,
+            // also when the rebuild steps were done by an earlier run.
+            let after_gate = release.steps[..i]
+                .iter()
+                .any(|s| matches!(s, Step::Gate { .. }));
+            if after_gate {
+                counters_match(client, release)?;
+            }
+            migration(client, release, settings, *version, retry_with.as_deref())?;
+            Ok(StepEnd::Done(None))
+        }
+        Step::Repair { name } => {
+            let run = repair(client, release, settings, i, step, name)?;
+            Ok(StepEnd::Done(Some(Box::new(run))))
+        }
+        Step::Gate { name, .. } => gate(client, settings, name),
+    }
+}
+
+/// A migration step: applies migration `version`. When `retry_with` names a repair and the
+/// migration's census finds violators, the repair runs again (with a guard trigger installed
+/// the first time, so that the old application's new duplicates are marked as they arrive)
+/// and the migration is tried again, up to [`CENSUS_PASSES`] times.
+pub fn migration(
+    client: &mut postgres::Client,
+    release: &Release,
+    settings: &Settings,
+    version: i32,
+    retry_with: Option<&str>,
+) -> Result<()> {
+    let mut passes = 0;
+    let mut guarded = false;
+    let outcome = loop {
+        let plan = migrate_plan::build_with(client, release.files.to_vec(), Some(version), false)?;
+        let error = match migrate_apply::execute(
+            client,
+            settings.params,
+            &plan,
+            settings.policy,
+            settings.build_wait,
+            &mut |l| crate::say!("{l}"),
+        ) {
+            Ok(_) => break Ok(()),
+            Err(e) => e,
+        };
+        let Some(name) = retry_with.filter(|_| {
+            passes < CENSUS_PASSES
+                && crate::signals::requested().is_none()
+                && error.chain().any(|c| c.is::<Violators>())
+        }) else {
+            break Err(error);
+        };
+        passes += 1;
+        crate::say!(
+            "{error:#}\nrunning {name} again for what arrived meanwhile (pass {passes} of {CENSUS_PASSES})"
+        );
+        if let Err(e) = repair_again(client, release, settings, name, &mut guarded) {
+            break Err(e);
+        }
+    };
+    if guarded {
+        drop_guard(client, settings.policy, outcome.is_ok())?;
+    }
+    outcome
+}
+
+/// One more pass of the repair a census sent back, with its guard installed first.
+fn repair_again(
+    client: &mut postgres::Client,
+    release: &Release,
+    settings: &Settings,
+    name: &str,
+    guarded: &mut bool,
+) -> Result<()> {
+    let repair = definition::named(release.repairs, name)?;
+    if !*guarded {
+        *guarded = install_guard(client, settings.policy, repair)?;
+    }
+    let run = verdict::run_repair(client, repair, settings.options)?;
+    stop_if_unfinished(&run, repair)
+}
+
+/// Drops the guard a migration step installed, once the step ended (`built`: with its
+/// unique index). A failure to drop it after a failed step is reported, not raised: the step's
+/// own error is the one to show.
+fn drop_guard(client: &mut postgres::Client, policy: &LockPolicy, built: bool) -> Result<()> {
+    match guard::remove_all(client, policy) {
+        Ok(dropped) => {
+            for d in dropped {
+                if built {
+                    crate::say!("dropped the guard trigger {d}: the unique index refuses duplicates from here on");
+                } else {
+                    crate::say!("dropped the guard trigger {d}: the step stopped before the unique index was built");
+                }
+            }
+            Ok(())
+        }
+        Err(e) if built => Err(e),
+        Err(e) => {
+            crate::say!("pgmend: could not drop the guard trigger ({e:#}); the next `pgmend apply` drops it, and `pgmend verify` fails while it exists");
+            Ok(())
+        }
+    }
+}
+
+/// A repair step: runs the repair, stops (exit 1) when the run did not finish cleanly, and
+/// records the step as finished.
+pub fn repair(
+    client: &mut postgres::Client,
+    release: &Release,
+    settings: &Settings,
+    i: usize,
+    step: &Step,
+    name: &str,
+) -> Result<RunReport> {
+    let repair = definition::named(release.repairs, name)?;
+    let run = verdict::run_repair(client, repair, settings.options)?;
+    stop_if_unfinished(&run, repair)?;
+    store::records::record_step(client, i as i32 + 1, &step.label(), Some(run.run.run_id))?;
+    crate::say!(
+        "run {}: {} changed",
+        run.run.run_id,
+        crate::human::count(run.run.changed, "row")
+    );
+    Ok(run)
+}
+
+/// A gate step: waits (ends the walk) unless `--confirm` names it; when it does, records the
+/// legacy counter's figures and who confirmed it.
+fn gate(client: &mut postgres::Client, settings: &Settings, name: &str) -> Result<StepEnd> {
+    if !settings.confirm.iter().any(|c| c == name) {
+        return Ok(StepEnd::WaitingAtGate);
+    }
+    store::ensure(client, settings.policy)?;
+    crate::report::legacy_counter::record_at_gate(client, name)?;
+    let who = format!("{}@{}", os_user(), hostname());
+    store::records::confirm_gate(client, name, &who)?;
+    crate::say!("gate {name} confirmed by {who}");
+    Ok(StepEnd::Done(None))
+}
+
+/// An error inside a step (a lost connection, a cancelled statement, a server restart) ends
+/// the release with exit 2: say what is kept and the command that continues. A [`Stopped`]
+/// or [`Violators`] already says what to do.
+fn step_failed(error: anyhow::Error, n: usize, step: &Step, confirm: &[String]) -> anyhow::Error {
+    if error
+        .chain()
+        .any(|c| c.is::<Stopped>() || c.is::<Violators>())
+    {
+        return error;
+    }
+    error.context(format!(
+        "step {n} ({}) did not finish; the steps before it are complete, and what it committed stays committed (a migration either applied and recorded or not at all, repair batches with their ledger and checkpoint). Once the cause is fixed, continue with: {}",
+        step.label(),
+        continue_command(confirm)
+    ))
+}
+
+/// The command that continues the release, with the gates this one was given.
+pub fn continue_command(confirm: &[String]) -> String {
+    let mut again = String::from("pgmend apply --yes");
+    for gate in confirm {
+        again.push_str(&format!(" --confirm {gate}"));
+    }
+    again
+}
+
+/// Stops (exit 1) when the counter of any rebuild step of the release differs from its
+/// source now, naming the repair and the first keys.
+fn counters_match(client: &mut postgres::Client, release: &Release) -> Result<()> {
+    let mut differing = Vec::new();
+    let mut seen: Vec<&str> = Vec::new();
+    for step in release.steps {
+        let Step::Repair { name } = step else {
+            continue;
+        };
+        let Some(repair) = release.repairs.iter().find(|r| &r.name == name) else {
+            continue;
+        };
+        let Spec::RebuildCounter(spec) = &repair.spec else {
+            continue;
+        };
+        if seen.contains(&name.as_str()) {
+            continue;
+        }
+        seen.push(name);
+        let engine = crate::repair::counter::CounterEngine::prepare(client, spec)?;
+        let mut tx = crate::db::connect::read_only(client)?;
+        tx.batch_execute(crate::db::connect::RAISE_WORK_MEM)
+            .doing("raising work_mem to compare the counters with their source")?;
+        let keys = engine.differing_keys(&mut tx, 5).doing(format!(
+            "comparing {} with its source",
+            spec.counter_table.as_str()
+        ))?;
+        tx.rollback().doing("closing the read-only transaction")?;
+        if !keys.is_empty() {
+            differing.push(format!(
+                "{} ({}), for example {}",
+                spec.counter_table.as_str(),
+                name,
+                keys.iter()
+                    .map(|k| k.join("/"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+    }
+    if !differing.is_empty() {
+        return Err(Stopped::error(format!(
+            "counters differ from their source before a migration after the deploy gate: {}. After the gate every writer changes a counter and its source together, so one does not (the old application still committing, a guard left behind, a manual change). Stop it, rebuild each named counter (`pgmend repair apply REPAIR --yes`), then rerun `pgmend apply --yes`; nothing of this step was changed",
+            differing.join("; ")
+        )));
+    }
+    Ok(())
+}
+
+/// Stops the release (the run's own exit-1 message) when a run was interrupted, skipped keys,
+/// or left counters drifting after the gate.
+fn stop_if_unfinished(run: &RunReport, repair: &Repair) -> Result<()> {
+    let drifting_after_gate =
+        run.after_gate && run.left_over > 0 && repair.kind() == Kind::RebuildCounter;
+    if run.interrupted
+        || drifting_after_gate
+        || run.run.skipped.as_array().is_some_and(|s| !s.is_empty())
+    {
+        verdict::finish(run, repair)?;
+    }
+    Ok(())
+}
+
+fn os_user() -> String {
+    std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .ok()
+        .or_else(|| {
+            std::process::Command::new("id")
+                .arg("-un")
+                .output()
+                .ok()
+                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        })
+        .filter(|u| !u.is_empty())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "unknown-host".into())
+}
+
+/// Installs the guard of a void repair that a migration's census sent back: duplicates the old
+/// application inserts from now on are marked as they arrive, so that the census can reach
+/// zero. Returns whether one was installed (a counter repair has none; a repair that has not
+/// run yet has no run to record in).
+fn install_guard(
+    client: &mut postgres::Client,
+    policy: &LockPolicy,
+    repair: &Repair,
+) -> Result<bool> {
+    let Spec::VoidDuplicates(spec) = &repair.spec else {
+        return Ok(false);
+    };
+    let run_id = store::runs::latest_run_id(client, &repair.name)?;
+    let Some(run_id) = run_id else {
+        return Ok(false);
+    };
+    guard::install(client, policy, &repair.name, spec, run_id)?;
+    crate::say!(
+        "installed a guard trigger on {}: until the unique index is valid, a duplicate the old application inserts is marked as it arrives (recorded in the ledger of run {run_id})",
+        spec.table.as_str()
+    );
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_continue_command_repeats_the_confirmed_gates() {
+        assert_eq!(continue_command(&[]), "pgmend apply --yes");
+        assert_eq!(
+            continue_command(&["deploy-new-application".into()]),
+            "pgmend apply --yes --confirm deploy-new-application"
+        );
+    }
+
+    #[test]
+    fn a_failed_step_says_what_is_kept_unless_the_error_already_says_what_to_do() {
+        let step = Step::Repair {
+            name: "void-duplicate-coupons".into(),
+        };
+        let lost = step_failed(anyhow::anyhow!("connection lost"), 4, &step, &[]);
+        let text = format!("{lost:#}");
+        assert!(
+            text.starts_with("step 4 (repair void-duplicate-coupons) did not finish")
+                && text.contains("continue with: pgmend apply --yes")
+                && text.ends_with("connection lost"),
+            "{text}"
+        );
+        let stopped = step_failed(Stopped::error("stopped safely"), 4, &step, &[]);
+        assert_eq!(format!("{stopped:#}"), "stopped safely");
+    }
+}

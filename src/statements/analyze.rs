@@ -1,0 +1,197 @@
+//! What one statement is and the strongest lock it takes, read from its tokens: one function
+//! per kind of statement, each filling in the summary and the locks.
+
+use super::tokens::{is_word, read_name, referenced, skip_words, Token};
+use super::{LockMode, LockTaken, Statement};
+
+/// Reads `sql` (starting at `line`) from its `tokens`.
+pub(super) fn analyze(sql: String, line: usize, tokens: &[Token]) -> Statement {
+    let words: Vec<&str> = tokens
+        .iter()
+        .take(8)
+        .filter_map(|t| match t {
+            Token::Word(w) => Some(w.as_str()),
+            _ => None,
+        })
+        .collect();
+    let mut statement = Statement {
+        line,
+        summary: String::new(),
+        sql,
+        locks: Vec::new(),
+        online: false,
+        transaction_control: false,
+        lock_assumed: false,
+        creates_tables: Vec::new(),
+    };
+    let first = words.first().copied().unwrap_or("");
+    let s = &mut statement;
+    match first {
+        "begin" | "commit" | "rollback" | "end" | "savepoint" | "release" | "abort" | "start"
+        | "prepare" => {
+            s.transaction_control = true;
+            s.summary = first.to_uppercase();
+        }
+        "create" => create(s, tokens, &words),
+        "alter" if is_word(tokens.get(1), "table") => alter_table(s, tokens),
+        "drop" if is_word(tokens.get(1), "index") => drop_index(s, tokens),
+        "reindex" => reindex(s, tokens, &words),
+        "vacuum" => {
+            s.online = true;
+            s.summary = "VACUUM".into();
+        }
+        "drop" | "truncate" | "lock" | "cluster" => {
+            let i = skip_words(tokens, 1, &["table", "if", "exists", "only"]);
+            let name = read_name(tokens, i).map(|(n, _)| n).unwrap_or_default();
+            s.summary = format!("{} {name}", upper(&words, 2));
+            s.locks.push(lock(name, LockMode::AccessExclusive));
+        }
+        "insert" | "update" | "delete" | "merge" => {
+            let i = skip_words(tokens, 1, &["into", "from", "only"]);
+            let name = read_name(tokens, i).map(|(n, _)| n).unwrap_or_default();
+            s.summary = format!("{} {name}", first.to_uppercase());
+            s.locks.push(lock(name, LockMode::RowExclusive));
+        }
+        "select" | "with" | "set" | "reset" | "comment" | "analyze" | "grant" | "revoke" => {
+            s.summary = first.to_uppercase();
+        }
+        _ => {
+            // Not recognised: assume the strongest lock, and say it is assumed.
+            s.summary = upper(&words, 3);
+            s.lock_assumed = true;
+            s.locks
+                .push(lock("(not recognised)".into(), LockMode::AccessExclusive));
+        }
+    }
+    statement
+}
+
+fn lock(relation: String, mode: LockMode) -> LockTaken {
+    LockTaken { relation, mode }
+}
+
+/// The first `n` words, upper-cased, for a summary.
+fn upper(words: &[&str], n: usize) -> String {
+    words
+        .iter()
+        .take(n)
+        .map(|w| w.to_uppercase())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// A CONCURRENTLY form takes SHARE UPDATE EXCLUSIVE; the plain form takes `plain`.
+fn concurrent_or(concurrently: bool, plain: LockMode) -> LockMode {
+    if concurrently {
+        LockMode::ShareUpdateExclusive
+    } else {
+        plain
+    }
+}
+
+fn has(tokens: &[Token], word: &str) -> bool {
+    tokens
+        .iter()
+        .any(|t| matches!(t, Token::Word(x) if x == word))
+}
+
+/// `CREATE TABLE` (SHARE ROW EXCLUSIVE on each table it references), `CREATE [UNIQUE] INDEX
+/// [CONCURRENTLY]`, or another catalog entry.
+fn create(s: &mut Statement, tokens: &[Token], words: &[&str]) {
+    let i = skip_words(
+        tokens,
+        1,
+        &[
+            "or",
+            "replace",
+            "global",
+            "local",
+            "temporary",
+            "temp",
+            "unlogged",
+        ],
+    );
+    if is_word(tokens.get(i), "table") {
+        let i = skip_words(tokens, i + 1, &["if", "not", "exists"]);
+        let name = read_name(tokens, i).map(|(n, _)| n).unwrap_or_default();
+        s.summary = format!("CREATE TABLE {name}");
+        s.creates_tables.push(name);
+        for target in referenced(tokens) {
+            s.locks.push(lock(target, LockMode::ShareRowExclusive));
+        }
+    } else if is_word(tokens.get(i), "unique") || is_word(tokens.get(i), "index") {
+        create_index(s, tokens, is_word(tokens.get(i), "unique"));
+    } else {
+        // Schemas, types, functions, sequences, views: catalog entries, no table lock on
+        // existing data (a view's query takes ACCESS SHARE at most).
+        s.summary = upper(words, 3);
+    }
+}
+
+fn create_index(s: &mut Statement, tokens: &[Token], unique: bool) {
+    let on = tokens
+        .iter()
+        .position(|t| matches!(t, Token::Word(w) if w == "on"));
+    let table = on
+        .map(|p| skip_words(tokens, p + 1, &["only"]))
+        .and_then(|p| read_name(tokens, p))
+        .map(|(n, _)| n)
+        .unwrap_or_default();
+    let concurrently = has(tokens, "concurrently");
+    s.online = concurrently;
+    s.summary = format!(
+        "CREATE {}INDEX {}ON {table}",
+        if unique { "UNIQUE " } else { "" },
+        if concurrently { "CONCURRENTLY " } else { "" }
+    );
+    let mode = concurrent_or(concurrently, LockMode::Share);
+    s.locks.push(lock(table, mode));
+}
+
+/// `ALTER TABLE`: ACCESS EXCLUSIVE, except a lone VALIDATE (SHARE UPDATE EXCLUSIVE) and a
+/// lone foreign key (SHARE ROW EXCLUSIVE, also on the table it references).
+fn alter_table(s: &mut Statement, tokens: &[Token]) {
+    let i = skip_words(tokens, 2, &["if", "exists", "only"]);
+    let (table, after) = read_name(tokens, i).unwrap_or_default();
+    s.summary = format!("ALTER TABLE {table}");
+    let rest = &tokens[after.min(tokens.len())..];
+    let only_validate =
+        has(rest, "validate") && !has(rest, "add") && !has(rest, "drop") && !has(rest, "alter");
+    let foreign_key_only = has(rest, "foreign") && !has(rest, "column") && !has(rest, "check");
+    let mode = if only_validate {
+        LockMode::ShareUpdateExclusive
+    } else if foreign_key_only {
+        LockMode::ShareRowExclusive
+    } else {
+        LockMode::AccessExclusive
+    };
+    s.locks.push(lock(table, mode));
+    for target in referenced(rest) {
+        s.locks.push(lock(target, LockMode::ShareRowExclusive));
+    }
+}
+
+fn drop_index(s: &mut Statement, tokens: &[Token]) {
+    let concurrently = is_word(tokens.get(2), "concurrently");
+    let i = skip_words(tokens, 2, &["concurrently", "if", "exists"]);
+    let name = read_name(tokens, i).map(|(n, _)| n).unwrap_or_default();
+    s.online = concurrently;
+    s.summary = format!(
+        "DROP INDEX {}{name}",
+        if concurrently { "CONCURRENTLY " } else { "" }
+    );
+    let mode = concurrent_or(concurrently, LockMode::AccessExclusive);
+    s.locks.push(lock(format!("{name} and its table"), mode));
+}
+
+fn reindex(s: &mut Statement, tokens: &[Token], words: &[&str]) {
+    let concurrently = has(tokens, "concurrently");
+    s.online = concurrently;
+    s.summary = upper(words, words.len());
+    let name = tokens.iter().rev().find_map(|t| match t {
+        Token::Word(w) | Token::Quoted(w) => Some(w.clone()),
+        _ => None,
+    });
+    let mode = concurrent_or(concurrently, LockMode::AccessExclusive);
+    s.locks.push(lock(name.unwrap_or_default(), mode));
+}

@@ -1,0 +1,301 @@
+//! Reading migration SQL without a server: splitting a file into statements, and the
+//! strongest lock each statement takes (from PostgreSQL's documentation of lock modes).
+//!
+//! The plan reports these locks from the text alone: a dry run never runs DDL to find out.
+
+use std::fmt;
+
+use serde::Serialize;
+
+use analyze::analyze;
+use tokens::tokenize;
+
+mod analyze;
+mod tokens;
+
+/// PostgreSQL's table-level lock modes, weakest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum LockMode {
+    AccessShare,
+    RowShare,
+    RowExclusive,
+    ShareUpdateExclusive,
+    Share,
+    ShareRowExclusive,
+    Exclusive,
+    AccessExclusive,
+}
+
+impl LockMode {
+    /// What the application notices while the lock is held (or waited for).
+    pub fn blocks(self) -> &'static str {
+        match self {
+            LockMode::AccessShare | LockMode::RowShare | LockMode::RowExclusive => {
+                "nothing the application does"
+            }
+            LockMode::ShareUpdateExclusive => "other DDL and VACUUM; reads and writes go on",
+            LockMode::Share => "writes (INSERT, UPDATE, DELETE); reads go on",
+            LockMode::ShareRowExclusive => "writes (INSERT, UPDATE, DELETE); reads go on",
+            LockMode::Exclusive => "everything but plain reads",
+            LockMode::AccessExclusive => "every query on the table, reads included",
+        }
+    }
+}
+
+impl fmt::Display for LockMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LockMode::AccessShare => "ACCESS SHARE",
+            LockMode::RowShare => "ROW SHARE",
+            LockMode::RowExclusive => "ROW EXCLUSIVE",
+            LockMode::ShareUpdateExclusive => "SHARE UPDATE EXCLUSIVE",
+            LockMode::Share => "SHARE",
+            LockMode::ShareRowExclusive => "SHARE ROW EXCLUSIVE",
+            LockMode::Exclusive => "EXCLUSIVE",
+            LockMode::AccessExclusive => "ACCESS EXCLUSIVE",
+        })
+    }
+}
+
+/// One lock a statement takes on an existing relation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LockTaken {
+    pub relation: String,
+    pub mode: LockMode,
+}
+
+/// One statement of a migration file, with what pgmend knows about it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Statement {
+    /// 1-based line of the file where the statement starts.
+    pub line: usize,
+    pub sql: String,
+    /// `ALTER TABLE issued_coupons`, `CREATE UNIQUE INDEX CONCURRENTLY ...`.
+    pub summary: String,
+    pub locks: Vec<LockTaken>,
+    /// Must run outside a transaction block (CONCURRENTLY, VACUUM).
+    pub online: bool,
+    /// BEGIN, COMMIT and friends: pgmend owns the transactions, so files may not.
+    pub transaction_control: bool,
+    /// The lock analysis did not recognise the statement and assumed the strongest lock.
+    pub lock_assumed: bool,
+    /// Tables this statement creates (to refuse re-creating what exists).
+    pub creates_tables: Vec<String>,
+}
+
+impl Statement {
+    pub fn strongest_lock(&self) -> Option<LockMode> {
+        self.locks.iter().map(|l| l.mode).max()
+    }
+}
+
+/// Splits SQL into statements at top-level semicolons, respecting quotes, dollar quotes
+/// and comments. Statements that hold only comments are dropped.
+pub fn split(sql: &str) -> Vec<Statement> {
+    let bytes: Vec<char> = sql.chars().collect();
+    let mut statements = Vec::new();
+    let mut start = 0usize;
+    let mut i = 0usize;
+    let mut line = 1usize;
+    let mut start_line = 1usize;
+    let n = bytes.len();
+    let advance = |i: &mut usize, line: &mut usize, c: char| {
+        if c == '\n' {
+            *line += 1;
+        }
+        *i += 1;
+    };
+    while i < n {
+        let c = bytes[i];
+        match c {
+            '-' if bytes.get(i + 1) == Some(&'-') => {
+                while i < n && bytes[i] != '\n' {
+                    i += 1;
+                }
+            }
+            '/' if bytes.get(i + 1) == Some(&'*') => {
+                let mut depth = 0;
+                while i < n {
+                    if bytes[i] == '/' && bytes.get(i + 1) == Some(&'*') {
+                        depth += 1;
+                        i += 2;
+                    } else if bytes[i] == '*' && bytes.get(i + 1) == Some(&'/') {
+                        depth -= 1;
+                        i += 2;
+                        if depth == 0 {
+                            break;
+                        }
+                    } else {
+                        {
+                            let c = bytes[i];
+                            advance(&mut i, &mut line, c);
+                        }
+                    }
+                }
+            }
+            '\'' | '"' => {
+                let backslash = c == '\''
+                    && i > 0
+                    && matches!(bytes[i - 1], 'e' | 'E')
+                    && (i < 2 || !bytes[i - 2].is_alphanumeric());
+                i += 1;
+                while i < n {
+                    if backslash && bytes[i] == '\\' {
+                        i += 2;
+                        continue;
+                    }
+                    if bytes[i] == c {
+                        if bytes.get(i + 1) == Some(&c) {
+                            i += 2;
+                            continue;
+                        }
+                        i += 1;
+                        break;
+                    }
+                    {
+                        let c = bytes[i];
+                        advance(&mut i, &mut line, c);
+                    }
+                }
+            }
+            '$' => {
+                // $tag$ ... $tag$, where tag is empty or an identifier (not $1 parameters).
+                let mut j = i + 1;
+                while j < n && (bytes[j].is_alphanumeric() || bytes[j] == '_') {
+                    j += 1;
+                }
+                let is_tag = j < n
+                    && bytes[j] == '$'
+                    && !bytes.get(i + 1).is_some_and(|d| d.is_ascii_digit());
+                if is_tag {
+                    let tag: String = bytes[i..=j].iter().collect();
+                    i = j + 1;
+                    let tag_chars: Vec<char> = tag.chars().collect();
+                    while i < n && bytes[i..].iter().take(tag_chars.len()).ne(tag_chars.iter()) {
+                        {
+                            let c = bytes[i];
+                            advance(&mut i, &mut line, c);
+                        }
+                    }
+                    i = (i + tag_chars.len()).min(n);
+                } else {
+                    i += 1;
+                }
+            }
+            ';' => {
+                push_statement(&mut statements, &bytes[start..i], start_line);
+                i += 1;
+                start = i;
+                start_line = line;
+            }
+            _ => advance(&mut i, &mut line, c),
+        }
+    }
+    push_statement(&mut statements, &bytes[start..n], start_line);
+    statements
+}
+
+fn push_statement(out: &mut Vec<Statement>, chars: &[char], first_line: usize) {
+    let text: String = chars.iter().collect();
+    let tokens = tokenize(&text);
+    if tokens.is_empty() {
+        return;
+    }
+    // The statement starts at its first line that holds more than blanks and comments.
+    let leading = text.len() - text.trim_start().len();
+    let mut line = first_line + text[..leading].matches('\n').count();
+    let mut in_block = false;
+    for l in text.trim_start().lines() {
+        let t = l.trim();
+        if in_block || t.starts_with("/*") {
+            in_block = !t.contains("*/");
+            line += 1;
+        } else if t.is_empty() || t.starts_with("--") {
+            line += 1;
+        } else {
+            break;
+        }
+    }
+    out.push(analyze(strip_leading_comments(text.trim()), line, &tokens));
+}
+
+fn strip_leading_comments(text: &str) -> String {
+    let mut rest = text;
+    loop {
+        rest = rest.trim_start();
+        if rest.starts_with("--") {
+            rest = rest.split_once('\n').map(|(_, r)| r).unwrap_or("");
+        } else if rest.starts_with("/*") {
+            rest = rest.split_once("*/").map(|(_, r)| r).unwrap_or("");
+        } else {
+            return rest.to_string();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_respecting_quotes_comments_and_dollar_quotes() {
+        let sql = "-- head; not a statement\nCREATE TABLE a (x text DEFAULT ';');\n\n/* ; */ INSERT INTO \"we;ird\" VALUES ($$;$$);\nDO $f$ BEGIN PERFORM 1; END $f$;\n-- trailing comment only\n";
+        let s = split(sql);
+        assert_eq!(s.len(), 3, "{s:#?}");
+        assert_eq!((s[0].line, s[0].summary.as_str()), (2, "CREATE TABLE a"));
+        assert_eq!(s[1].summary, "INSERT we;ird");
+        assert_eq!(s[1].locks[0].mode, LockMode::RowExclusive);
+        assert_eq!(s[2].line, 5);
+        assert!(s[2].lock_assumed);
+    }
+
+    #[test]
+    fn locks_of_the_release_statements() {
+        let s = split(
+            "ALTER TABLE issued_coupons ADD COLUMN voided_at timestamptz;
+             CREATE TABLE campaign_budgets (campaign_id text PRIMARY KEY REFERENCES campaigns);
+             CREATE UNIQUE INDEX CONCURRENTLY one_coupon_per_member ON issued_coupons (campaign_id, member_id) WHERE NOT legacy_duplicate;
+             ALTER TABLE campaign_budgets VALIDATE CONSTRAINT issued_within_budget;
+             DROP INDEX CONCURRENTLY IF EXISTS one_coupon_per_member;
+             ALTER TABLE \"Odd\".\"T\" ADD CONSTRAINT fk FOREIGN KEY (a) REFERENCES other (a) NOT VALID;",
+        );
+        let strongest: Vec<_> = s.iter().map(|st| st.strongest_lock().unwrap()).collect();
+        assert_eq!(
+            strongest,
+            [
+                LockMode::AccessExclusive,
+                LockMode::ShareRowExclusive,
+                LockMode::ShareUpdateExclusive,
+                LockMode::ShareUpdateExclusive,
+                LockMode::ShareUpdateExclusive,
+                LockMode::ShareRowExclusive
+            ]
+        );
+        assert_eq!(s[1].creates_tables, ["campaign_budgets"]);
+        assert_eq!(s[1].locks[0].relation, "campaigns");
+        assert!(s[2].online && s[4].online && !s[0].online);
+        assert_eq!(s[5].locks[0].relation, "Odd.T");
+        assert_eq!(s[5].locks[1].relation, "other");
+    }
+
+    #[test]
+    fn a_statement_after_a_block_comment_starts_on_its_own_line() {
+        let s = split("-- head\n/* pgmend:precondition\nname: x\n*/\nALTER TABLE t ADD c int;");
+        assert_eq!(s.len(), 1);
+        assert_eq!(s[0].line, 5);
+        assert!(s[0].sql.starts_with("ALTER TABLE"), "{}", s[0].sql);
+    }
+
+    #[test]
+    fn transaction_control_is_flagged() {
+        let s = split("BEGIN; SELECT 1; COMMIT;");
+        assert!(s[0].transaction_control && !s[1].transaction_control && s[2].transaction_control);
+    }
+
+    #[test]
+    fn escape_strings_do_not_end_early() {
+        let s = split(r"INSERT INTO t VALUES (E'it\'s; fine'); SELECT 2;");
+        assert_eq!(s.len(), 2, "{s:#?}");
+    }
+}

@@ -1,0 +1,127 @@
+//! The tokens of one statement, and the small readers the analysis walks them with.
+
+/// A token of a statement: keywords and unquoted identifiers are lower-cased, quoted
+/// identifiers kept as written, string literals and punctuation abstracted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Token {
+    Word(String),
+    Quoted(String),
+    Literal,
+    Punct(char),
+}
+
+pub(super) fn tokenize(text: &str) -> Vec<Token> {
+    let chars: Vec<char> = text.chars().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        if c.is_whitespace() {
+            i += 1;
+        } else if c == '-' && chars.get(i + 1) == Some(&'-') {
+            while i < chars.len() && chars[i] != '\n' {
+                i += 1;
+            }
+        } else if c == '/' && chars.get(i + 1) == Some(&'*') {
+            let mut depth = 0;
+            while i < chars.len() {
+                if chars[i] == '/' && chars.get(i + 1) == Some(&'*') {
+                    depth += 1;
+                    i += 2;
+                } else if chars[i] == '*' && chars.get(i + 1) == Some(&'/') {
+                    depth -= 1;
+                    i += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    i += 1;
+                }
+            }
+        } else if c == '"' {
+            let mut s = String::new();
+            i += 1;
+            while i < chars.len() {
+                if chars[i] == '"' {
+                    if chars.get(i + 1) == Some(&'"') {
+                        s.push('"');
+                        i += 2;
+                        continue;
+                    }
+                    i += 1;
+                    break;
+                }
+                s.push(chars[i]);
+                i += 1;
+            }
+            out.push(Token::Quoted(s));
+        } else if c == '\'' {
+            i += 1;
+            while i < chars.len() {
+                if chars[i] == '\'' {
+                    if chars.get(i + 1) == Some(&'\'') {
+                        i += 2;
+                        continue;
+                    }
+                    i += 1;
+                    break;
+                }
+                i += 1;
+            }
+            out.push(Token::Literal);
+        } else if c.is_alphanumeric() || c == '_' {
+            let mut s = String::new();
+            while i < chars.len()
+                && (chars[i].is_alphanumeric() || chars[i] == '_' || chars[i] == '$')
+            {
+                s.push(chars[i]);
+                i += 1;
+            }
+            out.push(Token::Word(s.to_lowercase()));
+        } else {
+            out.push(Token::Punct(c));
+            i += 1;
+        }
+    }
+    out
+}
+
+pub(super) fn is_word(t: Option<&Token>, w: &str) -> bool {
+    matches!(t, Some(Token::Word(x)) if x == w)
+}
+
+/// Reads a possibly schema-qualified name at `tokens[i]`, returning it and the next index.
+pub(super) fn read_name(tokens: &[Token], mut i: usize) -> Option<(String, usize)> {
+    let mut parts = Vec::new();
+    loop {
+        match tokens.get(i)? {
+            Token::Word(w) => parts.push(w.clone()),
+            Token::Quoted(q) => parts.push(q.clone()),
+            _ => return None,
+        }
+        i += 1;
+        if tokens.get(i) == Some(&Token::Punct('.')) {
+            i += 1;
+        } else {
+            return Some((parts.join("."), i));
+        }
+    }
+}
+
+/// Skips optional keywords (`IF NOT EXISTS`, `ONLY`, `CONCURRENTLY`, ...) at `i`.
+pub(super) fn skip_words(tokens: &[Token], mut i: usize, words: &[&str]) -> usize {
+    while words.iter().any(|w| is_word(tokens.get(i), w)) {
+        i += 1;
+    }
+    i
+}
+
+/// The relations named after every `REFERENCES` in the statement.
+pub(super) fn referenced(tokens: &[Token]) -> Vec<String> {
+    tokens
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| matches!(t, Token::Word(w) if w == "references"))
+        .filter_map(|(i, _)| read_name(tokens, i + 1).map(|(n, _)| n))
+        .collect()
+}

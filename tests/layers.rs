@@ -1,0 +1,313 @@
+//! The layers of `src/` point one way (in the spirit of rust-analyzer's tidy tests): plain
+//! file reading, no database, no compiler.
+//!
+//! A file's module is its top-level module under `src/` (`src/db/connect.rs` is `db`,
+//! `src/verify.rs` is `verify`); what it uses is every `crate::NAME` path in it (in `use`
+//! lines, groups `crate::{a, b}` and inline paths), plus `super::NAME` in a folder's own
+//! `mod.rs`. Comments and the unit tests at the end of a file are left out. The rules:
+//!
+//! - `db/` talks to PostgreSQL and knows nothing above it: it may use only [`DB_MAY_USE`].
+//! - No cycle between the top-level modules of `src/`: the module graph is a layering.
+//! - No command module uses another: what two commands share lives in the library or in
+//!   `commands/mod.rs`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+/// The modules below (or beside) the database layer: errors with their SQLSTATE, durations
+/// and lock options, how numbers and durations are written, stdout and progress lines, and the
+/// signal state a bounded retry checks. None of them uses anything of pgmend but each other.
+const DB_MAY_USE: &[&str] = &["error", "config", "human", "output", "signals"];
+
+/// The source files of `src/`, as (path relative to `src/`, text without comments).
+fn sources() -> Vec<(String, String)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    let mut dirs = vec![root.clone()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let rel = path
+                    .strip_prefix(&root)
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned();
+                let text = std::fs::read_to_string(&path).unwrap();
+                files.push((rel.replace('\\', "/"), strip_comments(without_tests(&text))));
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+/// The file without its unit tests (`#[cfg(test)] mod tests` at the end, the house's habit):
+/// a test may use whatever it needs to build its case.
+fn without_tests(text: &str) -> &str {
+    match text.find("#[cfg(test)]\nmod tests") {
+        Some(i) => &text[..i],
+        None => text,
+    }
+}
+
+/// Drops `//` comments (doc comments included: an intra-doc link is not a dependency).
+fn strip_comments(text: &str) -> String {
+    text.lines()
+        .map(|l| match l.find("//") {
+            Some(i) if !l[..i].contains('"') => &l[..i],
+            _ => l,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The top-level module of a file (`None` for the crate roots).
+fn module_of(rel: &str) -> Option<&str> {
+    match rel.split_once('/') {
+        Some((dir, _)) => Some(dir),
+        None if rel == "lib.rs" || rel == "main.rs" => None,
+        None => rel.strip_suffix(".rs"),
+    }
+}
+
+/// The names that follow `prefix` in `text`: `prefix::a`, and each of `prefix::{a, b::c}`.
+fn names_after(text: &str, prefix: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let ident = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut rest = text;
+    while let Some(i) = rest.find(prefix) {
+        let before = rest[..i].chars().last();
+        rest = &rest[i + prefix.len()..];
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+            continue; // `my_crate::` or `a::crate::`
+        }
+        if let Some(group) = rest.strip_prefix('{') {
+            let end = matching_brace(group);
+            for item in split_top_level(&group[..end]) {
+                names.insert(ident(item.trim()));
+            }
+        } else {
+            names.insert(ident(rest));
+        }
+    }
+    names.remove("");
+    names
+}
+
+fn matching_brace(s: &str) -> usize {
+    let mut depth = 0;
+    for (i, c) in s.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => return i,
+            '}' => depth -= 1,
+            _ => {}
+        }
+    }
+    s.len()
+}
+
+fn split_top_level(s: &str) -> Vec<&str> {
+    let (mut parts, mut depth, mut start) = (Vec::new(), 0, 0);
+    for (i, c) in s.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                parts.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&s[start..]);
+    parts
+}
+
+/// The top-level modules each top-level module uses (itself left out).
+fn graph(files: &[(String, String)]) -> BTreeMap<String, BTreeSet<String>> {
+    let modules: BTreeSet<String> = files
+        .iter()
+        .filter_map(|(rel, _)| module_of(rel).map(String::from))
+        .collect();
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (rel, text) in files {
+        let Some(module) = module_of(rel) else {
+            continue;
+        };
+        let mut used = names_after(text, "crate::");
+        if rel.ends_with("/mod.rs") {
+            used.extend(names_after(text, "super::")); // a folder's parent is the crate root
+        }
+        let entry = graph.entry(module.to_string()).or_default();
+        entry.extend(
+            used.into_iter()
+                .filter(|u| u != module && modules.contains(u)),
+        );
+    }
+    graph
+}
+
+/// The files of `db/` that use a module outside [`DB_MAY_USE`], with what they use.
+fn db_violations(files: &[(String, String)]) -> Vec<String> {
+    let modules = graph(files).into_keys().collect::<BTreeSet<_>>();
+    let mut found = Vec::new();
+    for (rel, text) in files.iter().filter(|(rel, _)| rel.starts_with("db/")) {
+        let above: Vec<String> = names_after(text, "crate::")
+            .into_iter()
+            .filter(|u| u != "db" && modules.contains(u) && !DB_MAY_USE.contains(&u.as_str()))
+            .collect();
+        if !above.is_empty() {
+            found.push(format!("src/{rel} uses {}", above.join(", ")));
+        }
+    }
+    found
+}
+
+/// A cycle of the module graph, as `a -> b -> a`, if there is one.
+fn cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<String> {
+    fn visit<'a>(
+        node: &'a str,
+        graph: &'a BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<&'a str>,
+        finished: &mut BTreeSet<&'a str>,
+    ) -> Option<String> {
+        if let Some(at) = path.iter().position(|n| *n == node) {
+            let mut ring = path[at..].to_vec();
+            ring.push(node);
+            return Some(ring.join(" -> "));
+        }
+        if finished.contains(node) {
+            return None;
+        }
+        path.push(node);
+        for next in graph.get(node).into_iter().flatten() {
+            if let Some(found) = visit(next, graph, path, finished) {
+                return Some(found);
+            }
+        }
+        path.pop();
+        finished.insert(node);
+        None
+    }
+    let mut finished = BTreeSet::new();
+    graph
+        .keys()
+        .find_map(|n| visit(n, graph, &mut Vec::new(), &mut finished))
+}
+
+/// Command files that use another command module, with what they use.
+fn command_violations(files: &[(String, String)]) -> Vec<String> {
+    let commands: BTreeSet<String> = files
+        .iter()
+        .filter_map(|(rel, _)| rel.strip_prefix("commands/")?.strip_suffix(".rs"))
+        .filter(|name| *name != "mod")
+        .map(String::from)
+        .collect();
+    let mut found = Vec::new();
+    for (rel, text) in files {
+        let Some(own) = rel
+            .strip_prefix("commands/")
+            .and_then(|r| r.strip_suffix(".rs"))
+        else {
+            continue;
+        };
+        if own == "mod" {
+            continue;
+        }
+        let mut used = names_after(text, "super::");
+        used.extend(names_after(text, "crate::commands::"));
+        let others: Vec<String> = used
+            .into_iter()
+            .filter(|u| u != own && commands.contains(u))
+            .collect();
+        if !others.is_empty() {
+            found.push(format!("src/{rel} uses commands::{}", others.join(", ")));
+        }
+    }
+    found
+}
+
+#[test]
+fn db_uses_nothing_above_it() {
+    let found = db_violations(&sources());
+    assert!(
+        found.is_empty(),
+        "db/ is the lowest layer that talks to PostgreSQL; it may use only {DB_MAY_USE:?}, but:\n  {}\nMove what needs the domain into a module above db (as preflight/ is).",
+        found.join("\n  ")
+    );
+}
+
+#[test]
+fn no_cycle_between_top_level_modules() {
+    let graph = graph(&sources());
+    assert!(graph.contains_key("db") && graph.contains_key("commands"));
+    if let Some(ring) = cycle(&graph) {
+        panic!("the top-level modules of src/ import each other in a circle: {ring}. Make one a layer below the other (pass what it needs as parameters, or move the shared type down).");
+    }
+}
+
+#[test]
+fn commands_do_not_use_each_other() {
+    let found = command_violations(&sources());
+    assert!(
+        found.is_empty(),
+        "a command asks, calls the library and renders; it does not call another command:\n  {}\nMove what they share into the library (or a helper of commands/mod.rs).",
+        found.join("\n  ")
+    );
+}
+
+// The checks themselves, on made-up sources: each one sees what it is there to see.
+
+fn made_up(files: &[(&str, &str)]) -> Vec<(String, String)> {
+    files
+        .iter()
+        .map(|(rel, text)| (rel.to_string(), strip_comments(without_tests(text))))
+        .collect()
+}
+
+#[test]
+fn the_checks_see_an_upward_import_a_cycle_and_a_command_calling_a_command() {
+    let files = made_up(&[
+        (
+            "db/mod.rs",
+            "use crate::error::PgContext;\nuse crate::{config, repair::store};",
+        ),
+        ("error.rs", "// uses crate::db in a comment only\n"),
+        ("config.rs", ""),
+        ("repair/mod.rs", "pub fn f() { crate::migrate::g() }"),
+        ("migrate/mod.rs", "use super::repair;"),
+        ("commands/mod.rs", "pub fn open() {}"),
+        ("commands/release.rs", "use super::{open, repair::finish};"),
+        ("commands/repair.rs", "use super::open;"),
+    ]);
+    assert_eq!(db_violations(&files), ["src/db/mod.rs uses repair"]);
+    assert_eq!(
+        cycle(&graph(&files)).as_deref(),
+        Some("repair -> migrate -> repair")
+    );
+    assert_eq!(
+        command_violations(&files),
+        ["src/commands/release.rs uses commands::repair"]
+    );
+    let clean = made_up(&[
+        ("db/mod.rs", "use crate::error::PgContext;"),
+        ("error.rs", "// crate::db"),
+        (
+            "config.rs",
+            "fn f() {}\n#[cfg(test)]\nmod tests { use crate::repair; }",
+        ),
+        ("repair/mod.rs", "use crate::db; use crate::config;"),
+        ("commands/repair.rs", "use super::open; use crate::repair;"),
+    ]);
+    assert!(db_violations(&clean).is_empty());
+    assert_eq!(cycle(&graph(&clean)), None);
+    assert!(command_violations(&clean).is_empty());
+}
