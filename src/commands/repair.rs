@@ -178,8 +178,8 @@ pub fn status(args: &RepairStatusArgs, format: Format) -> Result<Outcome> {
                 repair: String,
                 state: String,
                 progress: String,
-                changed: i64,
-                skipped: usize,
+                changed: String,
+                skipped: String,
                 #[tabled(rename = "as of")]
                 as_of: String,
                 note: String,
@@ -192,10 +192,12 @@ pub fn status(args: &RepairStatusArgs, format: Format) -> Result<Outcome> {
                     state: r.state.to_string(),
                     progress: format!(
                         "{}/{} (checkpoint {})",
-                        r.processed, r.targets, r.checkpoint
+                        human::int(r.processed),
+                        human::int(r.targets),
+                        human::int(r.checkpoint)
                     ),
-                    changed: r.changed,
-                    skipped: r.skipped.as_array().map_or(0, Vec::len),
+                    changed: human::int(r.changed),
+                    skipped: human::int(r.skipped.as_array().map_or(0, Vec::len) as i64),
                     as_of: r.as_of.clone(),
                     note: match (r.undone_by_run, r.undoes_run) {
                         (Some(u), _) => format!("undone by run {u}"),

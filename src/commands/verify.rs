@@ -29,7 +29,7 @@ pub fn run(args: &VerifyArgs, format: Format) -> Result<Outcome> {
                 detail: if c.violations > 0 && !c.sample.is_empty() {
                     format!(
                         "{} {}; first: {}",
-                        c.violations,
+                        crate::human::int(c.violations),
                         c.detail,
                         c.sample.join(" ")
                     )
