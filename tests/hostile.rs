@@ -800,7 +800,15 @@ fn a_dry_run_reading_a_function_that_writes_is_refused_by_the_server_and_writes_
         &["migrate", "plan", "--migrations-dir", &m],
         &["plan", "--migrations-dir", &m],
     ] {
-        refused(&db, args, &["read-only transaction"]);
+        let r = refused(&db, args, &["read-only transaction", "SQLSTATE 25006"]);
+        if args.contains(&"--repairs-dir") {
+            assert!(
+                r.stderr
+                    .contains("previewing repair rebuild-member-monthly-usage"),
+                "{args:?}: the error names the repair whose preview failed:\n{}",
+                r.stderr
+            );
+        }
         assert_eq!(
             audited_reads(&db),
             (false, 0),

@@ -55,7 +55,7 @@ pub fn plan(args: &RepairPlanArgs, format: Format) -> Result<Outcome> {
     let colour = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let sample = if args.all { None } else { Some(args.sample) };
     let mut out = crate::output::stdout();
-    let preview = match format {
+    match format {
         Format::Json => {
             let mut changes: Vec<Change> = Vec::new();
             let p = preview::preview(&mut tx, &repair, &[], sample, &mut |c| {
@@ -72,7 +72,6 @@ pub fn plan(args: &RepairPlanArgs, format: Format) -> Result<Outcome> {
                 preview: &p,
                 sample: changes,
             })?;
-            p
         }
         _ => {
             writeln!(
@@ -91,11 +90,9 @@ pub fn plan(args: &RepairPlanArgs, format: Format) -> Result<Outcome> {
                     args.sample, p.changes
                 )?;
             }
-            p
         }
-    };
+    }
     tx.rollback().doing("closing the read-only transaction")?;
-    let _ = preview;
     Ok(Outcome::Done)
 }
 
