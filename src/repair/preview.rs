@@ -1,6 +1,18 @@
 //! Dry runs of a repair: what would change, streamed from a READ ONLY transaction, with a
 //! bounded sample rendered as unified diffs (similar). Nothing is held per row beyond the
 //! sample, so memory does not grow with the table.
+//!
+//! `preview` runs inside the caller's `READ ONLY` transaction, in a savepoint it rolls back,
+//! streams the engine's preview query with `query_raw` (a `FallibleIterator`), counts every change
+//! into a `Preview` (changes, voided or created, amounts per `report_by` value, or per key for the
+//! first 1,000 keys) and hands each of the first `sample` changes (all with `None`) to a sink as a
+//! `Change` (table, key, before and after as text maps, reason). Shadows (columns pending
+//! migrations add) apply only to tables that exist and lack the column (`missing_shadows`), through
+//! `census::with_shadows`. Every query goes through `PgContext::doing`, so a server error names the
+//! repair being previewed and its SQLSTATE (a view that writes fails with 25006 in the read-only
+//! transaction); one that fails with 42P01 or 42703 becomes `not_yet` instead of an error.
+//! `render_diff` renders a change as a unified diff with `similar`, coloured when asked;
+//! `render_summary` the counts.
 
 use std::collections::BTreeMap;
 use std::io::Write;

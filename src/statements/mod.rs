@@ -2,6 +2,14 @@
 //! strongest lock each statement takes (from PostgreSQL's documentation of lock modes).
 //!
 //! The plan reports these locks from the text alone: a dry run never runs DDL to find out.
+//!
+//! `split` cuts a file into statements at top-level semicolons, respecting quotes, `E''` strings,
+//! dollar quotes and nested comments, records each statement's line (its first line that is not
+//! blank, a `--` comment or inside a `/* */` block that starts a line, so V5's `ALTER TABLE` is
+//! line 17, after its precondition block), and strips leading `--` lines and `/* */` blocks from
+//! the statement's text (so a precondition block before a statement is not part of it). Each
+//! statement is then tokenized (`tokens`) and read (`analyze`). `LockMode` serializes as
+//! `ACCESS_EXCLUSIVE` and so on.
 
 use std::fmt;
 
