@@ -16,7 +16,7 @@ use std::fmt;
 use serde::Serialize;
 
 use analyze::analyze;
-use tokens::tokenize;
+use tokens::{comment_end, tokenize};
 
 mod analyze;
 mod tokens;
@@ -115,33 +115,13 @@ pub fn split(sql: &str) -> Vec<Statement> {
         *i += 1;
     };
     while i < n {
+        if let Some(end) = comment_end(&bytes, i) {
+            line += bytes[i..end].iter().filter(|&&c| c == '\n').count();
+            i = end;
+            continue;
+        }
         let c = bytes[i];
         match c {
-            '-' if bytes.get(i + 1) == Some(&'-') => {
-                while i < n && bytes[i] != '\n' {
-                    i += 1;
-                }
-            }
-            '/' if bytes.get(i + 1) == Some(&'*') => {
-                let mut depth = 0;
-                while i < n {
-                    if bytes[i] == '/' && bytes.get(i + 1) == Some(&'*') {
-                        depth += 1;
-                        i += 2;
-                    } else if bytes[i] == '*' && bytes.get(i + 1) == Some(&'/') {
-                        depth -= 1;
-                        i += 2;
-                        if depth == 0 {
-                            break;
-                        }
-                    } else {
-                        {
-                            let c = bytes[i];
-                            advance(&mut i, &mut line, c);
-                        }
-                    }
-                }
-            }
             '\'' | '"' => {
                 let backslash = c == '\''
                     && i > 0
