@@ -10,8 +10,8 @@
 //! something behind if the process ends mid-way ([`leave`]) say so here, and say when it is
 //! gone ([`cleaned`]), so that the report names exactly what is left.
 //!
-//! Every line written here goes through [`say`]: after SIGHUP from a closed terminal stderr
-//! fails, and the stop must go on regardless.
+//! Every line written here goes through [`say!`](crate::say): after SIGHUP from a closed
+//! terminal stderr fails, and the stop must go on regardless.
 //!
 //! Stop requests. `install(resume)` (once per process, from `apply`, `migrate apply` and `repair
 //! apply` once they start working) starts a `signal-hook` iterator thread for SIGINT, SIGTERM and

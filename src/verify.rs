@@ -1,5 +1,15 @@
-//! `pgmend verify`: the invariants of PRODUCT.md, checked in one read-only snapshot, and the
-//! anomalies worth a human look. Exit 1 names the first offending keys.
+//! `pgmend verify`: the invariants the release establishes (docs/verify.md), checked in one
+//! read-only snapshot, and the anomalies worth a human look. Exit 1 names the first offending keys.
+//!
+//! `run` refuses a database without `campaigns` and `issued_coupons` (exit 2, `NO_COUPON_TABLES`,
+//! the report's message too); a legacy database fails the one check `released_schema`. Otherwise
+//! the invariants (`data_checks`: one live coupon per campaign and member, both counters equal to
+//! the non-voided coupons; `unique_index`: the unique index unique, valid and with its predicate;
+//! `budget_check`: the check present; `no_invalid_index`; `no_guard_trigger`: none left by an
+//! interrupted release) and two `anomalies` (voided coupons redeemed anyway, counter rows without a
+//! campaign), each one aggregate query with a sample of the first offending keys. The caller
+//! (`commands/verify.rs`) gives it one REPEATABLE READ, READ ONLY snapshot, so it runs on a hot
+//! standby. Tested in `tests/verify.rs` and `tests/hints.rs`.
 
 use anyhow::Result;
 use postgres::GenericClient;

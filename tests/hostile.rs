@@ -800,7 +800,15 @@ fn a_dry_run_reading_a_function_that_writes_is_refused_by_the_server_and_writes_
         &["migrate", "plan", "--migrations-dir", &m],
         &["plan", "--migrations-dir", &m],
     ] {
-        refused(&db, args, &["read-only transaction"]);
+        let r = refused(&db, args, &["read-only transaction", "SQLSTATE 25006"]);
+        if args.contains(&"--repairs-dir") {
+            assert!(
+                r.stderr
+                    .contains("previewing repair rebuild-member-monthly-usage"),
+                "{args:?}: the error names the repair whose preview failed:\n{}",
+                r.stderr
+            );
+        }
         assert_eq!(
             audited_reads(&db),
             (false, 0),
@@ -812,4 +820,38 @@ fn a_dry_run_reading_a_function_that_writes_is_refused_by_the_server_and_writes_
         .batch_execute("SELECT sum(amount_yen) FROM coupons_audited")
         .unwrap();
     assert!(audited_reads(&db).0);
+}
+
+/// A repair previewed before the migrations that add its columns (`repair plan` takes no
+/// shadows) cannot be computed yet: the preview says so, with the server's 42703, and exits
+/// 0 instead of failing, in both formats.
+#[test]
+fn a_repair_previewed_before_its_columns_exist_says_it_is_not_computable_yet() {
+    let db = legacy();
+    let before = snapshot(&db);
+    for format in ["human", "json"] {
+        let r = db.run(&[
+            "repair",
+            "plan",
+            "void-duplicate-coupons",
+            "--format",
+            format,
+        ]);
+        assert_eq!(r.code, 0, "{}", r.both());
+        let said = match format {
+            "json" => serde_json::from_str::<serde_json::Value>(&r.stdout).unwrap()["not_yet"]
+                .as_str()
+                .map(|why| format!("void-duplicate-coupons: {why}"))
+                .unwrap_or_default(),
+            _ => r.stdout.clone(),
+        };
+        assert!(
+            said.contains(
+                "void-duplicate-coupons: not computable before the earlier pending steps run"
+            ) && said.contains("SQLSTATE 42703"),
+            "{format}: {}",
+            r.both()
+        );
+    }
+    assert_eq!(snapshot(&db), before, "a dry run changed the database");
 }

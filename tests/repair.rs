@@ -55,8 +55,9 @@ fn edge_cases() -> TestDb {
     db
 }
 
-/// The expected end state, computed from the rule in PRODUCT.md (not from pgmend's SQL),
-/// before anything runs.
+/// The expected end state, computed from the release's rule (per campaign and member the
+/// coupon kept is the earliest issued of the redeemed ones, or of all when none is redeemed; the
+/// other unredeemed ones are voided), not from pgmend's SQL, before anything runs.
 fn remember_expected(db: &TestDb) {
     db.client()
         .batch_execute(

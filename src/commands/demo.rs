@@ -1,5 +1,17 @@
 //! `pgmend demo`: a throwaway PostgreSQL holding the incident's dirty legacy data, adopted
 //! and migrated with the same commands a release engineer would type.
+//!
+//! It starts a `LocalPg`, creates V1 and generates the incident's dirty data with
+//! `demo_data::generate_dirty_data` (every row derived from a hash of campaign and member, so the
+//! same `--members` gives the same data, coupon ids aside). Before the release it tells the lost
+//! updates, read with `report::legacy_counter::read`. Then it runs the pgmend binary itself
+//! (`current_exe`) with `DATABASE_URL` set, step by step, so the tour uses the code paths a release
+//! engineer would: `migrate status`, `migrate baseline --yes`, `plan --sample 3`, `apply --yes`
+//! (which stops at the gate), `apply --yes --confirm deploy-new-application`, `verify`, `repair
+//! status`, `migrate status`, `report overruns` as a table, and the same report written with
+//! `--output` as a workbook, CSV (`--excel`), JSON and HTML into `--reports-dir` (default
+//! `./pgmend-demo-reports`). Any exit code but 0 stops the demo, except exit 1 from `migrate
+//! status`.
 
 use std::process::Command;
 

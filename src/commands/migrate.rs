@@ -1,5 +1,16 @@
-//! `pgmend migrate status|plan|apply|baseline` (and `plan`/`apply` at the top level, which
-//! today cover the same pending migrations).
+//! `pgmend migrate status|plan|apply|baseline|validate`: the migrations alone (the top-level
+//! `plan` and `apply`, the whole release, are `commands::release`).
+//!
+//! Each command loads the files (except `validate`), opens the session, calls into `migrate::*` or
+//! `online::*`, and renders. Holds the JSON document structs for `status` (with
+//! `online::catalog::InvalidIndex`), `apply` and `baseline` (`plan` serializes
+//! `migrate::plan::Plan` and `validate` `online::validate::Validation` directly) and the human
+//! renderings of status (a `tabled` table, then, under a line `N problem(s):`, the history's
+//! problems and each INVALID index), apply, baseline and validate. `status` counts INVALID indexes
+//! as problems (exit 1). `apply` takes the runner lock, then builds the plan (so what is shown is
+//! what is applied), checks the privileges, shows the plan on stderr and asks, then executes,
+//! printing progress (census findings, preflight and watch lines) to stderr. `validate` takes the
+//! runner lock, asks, then calls `online::validate::run`.
 
 use std::io::Write;
 

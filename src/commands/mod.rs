@@ -1,5 +1,14 @@
 //! One module per group of subcommands: each opens what it needs, calls the library
 //! parts, and renders the result.
+//!
+//! Shared by the command modules: `open` and `open_checked` (resolve the connection from the
+//! options and the environment, with `--schema` added to the connection's `search_path`, connect,
+//! and run the environment's pre-flight, `preflight::check`; `open_checked` also returns what it
+//! found), `load` (the migration files from `MigrationsArgs`), `source` (the repair definitions),
+//! `policy` (`SafetyArgs` to a checked `LockPolicy`), `run_options` (the batch options), `confirm`
+//! (ask `[y/N]` on the terminal; without `--yes` and without a terminal on both stdin and stderr,
+//! refuse, naming the caller's own dry run), `print_json` (one pretty-printed document on stdout,
+//! through `output::stdout`).
 
 pub mod demo;
 pub mod migrate;

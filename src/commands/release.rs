@@ -1,6 +1,23 @@
 //! `pgmend plan` and `pgmend apply`: the whole release of `release.toml`, in order. The
 //! dry run is [`release::dry_run`], the execution [`release::engine`]; this module asks,
 //! calls them and renders what they return.
+//!
+//! `plan` loads the migrations and the repair definitions, builds the migration plan
+//! (`migrate::plan::build`, in its own read-only transaction, no target), then opens a second `READ
+//! ONLY` transaction to read the progress (`release::progress`) and calls
+//! `release::dry_run::steps`. It renders each `StepPlan`: a pending migration with
+//! `migrate::plan::render_migration`, a pending repair's sampled changes with
+//! `repair::preview::render_diff` and its `render_summary`, a gate's explanation and the commands
+//! that stop at it and pass it. JSON: the `StepPlan`s and the `blockers` (the migration plan's and
+//! the privileges `preflight::privileges::missing` reports). Blockers exit 2 after the output.
+//!
+//! `apply` resolves the release and checks `--confirm` against its gates before connecting, opens
+//! the session (`open_checked`), checks it is writable, takes the runner lock, checks the history
+//! against the files and the privileges the pending steps need, asks once, installs the signal
+//! handler (`signals::install`), and calls `release::engine::apply`. It renders the `Walk` it gets
+//! back: the gate it stopped at with the command that passes it (exit 0), or `The release is
+//! complete on host=... port=... dbname=... user=.... Check it with: pgmend verify`. JSON: `steps`
+//! (`Applied` per step, with the `RunReport` of a repair step), `stopped_at_gate`, `complete`.
 
 use std::io::{IsTerminal, Write};
 

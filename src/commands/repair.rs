@@ -1,4 +1,23 @@
 //! `pgmend repair list|plan|apply|status|log|undo|abandon`.
+//!
+//! - `list` loads the definitions (no connection) and prints a `tabled` table or JSON.
+//! - `plan` opens a `READ ONLY` transaction and calls `preview::preview` without shadows: human
+//!   output renders each sampled change with `preview::render_diff` as it arrives, then
+//!   `preview::render_summary`; JSON collects the sample into one document (the `Preview`
+//!   flattened, plus `sample`).
+//! - `apply` opens the session, checks it is writable, takes the runner lock, checks the
+//!   privileges, shows five changes and the summary on stderr and asks (unless `--yes`), installs
+//!   the signal handler (`signals::install`), then `verdict::run_repair` (progress to stderr),
+//!   `print_report` and `verdict::finish`, which turns an interrupted run, skipped keys and a void
+//!   run's `left_over` into `Stopped` (exit 1), after the report has been printed.
+//! - `status` reads `store::runs::all` in a `READ ONLY` transaction (a table, or JSON).
+//! - `log` streams the ledger of one run (`store::runs::ledger_records`, a `FallibleIterator`) from
+//!   a `READ ONLY` transaction as lines, a JSON array written record by record, or CSV through
+//!   `csv`.
+//! - `undo` takes the runner lock, finds the run and its repair's definition (by name, without the
+//!   `undo:` prefix), asks, and calls `undo::undo`.
+//! - `abandon` takes the runner lock, asks, sets an unfinished run `abandoned`, and prints the run
+//!   (a line, or the run's JSON document with `--format json`).
 
 use std::io::{IsTerminal, Write};
 
@@ -55,7 +74,7 @@ pub fn plan(args: &RepairPlanArgs, format: Format) -> Result<Outcome> {
     let colour = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let sample = if args.all { None } else { Some(args.sample) };
     let mut out = crate::output::stdout();
-    let preview = match format {
+    match format {
         Format::Json => {
             let mut changes: Vec<Change> = Vec::new();
             let p = preview::preview(&mut tx, &repair, &[], sample, &mut |c| {
@@ -72,7 +91,6 @@ pub fn plan(args: &RepairPlanArgs, format: Format) -> Result<Outcome> {
                 preview: &p,
                 sample: changes,
             })?;
-            p
         }
         _ => {
             writeln!(
@@ -91,11 +109,9 @@ pub fn plan(args: &RepairPlanArgs, format: Format) -> Result<Outcome> {
                     args.sample, p.changes
                 )?;
             }
-            p
         }
-    };
+    }
     tx.rollback().doing("closing the read-only transaction")?;
-    let _ = preview;
     Ok(Outcome::Done)
 }
 

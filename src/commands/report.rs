@@ -1,6 +1,14 @@
 //! `pgmend report overruns`: opens one REPEATABLE READ, READ ONLY snapshot, streams the
 //! report into stdout or into temporary files that are renamed over `--output` at the end
 //! (one file per CSV section).
+//!
+//! The format comes from `--format`, else from `--output`'s extension (`format_for`; a
+//! contradiction is refused); a bad `--output` (existing without `--force`, a directory, a missing
+//! parent) is refused before connecting (`check_target`). The renderer writes to stdout or to a
+//! `tempfile` beside the target, synced and renamed into place (`persist_noclobber` unless
+//! `--force`) only after the last row; CSV gets one temporary file per section, or stdout for
+//! `--section`. `member_limit`: by default the table lists 20 members on a terminal and the page
+//! 200.
 
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};

@@ -1,4 +1,7 @@
 //! `pgmend verify`: one REPEATABLE READ, READ ONLY snapshot (a hot standby will do).
+//!
+//! Calls `crate::verify::run` in that snapshot and renders its `Verification`: a failed invariant
+//! exits 1, anomalies do not change the exit code.
 
 use std::io::Write;
 

@@ -6,7 +6,7 @@
 //! kept out of every rendering of these parameters, and out of every parse error: a
 //! malformed string can put (part of) a password where a key, a port or an sslmode was
 //! expected, so an error repeats a piece of the string only when it cannot be one (see
-//! [`shown`]), and otherwise says which parameter by name or by number.
+//! `shown`), and otherwise says which parameter by name or by number.
 //!
 //! Connection parameters the way libpq users expect them, without a server: parses a URL or a
 //! `key=value` string (pgmend's own parsers; the `postgres` crate ignores the environment and knows

@@ -1,6 +1,7 @@
-//! The connection layer: connection parameters, the session, the pre-flight and privilege
-//! checks, the runner lock, bounded lock waits. Not (yet) the only layer that talks to
-//! PostgreSQL: ARCHITECTURE.md lists where SQL lives today.
+//! The connection layer: connection parameters, the session, the runner lock, bounded lock
+//! waits, and the SQL text types every statement pgmend builds goes through (`sql_text`). The
+//! pre-flight and the privilege check sit above it, in `crate::preflight`. Not the only layer
+//! that talks to PostgreSQL: ARCHITECTURE.md lists the modules that hold SQL.
 
 pub mod connect;
 pub mod conninfo;

@@ -1,7 +1,33 @@
-//! Online migrations: each CONCURRENTLY statement alone in autocommit on a connection of
-//! its own, without lock_timeout (a concurrent build waits for every older transaction, and
-//! a lock_timeout there leaves an INVALID index), watched from pgmend's main session and
-//! cancelled once it has waited longer than `--build-wait`.
+//! Online migrations: each CONCURRENTLY statement alone in autocommit on a connection of its own,
+//! without lock_timeout (a concurrent build waits for every older transaction, and a lock_timeout
+//! there leaves an INVALID index), watched from pgmend's main session and cancelled once it has
+//! waited longer than `--build-wait`.
+//!
+//! `apply` runs each statement of an `OnlineMigration` (label, origin, statements, censuses, given
+//! by `migrate/apply.rs`); the caller then records it with `migrate::history::record`, the
+//! history's one writer. For a `CREATE INDEX CONCURRENTLY` (name and table read with `regex`),
+//! `build_index` looks the name up in `pg_index`: a valid, ready index with the same definition
+//! (`same_definition` ignores schema `public.`, `USING btree`, parentheses, quotes, case and
+//! spaces) is adopted; any other is dropped first. Then a preflight (table size, up to five open
+//! transactions in the database) and up to `BUILD_ATTEMPTS` (3), each preceded by
+//! `evaluate::check_before`: a build that fails with 23505, 40P01 or 55P03, or ends not valid, has
+//! its index dropped and is tried again; any other error drops the index and returns it (exit 2),
+//! 57014 included: pgmend's own cancel after `--build-wait` comes back from `run_watched` as
+//! `Stopped` and is handled before, so a 57014 here is someone else's cancel and is not retried;
+//! three failures return `Violators` (exit 1; the release answers it with the step's `retry_with`).
+//! `drop_index` is `DROP INDEX CONCURRENTLY IF EXISTS`, run the same way.
+//!
+//! `run_watched` opens a fresh connection (`db::connect`), sets `lock_timeout = 0` and
+//! `statement_timeout = 0`, runs the statement on a thread, and every 500 ms (`POLL`) `watch`es it
+//! from the main session (`pg_stat_progress_create_index`, `pg_blocking_pids`, the progress view's
+//! `current_locker_pid`, `pg_stat_activity.wait_event_type`), reporting on change or every 10 s.
+//! Each poll that finds the statement waiting on another session adds 500 ms to its waited time;
+//! once that exceeds `--build-wait` it calls `pg_cancel_backend` and returns `Stopped`, after which
+//! `build_index` drops the INVALID index. A stop request (`signals`) cancels a build
+//! (`OnStop::Cancel`) at the next poll the same way; a drop (`OnStop::FinishInTime`) is left to
+//! finish until `signals::cleanup_deadline` and cancelled then, and the message says the INVALID
+//! index remains and which command drops it. While a build runs, its index is registered with
+//! `signals::leave` for the leftover report.
 
 use std::sync::mpsc;
 use std::sync::LazyLock;

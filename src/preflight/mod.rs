@@ -5,7 +5,16 @@
 //! (exit 2) that says what was found and what to do; nothing has been changed at that point,
 //! not even pgmend's own tables.
 //!
-//! What the session sets for itself (row_security, the timeouts) is in [`crate::db::connect`].
+//! What the session sets for itself (row_security, the timeouts) is in
+//! [`db::connect`](mod@crate::db::connect).
+//!
+//! `check` runs on every session `commands::open` opens, before the command's first statement:
+//! something between pgmend and the server (the server's port or socket against the one pgmend
+//! connected to; refused unless `--pooler session`, and then `db::connect::ensure_backend` checks
+//! the backend before the runner lock and every release step), the released schema (the legacy
+//! tables elsewhere, or `pgmend.released_schema` naming another), row-level security that applies
+//! to the role, `session_replication_role`. What it found (`Environment`) is printed by `plan` and
+//! `verify`.
 
 pub mod privileges;
 

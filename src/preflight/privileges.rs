@@ -7,6 +7,15 @@
 //!
 //! The check is about privileges only. A table that does not exist yet is skipped: an
 //! earlier step creates it, and its creator owns it.
+//!
+//! Run by `migrate apply`, `apply` and `repair apply` right after the runner lock and before any
+//! change. `for_migrations`, `for_release` and `for_repair` derive what the pending work needs from
+//! the statements and definitions (own the tables it alters or indexes, CREATE on the schema for
+//! new tables, CREATE on the database for schema `pgmend` or USAGE and table privileges on it when
+//! it exists, REFERENCES, SELECT/INSERT/UPDATE on a repair's tables); `check` asks the server
+//! (`pg_has_role(relowner, 'USAGE')`, `has_*_privilege`) and refuses with every missing item, its
+//! source (`V2__expand_for_repair, line 4: ALTER TABLE issued_coupons`) and the GRANT to run (exit
+//! 2, nothing changed); `missing` returns the same list for `plan`'s blockers.
 
 use anyhow::{bail, Result};
 use postgres::Client;

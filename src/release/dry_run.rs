@@ -1,6 +1,13 @@
 //! The release's dry run (`pgmend plan`) as a value: for each step, whether it is done, and for
 //! a pending one its planned migration or its repair's preview with a sample of the changes.
 //! Computed in the caller's read-only transaction; the command renders it.
+//!
+//! `steps` plans every step in the caller's read-only transaction: a pending migration step takes
+//! its `PlannedMigration` from the plan, and the columns it adds (`online::census::added_column`)
+//! are collected as shadows; a pending repair step gets `repair::preview::preview` with the shadows
+//! of the migrations before it and `sample`, its changes kept as the `sample`. `StepPlan`
+//! serializes as the step number, the flattened `release::Step`, `done`, and, left out when empty,
+//! `migration`, `repair` and `sample`.
 
 use anyhow::Result;
 use serde::Serialize;

@@ -5,6 +5,35 @@
 //! The caller holds the runner lock, has run the privilege check and installed the signal
 //! handler. Between steps the engine reads the history and the release's records again, so a
 //! step done by another path (`migrate apply`, `repair apply`) is not done twice.
+//!
+//! `apply` first drops any guard trigger a killed pgmend left (`repair::guard::remove_all`). Then,
+//! for each step: a stop request returns `Stopped` (`SIGTERM received; stopped before step N (...);
+//! every step before it is complete. Continue with: ...`, the command `signals::install` was
+//! given); with `--pooler session` the session's server backend is checked
+//! (`db::connect::ensure_backend`); the history and the progress are read again and a done step is
+//! skipped. One function per step kind:
+//!
+//! - `migration` plans the step's version alone (`migrate::plan::build_with`, no censuses:
+//!   `migrate::apply::execute` takes them right before the step) and executes it. On an error whose
+//!   chain holds `Violators` (a census found violators, or a unique build kept failing on new
+//!   duplicates; not a lock budget or `--build-wait`), with a `retry_with` and no stop requested,
+//!   it installs that void repair's guard (`install_guard`, once, recording into the repair's
+//!   latest run), runs the repair (`repair::verdict::run_repair`) and tries again, at most
+//!   `CENSUS_PASSES` (3) times. Whether the step then succeeds or stops, the guard is dropped
+//!   (`drop_guard`: a failure to drop it after a stop is printed, not raised over the stop's own
+//!   error). A migration after a gate first checks that every counter the release rebuilds equals
+//!   its source (`counters_match`, exit 1 naming the keys).
+//! - `repair` runs the repair, stops through `repair::verdict::finish` when the run was
+//!   interrupted, skipped keys or left counters drifting after the gate (`stop_if_unfinished`), and
+//!   records the step (`store::records::record_step`).
+//! - `gate` ends the walk (`Walk::stopped_at`) unless `--confirm` names it; a confirmed gate
+//!   creates pgmend's schema if needed, has `report::legacy_counter::record_at_gate` record the
+//!   legacy counter (for `deploy-new-application` only), and is recorded
+//!   (`store::records::confirm_gate`) as `os_user()@hostname()` with the role.
+//!
+//! Any other error inside a step gets context (`step_failed`): the step, that the steps before it
+//! are complete and what it committed stays, and the command that continues (`continue_command`,
+//! with the gates this run was given).
 
 use std::time::{Duration, Instant};
 

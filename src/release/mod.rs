@@ -1,6 +1,17 @@
-//! The whole release as data (`release.toml`, built into the binary): migrations, repairs
-//! and gates in the order of PRODUCT.md, and where a database stands in it. Its dry run is
+//! The whole release as data (`release.toml`, built into the binary): migrations, repairs and gates
+//! in the order docs/release.md explains, and where a database stands in it. Its dry run is
 //! [`dry_run`], its execution [`engine`].
+//!
+//! `release.toml` is compiled in (`include_str!`) and read with `toml` into `Step` values (`Migrate
+//! { version, retry_with }`, `Repair { name }`, `Gate { name, explain }`, serialized with a `kind`
+//! tag); a step that names not exactly one of `migrate`, `repair`, `gate`, or has an unknown key,
+//! is refused. `resolve` checks, before `plan` and `apply` connect, that every step names a file of
+//! the migration set or a repair definition, and returns a note for each migration no step names.
+//! `progress` reads what is done, in the caller's transaction: the applied versions (passed in),
+//! the finished steps and the confirmed gates (`store::records`), or none of the last two when
+//! pgmend's schema does not exist yet (so a read-only plan creates nothing). `Progress::done`
+//! answers per step: migrations by version, repair steps by position, gates by name. A unit test
+//! pins the step order.
 
 pub mod dry_run;
 pub mod engine;

@@ -1,8 +1,40 @@
-//! The rebuild-counter engine. Exact under concurrent writers in READ COMMITTED: each batch
-//! first locks its counter rows, then sums the source in a new statement (whose snapshot
-//! sees every writer that committed while we waited for the lock). A single
-//! `UPDATE ... SET x = (SELECT sum ...)` takes its snapshot before it waits, and writes a
-//! stale sum.
+//! The rebuild-counter engine. Exact under concurrent writers in READ COMMITTED: a batch reads
+//! each key's drift (true value minus counter) in one snapshot without locking anything, then
+//! adds that drift to the counter row as it is when the batch writes (`SET x = x + drift`). A
+//! writer that changes a counter and its source together moves both sides of the drift alike, so
+//! it stays right; a single `UPDATE ... SET x = (SELECT sum ...)` takes its snapshot before it
+//! waits for the row, and writes a stale sum.
+//!
+//! `prepare` reads the key and counter types, the counter table's columns and its CHECK constraints
+//! (`pg_get_constraintdef`, `NOT VALID` ones included). `differing_sql` is the core: every key
+//! whose counter differs from its source, in one statement (one snapshot) with one pass over each
+//! table: the source grouped by the key (`sum(value)` or `count(source key)`, filtered by
+//! `source_filter_null`, 0 without source rows), joined to `keys_from`'s distinct keys when the key
+//! set comes from another table, `FULL JOIN` the counter table, keeping rows where the counter `IS
+//! DISTINCT FROM` the truth (no row counts as different; with `when_no_source = keep`, keys without
+//! source rows are left out). `freeze_sql` numbers its keys in key order; `preview_sql` lists them
+//! for the dry run (with an empty counter side when the counter table does not exist yet);
+//! `drift_sql` counts them for the reconciliation, over every key; `differing_keys` lists the first
+//! of them, for the release's check before a migration after the gate.
+//!
+//! Because the targets are in key order, a batch's keys span a narrow range of the leading key
+//! column, and a batch reads the source and the counter table only within that range
+//! (`in_batch_range`), one index range scan each, instead of a lookup per key or a hash of the
+//! whole counter table (which made batches slow down as the table grew). A batch is two parts:
+//!
+//! 1. `read_drift`, one statement outside the batch transaction (the runner calls it first): each
+//!    key's counter (None: no row), true value and whether it has source rows. No lock is taken.
+//! 2. `batch`, in the batch transaction: `classify` splits the keys into updates and creates (a
+//!    true value that does not fit the column is skipped and reported, `does_not_fit`);
+//!    `drop_rejected_by_checks` skips the updates a CHECK would refuse (`rejected_by_checks` names
+//!    the checks); `create` makes the missing rows with their true values (`INSERT ... ON CONFLICT
+//!    (key) DO UPDATE SET x = x + excluded.x`, so a row the application made meanwhile gets the
+//!    drift added; a value refused by the range or a CHECK, evaluated in SQL on the row being
+//!    created, is created as 0 and `explain_refused_creates` reports it); `write` adds each drift
+//!    to its row as the row is now (`SET x = x + drift WHERE` the new value fits and `checks_pass`:
+//!    the server evaluates that on the latest row version), with `update` ledger records from its
+//!    `RETURNING`. With `merge` (the runner's second pass over keys the run already changed)
+//!    `merge_sql` moves an existing ledger record's `after` instead of adding a record.
 
 use anyhow::Result;
 use postgres::types::ToSql;

@@ -1,6 +1,18 @@
 //! Dry runs of a repair: what would change, streamed from a READ ONLY transaction, with a
 //! bounded sample rendered as unified diffs (similar). Nothing is held per row beyond the
 //! sample, so memory does not grow with the table.
+//!
+//! `preview` runs inside the caller's `READ ONLY` transaction, in a savepoint it rolls back,
+//! streams the engine's preview query with `query_raw` (a `FallibleIterator`), counts every change
+//! into a `Preview` (changes, voided or created, amounts per `report_by` value, or per key for the
+//! first 1,000 keys) and hands each of the first `sample` changes (all with `None`) to a sink as a
+//! `Change` (table, key, before and after as text maps, reason). Shadows (columns pending
+//! migrations add) apply only to tables that exist and lack the column (`missing_shadows`), through
+//! `census::with_shadows`. Every query goes through `PgContext::doing`, so a server error names the
+//! repair being previewed and its SQLSTATE (a view that writes fails with 25006 in the read-only
+//! transaction); one that fails with 42P01 or 42703 becomes `not_yet` instead of an error.
+//! `render_diff` renders a change as a unified diff with `similar`, coloured when asked;
+//! `render_summary` the counts.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -13,7 +25,7 @@ use super::counter::CounterEngine;
 use super::definition::{Kind, Repair, Spec};
 use super::void::VoidEngine;
 use crate::db::sql_text::Ident;
-use crate::error::{describe, sqlstate, PgContext};
+use crate::error::{DbFailure, PgContext};
 use crate::human;
 use crate::online::census::{with_shadows, AddedColumn};
 
@@ -66,19 +78,18 @@ pub fn preview(
             preview_void(&mut savepoint, spec, repair, shadows, sample, sink, &mut p)
         }
         Spec::RebuildCounter(spec) => {
-            preview_counter(&mut savepoint, spec, shadows, sample, sink, &mut p)
+            preview_counter(&mut savepoint, spec, repair, shadows, sample, sink, &mut p)
         }
     };
     match result {
         Ok(()) => {}
         Err(e) => {
+            // Every query of the preview goes through `doing`, so a server error is a DbFailure.
             let missing = e
                 .chain()
-                .filter_map(|c| c.downcast_ref::<postgres::Error>())
-                .find_map(|pg| {
-                    matches!(sqlstate(pg), Some("42P01") | Some("42703"))
-                        .then(|| describe(pg).to_string())
-                });
+                .filter_map(|c| c.downcast_ref::<DbFailure>())
+                .find(|f| matches!(f.sqlstate.as_deref(), Some("42P01") | Some("42703")))
+                .map(DbFailure::to_string);
             match missing {
                 Some(text) => {
                     p.not_yet = Some(format!(
@@ -119,11 +130,9 @@ fn preview_void(
     let active = missing_shadows(tx, shadows)?;
     let sql = with_shadows(&engine.preview_sql(), &active);
     let params: Vec<&(dyn postgres::types::ToSql + Sync)> = Vec::new();
-    let mut rows = tx
-        .query_raw(&sql, params)
-        .map_err(anyhow::Error::new)
-        .with_context_doing(&repair.name)?;
-    while let Some(row) = rows.next().map_err(anyhow::Error::new)? {
+    let doing = previewing(repair);
+    let mut rows = tx.query_raw(&sql, params).doing(&doing)?;
+    while let Some(row) = rows.next().doing(&doing)? {
         let (key, grp): (String, String) = (row.get(0), row.get(1));
         let (before_mark, before_void, voids): (bool, Option<String>, bool) =
             (row.get(2), row.get(3), row.get(4));
@@ -176,6 +185,7 @@ fn preview_void(
 fn preview_counter(
     tx: &mut postgres::Transaction<'_>,
     spec: &super::definition::CounterSpec,
+    repair: &Repair,
     shadows: &[AddedColumn],
     sample: Option<usize>,
     sink: &mut dyn FnMut(&Change) -> Result<()>,
@@ -186,8 +196,9 @@ fn preview_counter(
     let active = missing_shadows(tx, shadows)?;
     let sql = with_shadows(&engine.preview_sql(counter_exists), &active);
     let params: Vec<&(dyn postgres::types::ToSql + Sync)> = Vec::new();
-    let mut rows = tx.query_raw(&sql, params).map_err(anyhow::Error::new)?;
-    while let Some(row) = rows.next().map_err(anyhow::Error::new)? {
+    let doing = previewing(repair);
+    let mut rows = tx.query_raw(&sql, params).doing(&doing)?;
+    while let Some(row) = rows.next().doing(&doing)? {
         let (key, now, truth): (String, Option<i64>, i64) = (row.get(0), row.get(1), row.get(2));
         p.changes += 1;
         if now.is_none() {
@@ -248,14 +259,12 @@ fn missing_shadows(
     Ok(out)
 }
 
-trait DoingExt<T> {
-    fn with_context_doing(self, what: &str) -> Result<T>;
-}
-
-impl<T> DoingExt<T> for Result<T> {
-    fn with_context_doing(self, what: &str) -> Result<T> {
-        self.map_err(|e| e.context(format!("previewing {what}")))
-    }
+/// The step a preview's server error names: the repair, and that it is a read-only dry run.
+fn previewing(repair: &Repair) -> String {
+    format!(
+        "previewing repair {} (a dry run, in a read-only transaction)",
+        repair.name
+    )
 }
 
 /// A change as a unified diff, coloured on a terminal.

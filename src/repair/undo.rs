@@ -1,5 +1,20 @@
 //! Undo: put back the before-images a run recorded, in batches, after checking that none of
 //! its rows changed since and that the restored rows would not break a unique index.
+//!
+//! `undo` refuses an unfinished run or an undo run (exit 2) and an already undone run (`Stopped`),
+//! creates pgmend's schema if needed, then derives the run's `Shape` from the repair's current
+//! definition (table, key columns with types, columns to restore and to compare, and for void runs
+//! whether a unique index covers exactly the group columns). `conflicts` lists the ledger rows
+//! whose table row no longer holds the recorded `after` (or is gone) and, with such a unique index,
+//! the rows whose restore would leave a group with a second live row; any conflict is `Stopped`
+//! with up to 20 of them. Then an undo run (`undo:NAME`, kind `undo`) works through the ledger in
+//! pages of 1,000 records (`store::runs::ledger_page`, keyset on `ledger_id`), each one transaction
+//! under the lock policy: `update` records get their `before` values back (ledger `restore`),
+//! `insert` records' rows are deleted (ledger `delete`), and the undo run's checkpoint advances.
+//! Finally both runs are linked (`undoes_run`, `undone_by_run`). An undo run of the same run still
+//! `running` (the last attempt stopped) is resumed instead of creating a new one: `conflicts` and
+//! the batches only consider ledger records after its checkpoint, and the report's counts are read
+//! back from its ledger.
 
 use anyhow::{bail, Result};
 use serde::Serialize;

@@ -1,5 +1,18 @@
 //! The void-duplicates engine: SQL for freezing the groups, for one batch (lock, rank at
 //! write time, mark and void, ledger), for the dry-run preview and for reconciling.
+//!
+//! `freeze_sql`: the groups with more than one unmarked row and no NULL group column, numbered by
+//! `row_number()` over the group columns. `batch_sql`: a batch, one statement: lock every unmarked
+//! row of the batch's groups `FOR UPDATE` in `row_key` order, rank the versions the locks return
+//! with `row_number()` and `first_value()` over a window ordered by `rank_by`, update every row
+//! after the first, and insert the ledger records from the `UPDATE ... RETURNING`. In READ
+//! COMMITTED a lock that waited returns the row's latest committed version, so a coupon redeemed
+//! meanwhile ranks as redeemed, and the `UPDATE` follows its snapshot's version to that same locked
+//! one; it finds rows by `row_key`, so a row whose key changed during the wait is left alone and
+//! reconciliation reports its group. `preview_sql`: the same ranking over every group that would be
+//! frozen now, for the dry run. `reconcile_sql`: frozen groups that again hold more than one
+//! unmarked row. The batch's groups are the frozen keys with `seq` in `($2, $3]`, reconciliation's
+//! all of them: both from `store::runs::frozen_keys_sql`.
 
 use anyhow::Result;
 

@@ -9,6 +9,9 @@
 //! carriage return gets a leading `'` (OWASP's advice on CSV injection), and text cells are
 //! quoted, so a separator or a quote in an id cannot start a new cell. Amounts are written as
 //! plain integers and never neutralised: a negative difference stays a number.
+//!
+//! `Csv` writes each section it is given into its own writer (`commands/report.rs` gives it one
+//! temporary file per section, or stdout for `--section`); `neutralise` is the formula guard.
 
 use std::io::{self, Write};
 

@@ -8,6 +8,11 @@
 //! histogram's buckets follow the coupon amounts, so each bar holds overruns the coupons can
 //! make. The member table streams (the page lists the first rows, `--members`); the histogram
 //! counts every row, so it comes last.
+//!
+//! `Html` writes the page in pieces so the member table streams: the facts, totals, campaign chart
+//! and tables at `begin`, then member rows (the first `--members`; later rows are counted for the
+//! histogram, not listed), then the histogram, whose `Buckets` follow `Header::coupon_step_yen`
+//! (the gcd of the campaigns' discounts); inline CSS with a print stylesheet for A4.
 
 use std::io::{self, Write};
 

@@ -9,6 +9,10 @@
 //! and
 //! the report reads that record from then on. Before the gate the report computes the figure
 //! live: every coupon there is was issued by the old system.
+//!
+//! `record_at_gate` is called by the release's gate step (`release::engine`) for
+//! `deploy-new-application` only (once; a rerun keeps the first record); `read` gives the report,
+//! and the demo, the recorded lost-update inputs after the gate and the live ones before it.
 
 use anyhow::Result;
 use postgres::GenericClient;

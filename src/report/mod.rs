@@ -12,6 +12,18 @@
 //! `legacy_duplicate` false). Duplicates not yet marked are identified with the release's
 //! own ranking (redeemed first, then `issued_at`, then `coupon_id`), so money lost to
 //! duplicates is reported before the repair too.
+//!
+//! `generate` reads the state from the catalog (`state`: `legacy` without the V2 columns,
+//! `released` with a valid `one_coupon_per_member` and `issued_within_budget`, else `partial`),
+//! builds one `coupons` subquery (`coupons_source`) that reads `voided_at`/`legacy_duplicate` as
+//! the release would first set them when they do not exist yet and ranks unmarked duplicates with
+//! the release's order (skipped once released: the valid unique index leaves one unmarked row per
+//! group), sums the campaigns in one grouped query (`campaigns`, held in memory), and streams the
+//! member-months past the cap through a portal, `PAGE` (2,000) rows per fetch. Window aggregates on
+//! that query (`count(*) OVER ()`, `sum(...) OVER ()`, the widest `member_id`) give the totals and
+//! column widths with the first row, so every rendering can put totals first without a second pass.
+//! The redeemed duplicates are streamed only to a renderer whose `wants_redeemed_duplicates` is
+//! true; past a renderer's member limit (`wants_more_members` false) fetching stops.
 
 mod csv_sections;
 mod html;

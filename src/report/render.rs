@@ -1,6 +1,12 @@
 //! The report's renderings. Each one is told the header (everything but the member rows),
 //! then each member row as it arrives from the server, then the end; none of them holds the
 //! member rows, so a report of any size is written in constant memory.
+//!
+//! The `Render` trait (`begin(header)`, `member(row)`, `end(header)`) and two implementations:
+//! `Text` (psql-style and Markdown, padded by display width with `unicode-width`; Markdown escapes
+//! markup and HTML from the data; past its member limit it says `wants_more_members` false) and
+//! `Json` (written piece by piece in the contract's key order). The others: `csv_sections::Csv`,
+//! `html::Html`, `xlsx::Xlsx`.
 
 use std::io::{self, Write};
 

@@ -8,6 +8,10 @@
 //! to a temporary file as it arrives, so memory stays flat whatever the row count; a sheet that
 //! would pass Excel's 1,048,576 rows continues on another (`... (2)`), and the summary says so.
 //! The zip is written into the output only at the end.
+//!
+//! `Xlsx` writes the summary and the campaigns (with the chart) at `begin`, the members and the
+//! redeemed duplicates (streamed by `report::generate` only because `wants_redeemed_duplicates` is
+//! true here) into constant-memory sheets, and the zip into the output at `end`.
 
 use std::io::{self, Write};
 

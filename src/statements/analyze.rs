@@ -1,5 +1,13 @@
 //! What one statement is and the strongest lock it takes, read from its tokens: one function
 //! per kind of statement, each filling in the summary and the locks.
+//!
+//! From a statement's tokens: its summary, the table-level locks it takes on existing relations
+//! (from PostgreSQL's documented lock levels: `ALTER TABLE` ACCESS EXCLUSIVE unless it only
+//! validates or only adds a foreign key, `CREATE INDEX` SHARE, `CONCURRENTLY` SHARE UPDATE
+//! EXCLUSIVE, `REFERENCES` SHARE ROW EXCLUSIVE on the referenced table, DML ROW EXCLUSIVE, ...),
+//! whether it must run outside a transaction, whether it is transaction control, and the tables it
+//! creates. An unrecognised statement is assumed to take ACCESS EXCLUSIVE and is flagged
+//! `lock_assumed`.
 
 use super::tokens::{is_word, read_name, referenced, skip_words, Token};
 use super::{LockMode, LockTaken, Statement};

@@ -2,13 +2,21 @@
 //! strongest lock each statement takes (from PostgreSQL's documentation of lock modes).
 //!
 //! The plan reports these locks from the text alone: a dry run never runs DDL to find out.
+//!
+//! `split` cuts a file into statements at top-level semicolons, respecting quotes, `E''` strings,
+//! dollar quotes and nested comments, records each statement's line (its first line that is not
+//! blank, a `--` comment or inside a `/* */` block that starts a line, so V5's `ALTER TABLE` is
+//! line 17, after its precondition block), and strips leading `--` lines and `/* */` blocks from
+//! the statement's text (so a precondition block before a statement is not part of it). Each
+//! statement is then tokenized (`tokens`) and read (`analyze`). `LockMode` serializes as
+//! `ACCESS_EXCLUSIVE` and so on.
 
 use std::fmt;
 
 use serde::Serialize;
 
 use analyze::analyze;
-use tokens::tokenize;
+use tokens::{comment_end, tokenize};
 
 mod analyze;
 mod tokens;
@@ -107,33 +115,13 @@ pub fn split(sql: &str) -> Vec<Statement> {
         *i += 1;
     };
     while i < n {
+        if let Some(end) = comment_end(&bytes, i) {
+            line += bytes[i..end].iter().filter(|&&c| c == '\n').count();
+            i = end;
+            continue;
+        }
         let c = bytes[i];
         match c {
-            '-' if bytes.get(i + 1) == Some(&'-') => {
-                while i < n && bytes[i] != '\n' {
-                    i += 1;
-                }
-            }
-            '/' if bytes.get(i + 1) == Some(&'*') => {
-                let mut depth = 0;
-                while i < n {
-                    if bytes[i] == '/' && bytes.get(i + 1) == Some(&'*') {
-                        depth += 1;
-                        i += 2;
-                    } else if bytes[i] == '*' && bytes.get(i + 1) == Some(&'/') {
-                        depth -= 1;
-                        i += 2;
-                        if depth == 0 {
-                            break;
-                        }
-                    } else {
-                        {
-                            let c = bytes[i];
-                            advance(&mut i, &mut line, c);
-                        }
-                    }
-                }
-            }
             '\'' | '"' => {
                 let backslash = c == '\''
                     && i > 0

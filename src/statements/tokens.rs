@@ -10,6 +10,41 @@ pub(super) enum Token {
     Punct(char),
 }
 
+/// Where the comment that starts at `i` ends: after a `/* */` block (nested blocks included)
+/// or at the newline that ends a `--` line; None when no comment starts there. An unclosed
+/// comment runs to the end.
+pub(super) fn comment_end(chars: &[char], i: usize) -> Option<usize> {
+    let starts =
+        |a: char, b: char, at: usize| chars.get(at) == Some(&a) && chars.get(at + 1) == Some(&b);
+    if starts('-', '-', i) {
+        return Some(
+            chars[i..]
+                .iter()
+                .position(|&c| c == '\n')
+                .map_or(chars.len(), |p| i + p),
+        );
+    }
+    if !starts('/', '*', i) {
+        return None;
+    }
+    let (mut at, mut depth) = (i, 0);
+    while at < chars.len() {
+        if starts('/', '*', at) {
+            depth += 1;
+            at += 2;
+        } else if starts('*', '/', at) {
+            depth -= 1;
+            at += 2;
+            if depth == 0 {
+                return Some(at);
+            }
+        } else {
+            at += 1;
+        }
+    }
+    Some(chars.len())
+}
+
 pub(super) fn tokenize(text: &str) -> Vec<Token> {
     let chars: Vec<char> = text.chars().collect();
     let mut out = Vec::new();
@@ -18,26 +53,8 @@ pub(super) fn tokenize(text: &str) -> Vec<Token> {
         let c = chars[i];
         if c.is_whitespace() {
             i += 1;
-        } else if c == '-' && chars.get(i + 1) == Some(&'-') {
-            while i < chars.len() && chars[i] != '\n' {
-                i += 1;
-            }
-        } else if c == '/' && chars.get(i + 1) == Some(&'*') {
-            let mut depth = 0;
-            while i < chars.len() {
-                if chars[i] == '/' && chars.get(i + 1) == Some(&'*') {
-                    depth += 1;
-                    i += 2;
-                } else if chars[i] == '*' && chars.get(i + 1) == Some(&'/') {
-                    depth -= 1;
-                    i += 2;
-                    if depth == 0 {
-                        break;
-                    }
-                } else {
-                    i += 1;
-                }
-            }
+        } else if let Some(end) = comment_end(&chars, i) {
+            i = end;
         } else if c == '"' {
             let mut s = String::new();
             i += 1;

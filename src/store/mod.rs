@@ -4,6 +4,11 @@
 //! schema's version ([`schema`]). Other modules call these functions; the engines, whose
 //! batch statements write the ledger inside their own CTEs, take the table names and the
 //! ledger's column list from here.
+//!
+//! `table` and `ledger` name the tables as `sql_text::Ident`s; `ledger_insert` and `targets_insert`
+//! are the column lists the engines' CTEs insert with; `exists` says whether the schema exists
+//! (refusing a newer one), for read-only callers. `runs.rs` owns runs, targets, checkpoints and the
+//! ledger's reads; `records.rs` the release's records.
 
 pub mod records;
 pub mod runs;

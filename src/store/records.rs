@@ -1,5 +1,10 @@
 //! The release's records: finished steps, confirmed gates, the schema the release belongs
 //! to, and the legacy counter recorded at the deploy gate (read by `report::legacy_counter`).
+//!
+//! `finished_steps`, `record_step`, `confirmed_gates`, `confirm_gate` (who confirmed, with the
+//! role: `current_user`), `gates_passed`, `gate_confirmed`, `released_schema`, and
+//! `record_legacy_counter`/`legacy_counter` (the figures `report::legacy_counter` computes; a rerun
+//! keeps the first record).
 
 use anyhow::Result;
 use postgres::{GenericClient, Row};

@@ -1,5 +1,15 @@
 //! Repair runs: their rows in `pgmend.repair_runs`, their frozen targets and their
 //! checkpoints, and the ledger records `repair log` and undo read.
+//!
+//! `Run` is the run row as served to `repair status` and JSON (timestamps formatted by the server,
+//! `skipped` parsed from `jsonb` text, `state` a `RunState` and `kind` a `RunKind`, parsed where
+//! the row is read). Functions: `all`, `run`, `unfinished`, `latest_run_id`, `create`,
+//! `set_targets`, `advance` (the checkpoint, in the batch's transaction), `add_repass_targets`,
+//! `analyze_targets`, `finish`, `abandon`; `frozen_keys_sql` (the frozen keys over a
+//! `sql_text::SeqRange`: a batch's `seq` range, or all of them for reconciliation, cast back to the
+//! group columns' types); `ledger_records` (streamed, for `repair log`); and the undo run's steps
+//! (`unfinished_undo`, `create_undo`, `ledger_page` of 1,000 records, `advance_undo`,
+//! `undo_counts`, `finish_undo`).
 
 use anyhow::Result;
 use postgres::{GenericClient, Transaction};

@@ -4,6 +4,21 @@
 //! schema or upgrades it in place, in one transaction serialised by an advisory lock under
 //! the session's bounded lock waits; a schema newer than this binary is refused before any
 //! change.
+//!
+//! Version 1 is `repair_runs` (with the partial unique index `one_unfinished_run_per_repair`),
+//! `repair_targets`, `repair_ledger` (primary key `(run_id, ledger_id)` its only index), `gates`,
+//! `release_steps`, `released_schema` and `legacy_counter_at_deploy`. `version` reads the version:
+//! none without the tables, 1 for the tables without a version table. `ensure` returns at once when
+//! the version is `CURRENT`; otherwise, under `with_lock_retry` and the lock policy, it takes a
+//! transaction-level advisory lock, reads the version again, runs version 1's idempotent statements
+//! and every later missing step, and records `CURRENT`, all in one transaction. A newer version
+//! than `CURRENT` is refused (exit 2, naming both versions) by `refuse_newer`, which `ensure` and
+//! `store::exists` (what read-only callers use: they never create the schema) both call.
+//!
+//! `repair_targets` and `repair_ledger` have no foreign key to `repair_runs`: they are written in
+//! bulk, and a check per row cost a quarter of a freeze and a tenth of a batch; they are written
+//! only in the transaction that creates the run or advances its checkpoint, and the runner rolls a
+//! batch back when its checkpoint update finds no run.
 
 use anyhow::{bail, Result};
 use postgres::GenericClient;
