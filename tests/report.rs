@@ -1288,6 +1288,38 @@ fn string(cell: &calamine::Data) -> String {
 
 /// Checks every figure of the workbook against the JSON document, and the redeemed
 /// duplicates against independent SQL.
+/// What calamine does not read: every sheet keeps its header row in view (a frozen pane below
+/// row 1), the three data sheets have filters on their header, and amounts carry the yen format.
+fn check_workbook_layout(path: &std::path::Path) {
+    use std::io::Read;
+    let mut zip = zip::ZipArchive::new(std::fs::File::open(path).unwrap()).unwrap();
+    let mut part = |name: &str| {
+        let mut text = String::new();
+        zip.by_name(name)
+            .unwrap()
+            .read_to_string(&mut text)
+            .unwrap();
+        text
+    };
+    let workbook = part("xl/workbook.xml");
+    let sheets = workbook.matches("<sheet ").count();
+    assert!(
+        sheets >= 4,
+        "summary, campaigns, members, duplicates: {workbook}"
+    );
+    let mut filtered = 0;
+    for n in 1..=sheets {
+        let xml = part(&format!("xl/worksheets/sheet{n}.xml"));
+        assert!(
+            xml.contains(r#"ySplit="1""#) && xml.contains(r#"state="frozen""#),
+            "sheet {n} freezes its header row"
+        );
+        filtered += usize::from(xml.contains("<autoFilter "));
+    }
+    assert!(filtered >= 3, "{filtered} sheets have filters");
+    assert!(part("xl/styles.xml").contains("¥#,##0"), "the yen format");
+}
+
 fn check_workbook_matches_json(
     db: &TestDb,
     doc: &Value,
@@ -1302,6 +1334,7 @@ fn check_workbook_matches_json(
         "the workbook has a chart"
     );
     let book = workbook(&path);
+    check_workbook_layout(&path);
 
     let summary: BTreeMap<String, calamine::Data> = book["summary"][1..]
         .iter()

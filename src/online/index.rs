@@ -315,7 +315,10 @@ pub fn drop_index(
     build_wait: Duration,
     progress: &mut dyn FnMut(&str),
 ) -> Result<()> {
-    let sql = format!("DROP INDEX CONCURRENTLY IF EXISTS {}", quote_ident(name));
+    let sql = format!(
+        "DROP INDEX CONCURRENTLY IF EXISTS {}",
+        crate::db::sql_text::Ident::new(name)
+    );
     run_watched(
         main,
         params,
@@ -329,10 +332,6 @@ pub fn drop_index(
             "dropping index {name} concurrently; drop it by hand with: {sql}"
         ))
     })
-}
-
-fn quote_ident(name: &str) -> String {
-    crate::db::sql_text::Ident::new(name).to_string()
 }
 
 /// The table's size and the transactions a concurrent build will have to wait for.
