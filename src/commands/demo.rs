@@ -38,7 +38,7 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
 
     say(&format!(
         "Playing production: the legacy schema (V1) with {} members' Silver Week coupons, duplicates and drifted counters...",
-        args.members
+        crate::human::int(args.members)
     ));
     let mut client = postgres::Client::connect(&pg.conninfo("postgres"), postgres::NoTls)
         .context("connecting to the throwaway server")?;
@@ -49,7 +49,9 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
     generate_dirty_data(&mut client, members)?;
     let (coupons, duplicates) = crate::demo_data::coupons_and_duplicates(&mut client)?;
     say(&format!(
-        "{coupons} coupons, of which {duplicates} are duplicates of a (campaign, member) pair."
+        "{} coupons, of which {} are duplicates of a (campaign, member) pair.",
+        crate::human::int(coupons),
+        crate::human::int(duplicates)
     ));
     let legacy = crate::report::legacy_counter::read(&mut client)?;
     let (counter, issued) = legacy.campaigns.values().fold((0, 0), |(c, i), f| {

@@ -107,7 +107,7 @@ pub fn status(args: &StatusArgs, format: Format) -> Result<Outcome> {
             )?;
             writeln!(out, "{}", Table::new(rows).with(Style::psql()))?;
             if problems > 0 {
-                writeln!(out, "{problems} problem(s):")?;
+                writeln!(out, "{}:", crate::human::count(problems as i64, "problem"))?;
                 if let Err(e) = status::ensure_consistent(&entries) {
                     writeln!(out, "{e:#}")?;
                 }
