@@ -114,10 +114,9 @@ fn render_step(plan: &StepPlan, colour: bool, out: &mut impl Write) -> Result<()
             if let Some(p) = &plan.repair {
                 preview::render_summary(p, out)?;
             }
-            writeln!(
-                out,
-                "(computed on the data as it is now; earlier pending steps change it)"
-            )?;
+            if let Some(on) = &plan.predicted_on {
+                writeln!(out, "(predicted on {on})")?;
+            }
         }
         Step::Gate { explain, name } => {
             writeln!(out, "{explain}\n`pgmend apply --yes` stops here; `pgmend apply --yes --confirm {name}` passes it.")?;

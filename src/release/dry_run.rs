@@ -1,6 +1,15 @@
 //! The release's dry run (`pgmend plan`) as a value: for each step, whether it is done, and for
 //! a pending one its planned migration or its repair's preview with a sample of the changes.
 //! Computed in the caller's read-only transaction; the command renders it.
+//!
+//! Each preview predicts: it reads the tables as the earlier pending steps leave them, the
+//! columns pending migrations add as their defaults ([`with_shadows`]) and the table a pending
+//! void repair changes as that repair leaves it ([`preview::predict`], a CTE named like the
+//! table), so the counter rebuilds after the void count the coupons it leaves. A repair that an
+//! earlier pending step already runs, with no prediction since, has nothing left to do on a
+//! quiet database. Nothing is written to find this out.
+//!
+//! [`with_shadows`]: crate::online::census::with_shadows
 
 use anyhow::Result;
 use serde::Serialize;
@@ -8,7 +17,7 @@ use serde::Serialize;
 use super::{Progress, Step};
 use crate::migrate::plan::{Plan, PlannedMigration};
 use crate::migrate::source::{by_version, Migration};
-use crate::online::census::{added_column, AddedColumn};
+use crate::online::census::{added_column, AddedColumn, Predicted};
 use crate::repair::definition::{self, Repair};
 use crate::repair::preview::{self, Change, Preview};
 
@@ -25,7 +34,14 @@ pub struct StepPlan<'a> {
     pub repair: Option<Preview>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub sample: Vec<Change>,
+    /// For a pending repair: what its preview was computed on, and where it cannot be exact.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub predicted_on: Option<String>,
 }
+
+/// The repair steps before which a pending gate lets an application write as well.
+const AFTER_GATE: &str = "after the gate, both applications write while the deploy goes on: what they write is not predicted, so on a quiet database this is what apply finds, and on a live one it finds more";
+const QUIET: &str = "rows the application writes between this plan and apply are not predicted: on a quiet database these are the values apply writes";
 
 /// Plans every step: a pending migration from `migrations` (planned from `files`), a pending
 /// repair previewed in `tx` with up to `sample` changes, on top of the columns the pending
@@ -40,6 +56,10 @@ pub fn steps<'a>(
     sample: usize,
 ) -> Result<Vec<StepPlan<'a>>> {
     let mut shadows: Vec<AddedColumn> = Vec::new();
+    let mut predicted: Vec<Predicted> = Vec::new();
+    // Each pending repair, with how many predictions there were when it was previewed.
+    let mut previewed: Vec<(&str, usize, usize)> = Vec::new();
+    let mut gate_pending = false;
     let mut plans = Vec::new();
     for (i, step) in steps.iter().enumerate() {
         let done = progress.done(i, step);
@@ -50,6 +70,7 @@ pub fn steps<'a>(
             migration: None,
             repair: None,
             sample: Vec::new(),
+            predicted_on: None,
         };
         if !done {
             match step {
@@ -62,15 +83,46 @@ pub fn steps<'a>(
                 }
                 Step::Repair { name } => {
                     let repair = definition::named(repairs, name)?;
-                    let mut changes = Vec::new();
-                    let p = preview::preview(tx, repair, &shadows, Some(sample), &mut |c| {
-                        changes.push(c.clone());
-                        Ok(())
-                    })?;
-                    plan.repair = Some(p);
-                    plan.sample = changes;
+                    let earlier = previewed
+                        .iter()
+                        .find(|(n, _, seen)| n == name && *seen == predicted.len());
+                    let caveat = if gate_pending { AFTER_GATE } else { QUIET };
+                    if let Some((_, step, _)) = earlier {
+                        plan.repair = Some(Preview {
+                            repair: repair.name.clone(),
+                            kind: repair.kind(),
+                            description: repair.description().into(),
+                            ..Preview::default()
+                        });
+                        plan.predicted_on = Some(format!(
+                            "nothing left: step {step} runs this repair first; {caveat}"
+                        ));
+                    } else {
+                        let mut changes = Vec::new();
+                        let p = preview::preview_predicted(
+                            tx,
+                            repair,
+                            &shadows,
+                            &predicted,
+                            Some(sample),
+                            &mut |c| {
+                                changes.push(c.clone());
+                                Ok(())
+                            },
+                        )?;
+                        plan.repair = Some(p);
+                        plan.sample = changes;
+                        plan.predicted_on = Some(format!(
+                            "the data as the earlier pending steps leave it; {caveat}"
+                        ));
+                        if let Some(next) = preview::predict(tx, repair, &shadows, &predicted)? {
+                            predicted.retain(|p| p.table != next.table);
+                            predicted.push(next);
+                        }
+                    }
+                    previewed.push((name, i + 1, predicted.len()));
                 }
-                Step::Gate { .. } => {}
+                Step::Gate { .. } => gate_pending = true,
             }
         }
         plans.push(plan);
