@@ -1,5 +1,5 @@
-//! The release's records: finished steps, confirmed gates, the schema the release belongs
-//! to, and the legacy counter recorded at the deploy gate (read by `report::legacy_counter`).
+//! The release's records: finished steps, confirmed gates, the saved plans applied, the
+//! schema the release belongs to, and the legacy counter recorded at the deploy gate (read by `report::legacy_counter`).
 
 use anyhow::Result;
 use postgres::{GenericClient, Row};
@@ -140,4 +140,70 @@ pub fn legacy_counter(client: &mut impl GenericClient) -> Result<Vec<Row>> {
             &[],
         )
         .doing("reading the legacy counter recorded at the deploy gate")
+}
+
+/// A saved plan that `pgmend apply --plan` ran.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct AppliedPlan {
+    pub plan_sha256: String,
+    pub made_at: String,
+    pub first_step: i32,
+    pub through_step: i32,
+    pub applied_by: String,
+    pub applied_at: String,
+}
+
+/// Records that the plan `plan_sha256` (made at `made_at`, RFC 3339) was applied by `who`,
+/// covering steps `first..=through`.
+pub fn record_plan(
+    client: &mut impl GenericClient,
+    plan_sha256: &str,
+    made_at: &str,
+    (first, through): (i32, i32),
+    who: &str,
+) -> Result<()> {
+    client
+        .execute(
+            "INSERT INTO pgmend.applied_plans (plan_sha256, made_at, first_step, through_step, applied_by)
+             VALUES ($1, $2::text::timestamptz, $3, $4, $5)",
+            &[&plan_sha256, &made_at, &first, &through, &who],
+        )
+        .doing("recording the applied plan")?;
+    Ok(())
+}
+
+/// The saved plans applied, oldest first (none before version 3 of pgmend's schema).
+pub fn applied_plans(client: &mut impl GenericClient) -> Result<Vec<AppliedPlan>> {
+    let present: bool = client
+        .query_one(
+            "SELECT to_regclass('pgmend.applied_plans') IS NOT NULL",
+            &[],
+        )
+        .doing("looking for pgmend.applied_plans")?
+        .get(0);
+    if !present {
+        return Ok(Vec::new());
+    }
+    let utc =
+        |c: &str| format!("to_char({c} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')");
+    Ok(client
+        .query(
+            &format!(
+                "SELECT plan_sha256, {}, first_step, through_step, applied_by, {} FROM pgmend.applied_plans ORDER BY applied_at",
+                utc("made_at"),
+                utc("applied_at")
+            ),
+            &[],
+        )
+        .doing("reading the applied plans")?
+        .iter()
+        .map(|r| AppliedPlan {
+            plan_sha256: r.get(0),
+            made_at: r.get(1),
+            first_step: r.get(2),
+            through_step: r.get(3),
+            applied_by: r.get(4),
+            applied_at: r.get(5),
+        })
+        .collect())
 }
