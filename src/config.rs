@@ -43,7 +43,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             "d" => n.checked_mul(86_400_000),
             _ => {
                 return Err(format!(
-                    "{text:?} has an unknown unit {unit:?}; use ms, s, m or h"
+                    "{text:?} has an unknown unit {unit:?}; use ms, s, m, h or d"
                 ))
             }
         };
@@ -110,7 +110,7 @@ mod tests {
             "ms",
             "5 s",
             "1.5s",
-            "3d",
+            "3w",
             "-1s",
             "99999999999999999999h",
         ] {
@@ -118,5 +118,15 @@ mod tests {
             assert!(!e.is_empty(), "{bad}");
         }
         assert!(parse_duration("10").unwrap_err().contains("500ms"));
+        assert_eq!(parse_duration("1d"), Ok(Duration::from_secs(86_400)));
+    }
+
+    #[test]
+    fn shares_are_fractions_or_percentages_between_0_and_1() {
+        assert_eq!(parse_share("5%"), Ok(0.05));
+        assert_eq!(parse_share("0.25"), Ok(0.25));
+        for bad in ["", "5", "-1%", "x%", "150%"] {
+            assert!(parse_share(bad).is_err(), "{bad}");
+        }
     }
 }
