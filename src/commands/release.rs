@@ -10,12 +10,12 @@ use serde::Serialize;
 use super::{confirm, load, open_checked, policy, print_json, run_options, source};
 use crate::cli::{Format, ReleaseApplyArgs, ReleasePlanArgs};
 use crate::db::runner_lock;
-use crate::error::{Outcome, PgContext};
+use crate::error::Outcome;
 use crate::migrate::{history, plan as migrate_plan};
 use crate::preflight::privileges;
-use crate::release::dry_run::{self, StepPlan};
+use crate::release::dry_run::{self, DryRun, StepPlan};
 use crate::release::engine::{self, Applied, Release, Settings};
-use crate::release::fingerprint::{self, Fingerprint, Inputs, Limits};
+use crate::release::fingerprint::{self, Fingerprint, Limits};
 use crate::release::{self, Step};
 use crate::repair::preview;
 
@@ -29,27 +29,23 @@ pub fn plan(args: &ReleasePlanArgs, format: Format) -> Result<Outcome> {
     }
     let (mut session, environment) = open_checked(&args.conn)?;
     let migrations = migrate_plan::build(&mut session.client, files.clone(), None)?;
-    let mut tx = super::read_only(&mut session.client)?;
-    let applied: Vec<i32> = history::read(&mut tx)?.iter().map(|a| a.version).collect();
-    let progress = release::progress(&mut tx, applied)?;
-    let plans = dry_run::steps(
-        &mut tx,
-        &steps,
-        &progress,
-        &migrations,
-        &files,
-        &repairs,
-        args.sample,
-    )?;
-    let inputs = Inputs {
+    let release = Release {
         steps: &steps,
-        progress: &progress,
         files: &files,
         repairs: &repairs,
     };
-    let print = fingerprint::take(&mut tx, &session.params, &inputs, &plans)?;
-    let applied_plans = crate::store::records::applied_plans(&mut tx)?;
-    tx.rollback().doing("closing the read-only transaction")?;
+    let DryRun {
+        progress,
+        steps: plans,
+        fingerprint: print,
+        applied_plans,
+    } = dry_run::run(
+        &mut session.client,
+        &session.params.clone(),
+        &release,
+        &migrations,
+        args.sample,
+    )?;
     if format != Format::Json {
         let mut out = crate::output::stdout();
         writeln!(
@@ -63,11 +59,7 @@ pub fn plan(args: &ReleasePlanArgs, format: Format) -> Result<Outcome> {
             render_step(plan, colour, &mut out)?;
         }
         for p in &applied_plans {
-            writeln!(
-                out,
-                "\nsaved plan {} (made {}) applied steps {}–{}, by {} at {}",
-                p.plan_sha256, p.made_at, p.first_step, p.through_step, p.applied_by, p.applied_at
-            )?;
+            writeln!(out, "\n{p}")?;
         }
     }
     // What `apply` (with every gate confirmed) would be refused for by the connected role.
@@ -175,32 +167,17 @@ fn steps_text(steps: &[usize]) -> String {
 fn check_saved_plan(
     args: &ReleaseApplyArgs,
     session: &mut crate::db::connect::Session,
-    inputs: (
-        &[Step],
-        &[crate::migrate::source::Migration],
-        &[crate::repair::definition::Repair],
-    ),
+    release: &Release,
 ) -> Result<Option<(fingerprint::Saved, usize, Vec<String>)>> {
     let Some(path) = &args.saved.plan else {
         return Ok(None);
     };
-    let (steps, files, repairs) = inputs;
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading the plan file {}", path.display()))?;
     let saved = fingerprint::open(path, &text, args.saved.plan_sha256.as_deref())?;
-    let migrations = migrate_plan::build(&mut session.client, files.to_vec(), None)?;
-    let mut tx = super::read_only(&mut session.client)?;
-    let applied: Vec<i32> = history::read(&mut tx)?.iter().map(|a| a.version).collect();
-    let progress = release::progress(&mut tx, applied)?;
-    let plans = dry_run::steps(&mut tx, steps, &progress, &migrations, files, repairs, 0)?;
-    let inputs = Inputs {
-        steps,
-        progress: &progress,
-        files,
-        repairs,
-    };
-    let now = fingerprint::take(&mut tx, &session.params, &inputs, &plans)?;
-    tx.rollback().doing("closing the read-only transaction")?;
+    let migrations = migrate_plan::build(&mut session.client, release.files.to_vec(), None)?;
+    let params = session.params.clone();
+    let now = dry_run::run(&mut session.client, &params, release, &migrations, 0)?.fingerprint;
     let limits = Limits {
         max_age: args.saved.max_plan_age,
         max_drift: args.saved.max_drift,
@@ -256,7 +233,12 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
         let needs = privileges::for_release(&steps, &progress, &files, &repairs, &args.confirm);
         privileges::check(&mut session.client, "this release", &needs)?;
     }
-    let saved = check_saved_plan(args, &mut session, (&steps, &files, &repairs))?;
+    let release = Release {
+        steps: &steps,
+        files: &files,
+        repairs: &repairs,
+    };
+    let saved = check_saved_plan(args, &mut session, &release)?;
     if let Some((plan, through, moved)) = &saved {
         crate::say!(
             "the saved plan {} matches this database and these files; it covers steps up to {through}",
@@ -274,11 +256,6 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
         )?;
     }
     crate::signals::install(&engine::continue_command(&args.confirm));
-    let release = Release {
-        steps: &steps,
-        files: &files,
-        repairs: &repairs,
-    };
     let settings = Settings {
         params: &params,
         policy: &policy,
@@ -295,6 +272,16 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
     let plan_record = match &saved {
         Some((plan, through, moved)) => {
             let first = plan.fingerprint.covers.first().copied().unwrap_or(*through);
+            // The last step this walk ran or passed (a gate not confirmed stops it earlier).
+            let through = walk
+                .steps
+                .iter()
+                .filter(|s| s.outcome == "done")
+                .map(|s| s.step)
+                .max()
+                .unwrap_or(first.saturating_sub(1))
+                .min(*through);
+            let through = &through;
             engine::record_plan(
                 &mut session.client,
                 &policy,

@@ -14,12 +14,18 @@
 use anyhow::Result;
 use serde::Serialize;
 
+use super::engine::Release;
+use super::fingerprint::{self, Fingerprint, Inputs};
 use super::{Progress, Step};
+use crate::db::conninfo::ConnParams;
+use crate::error::PgContext;
+use crate::migrate::history;
 use crate::migrate::plan::{Plan, PlannedMigration};
 use crate::migrate::source::{by_version, Migration};
 use crate::online::census::{added_column, AddedColumn, Predicted};
 use crate::repair::definition::{self, Repair};
 use crate::repair::preview::{self, Change, Preview};
+use crate::store::{self, records::AppliedPlan};
 
 /// One step of the release as the dry run sees it.
 #[derive(Serialize)]
@@ -42,6 +48,53 @@ pub struct StepPlan<'a> {
 /// The repair steps before which a pending gate lets an application write as well.
 const AFTER_GATE: &str = "after the gate, both applications write while the deploy goes on: what they write is not predicted, so on a quiet database this is what apply finds, and on a live one it finds more";
 const QUIET: &str = "rows the application writes between this plan and apply are not predicted: on a quiet database these are the values apply writes";
+
+/// The release's dry run with its fingerprint and the saved plans applied so far, all read in
+/// one read-only transaction.
+pub struct DryRun<'a> {
+    pub progress: Progress,
+    pub steps: Vec<StepPlan<'a>>,
+    pub fingerprint: Fingerprint,
+    pub applied_plans: Vec<AppliedPlan>,
+}
+
+/// Reads what is done, plans every step ([`steps`]) and takes the plan's fingerprint, in one
+/// `READ ONLY` transaction. `migrations` is the migration plan (built in its own).
+pub fn run<'a>(
+    client: &mut postgres::Client,
+    params: &ConnParams,
+    release: &Release<'a>,
+    migrations: &'a Plan,
+    sample: usize,
+) -> Result<DryRun<'a>> {
+    let mut tx = crate::db::connect::read_only(client)?;
+    let applied: Vec<i32> = history::read(&mut tx)?.iter().map(|a| a.version).collect();
+    let progress = super::progress(&mut tx, applied)?;
+    let plans = steps(
+        &mut tx,
+        release.steps,
+        &progress,
+        migrations,
+        release.files,
+        release.repairs,
+        sample,
+    )?;
+    let inputs = Inputs {
+        steps: release.steps,
+        progress: &progress,
+        files: release.files,
+        repairs: release.repairs,
+    };
+    let fingerprint = fingerprint::take(&mut tx, params, &inputs, &plans)?;
+    let applied_plans = store::records::applied_plans(&mut tx)?;
+    tx.rollback().doing("closing the read-only transaction")?;
+    Ok(DryRun {
+        progress,
+        steps: plans,
+        fingerprint,
+        applied_plans,
+    })
+}
 
 /// Plans every step: a pending migration from `migrations` (planned from `files`), a pending
 /// repair previewed in `tx` with up to `sample` changes, on top of the columns the pending

@@ -153,6 +153,21 @@ pub struct AppliedPlan {
     pub applied_at: String,
 }
 
+impl std::fmt::Display for AppliedPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "saved plan {} (made {}) applied steps {}–{}, by {} at {}",
+            self.plan_sha256,
+            self.made_at,
+            self.first_step,
+            self.through_step,
+            self.applied_by,
+            self.applied_at
+        )
+    }
+}
+
 /// Records that the plan `plan_sha256` (made at `made_at`, RFC 3339) was applied by `who`,
 /// covering steps `first..=through`.
 pub fn record_plan(
