@@ -350,3 +350,20 @@ fn a_hand_edited_plan_file_and_a_wrong_plan_sha256_are_refused() {
     std::fs::write(&file, edited).unwrap();
     refused(&db, &file, &[], 2, "was changed after pgmend wrote it");
 }
+
+#[test]
+fn no_plan_file_is_written_when_the_plan_has_blockers() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = fresh_db();
+    // The legacy tables without a baseline: V1 is pending over them, a blocker.
+    db.make_legacy_data(20);
+    let file = dir.path().join("plan.json");
+    let r = db.run(&["plan", "--output", file.to_str().unwrap()]);
+    assert_eq!(r.code, 2, "{}", r.both());
+    assert!(
+        r.stderr.contains("no plan file was written"),
+        "{}",
+        r.stderr
+    );
+    assert!(!file.exists());
+}

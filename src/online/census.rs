@@ -350,5 +350,14 @@ ALTER TABLE campaign_budgets ADD CONSTRAINT issued_within_budget CHECK (issued_y
             with_shadows("SELECT 1 FROM issued_coupons", &cols),
             "WITH issued_coupons AS (SELECT *, (false)::boolean AS legacy_duplicate, (NULL)::timestamptz AS voided_at FROM issued_coupons) SELECT 1 FROM issued_coupons"
         );
+        // A predicted table carries its own shadows: it takes the table's place alone.
+        let voided = Predicted {
+            table: "issued_coupons".into(),
+            body: "SELECT 2".into(),
+        };
+        assert_eq!(
+            with_predicted("SELECT 1 FROM issued_coupons", &cols, &[voided]),
+            "WITH issued_coupons AS (SELECT 2) SELECT 1 FROM issued_coupons"
+        );
     }
 }

@@ -412,6 +412,79 @@ mod tests {
         assert_eq!(covers(&steps, &[1, 2, 3, 4, 5, 6, 7]), [8, 9, 10, 11]);
     }
 
+    fn print(changes: i64) -> Fingerprint {
+        Fingerprint {
+            made_at: chrono::Utc::now().to_rfc3339(),
+            server: Server {
+                system_identifier: "7".into(),
+                database_oid: 16384,
+                host: "db".into(),
+                port: 5432,
+                dbname: "shop".into(),
+                role: "owner".into(),
+            },
+            schema: "public".into(),
+            pgmend_version: "0".into(),
+            files: BTreeMap::from([("release.toml".into(), "a".into())]),
+            tables: BTreeMap::from([("campaigns".into(), "b".into())]),
+            done_steps: vec![1],
+            covers: vec![2, 3, 4],
+            data_steps: vec![StepFigures {
+                step: 4,
+                label: "repair void-duplicate-coupons".into(),
+                changes,
+                voided_or_created: changes,
+                yen: 0,
+            }],
+        }
+    }
+
+    const LIMITS: Limits = Limits {
+        max_age: Duration::from_secs(86_400),
+        max_drift: DEFAULT_MAX_DRIFT,
+    };
+
+    fn exit_code(e: anyhow::Error) -> u8 {
+        crate::error::exit_code_for(&e)
+    }
+
+    #[test]
+    fn drift_is_bounded_by_a_share_and_never_less_than_100_rows() {
+        let plan = print(4000);
+        assert!(check(&plan, &print(4000), &LIMITS).unwrap().is_empty());
+        let moved = check(&plan, &print(4200), &LIMITS).unwrap();
+        assert_eq!(moved.len(), 2);
+        assert!(
+            moved[0].contains("4000 in the plan, 4200 now (+200, limit ±200)"),
+            "{moved:?}"
+        );
+        let past = check(&plan, &print(4201), &LIMITS).unwrap_err();
+        assert_eq!(exit_code(past), 1);
+        // A small count may move by 100 rows.
+        assert!(check(&print(10), &print(110), &LIMITS).is_ok());
+        assert!(check(&print(10), &print(111), &LIMITS).is_err());
+    }
+
+    #[test]
+    fn another_target_or_file_is_an_error_and_a_moved_table_a_stop() {
+        let plan = print(10);
+        let mut other = print(10);
+        other.server.database_oid = 1;
+        let e = check(&plan, &other, &LIMITS).unwrap_err();
+        assert!(format!("{e:#}").contains("database OID 1 (the plan's: 16384)"));
+        assert_eq!(exit_code(e), 2);
+        let mut other = print(10);
+        other.files.insert("repairs/new.toml".into(), "c".into());
+        let e = check(&plan, &other, &LIMITS).unwrap_err();
+        assert!(format!("{e:#}").contains("repairs/new.toml (new)"));
+        assert_eq!(exit_code(e), 2);
+        let mut other = print(10);
+        other.tables.insert("campaigns".into(), "changed".into());
+        let e = check(&plan, &other, &LIMITS).unwrap_err();
+        assert!(format!("{e:#}").contains("the shape of campaigns differs"));
+        assert_eq!(exit_code(e), 1);
+    }
+
     #[test]
     fn the_seal_is_the_digest_of_the_document_without_it() {
         let (text, digest) = seal(&serde_json::json!({"b": 1, "a": [2]})).unwrap();
