@@ -130,6 +130,12 @@ fn render_step(plan: &StepPlan, colour: bool, out: &mut impl Write) -> Result<()
         Step::Migrate { retry_with, .. } => {
             if let Some(m) = plan.migration {
                 migrate_plan::render_migration(m, out)?;
+                if !plan.predicted_censuses.is_empty() {
+                    writeln!(out, "   predicted on the data as the earlier pending steps leave it (rows the application writes meanwhile are not predicted):")?;
+                    for f in &plan.predicted_censuses {
+                        writeln!(out, "     {}", f.describe())?;
+                    }
+                }
                 if let Some(repair) = retry_with {
                     writeln!(out, "   (census counted now; the {repair} step before it clears what it finds, and apply runs it again for duplicates that arrive late)")?;
                 }

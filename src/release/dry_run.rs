@@ -23,6 +23,7 @@ use crate::migrate::history;
 use crate::migrate::plan::{Plan, PlannedMigration};
 use crate::migrate::source::{by_version, Migration};
 use crate::online::census::{added_column, AddedColumn, Predicted};
+use crate::online::evaluate::{evaluate_predicted, Finding};
 use crate::repair::definition::{self, Repair};
 use crate::repair::preview::{self, Change, Preview};
 use crate::store::{self, records::AppliedPlan};
@@ -40,6 +41,10 @@ pub struct StepPlan<'a> {
     pub repair: Option<Preview>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub sample: Vec<Change>,
+    /// For a pending migration after a pending void: its censuses counted on the tables as
+    /// the earlier pending steps leave them (what apply finds on a quiet database).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub predicted_censuses: Vec<Finding>,
     /// For a pending repair: what its preview was computed on, and where it cannot be exact.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub predicted_on: Option<String>,
@@ -123,6 +128,7 @@ pub fn steps<'a>(
             migration: None,
             repair: None,
             sample: Vec::new(),
+            predicted_censuses: Vec::new(),
             predicted_on: None,
         };
         if !done {
@@ -131,6 +137,14 @@ pub fn steps<'a>(
                     plan.migration = migrations.pending.iter().find(|m| m.version == *version);
                     if plan.migration.is_some() {
                         let file = by_version(files, *version);
+                        for census in file
+                            .censuses
+                            .iter()
+                            .filter(|c| predicted.iter().any(|p| c.tables.contains(&p.table)))
+                        {
+                            plan.predicted_censuses
+                                .push(evaluate_predicted(tx, census, &shadows, &predicted)?);
+                        }
                         shadows.extend(file.statements.iter().filter_map(added_column));
                     }
                 }
