@@ -149,7 +149,7 @@ fn render_step(plan: &StepPlan, colour: bool, out: &mut impl Write) -> Result<()
                 preview::render_summary(p, out)?;
             }
             if let Some(on) = &plan.predicted_on {
-                writeln!(out, "(predicted on {on})")?;
+                writeln!(out, "(predicted: {on})")?;
             }
         }
         Step::Gate { explain, name } => {

@@ -180,7 +180,7 @@ pub fn steps<'a>(
                         plan.repair = Some(p);
                         plan.sample = changes;
                         plan.predicted_on = Some(format!(
-                            "the data as the earlier pending steps leave it; {caveat}"
+                            "on the data as the earlier pending steps leave it; {caveat}"
                         ));
                         if let Some(next) = preview::predict(tx, repair, &shadows, &predicted)? {
                             predicted.retain(|p| p.table != next.table);
