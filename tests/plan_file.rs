@@ -210,6 +210,18 @@ fn a_saved_plan_applied_unchanged_runs_to_the_gate_and_records_its_digest() {
         serde_json::json!([8, 9, 10, 11])
     );
     assert_eq!(doc["applied_plans"][0]["plan_sha256"], digest.as_str());
+    // Without --confirm the walk stops at the gate, the plan's first step: nothing to record.
+    let r = db.run(&["apply", "--plan", after.to_str().unwrap(), "--yes"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(
+        r.stderr.contains("ran no step; it is not recorded"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM pgmend.applied_plans"),
+        1
+    );
     let r = db.run(&[
         "apply",
         "--plan",

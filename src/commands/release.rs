@@ -276,33 +276,7 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
     };
     let walk = engine::apply(&mut session.client, &release, &settings)?;
     let plan_record = match &saved {
-        Some((plan, through, moved)) => {
-            let first = plan.fingerprint.covers.first().copied().unwrap_or(*through);
-            // The last step this walk ran or passed (a gate not confirmed stops it earlier).
-            let through = walk
-                .steps
-                .iter()
-                .filter(|s| s.outcome == "done")
-                .map(|s| s.step)
-                .max()
-                .unwrap_or(first.saturating_sub(1))
-                .min(*through);
-            let through = &through;
-            engine::record_plan(
-                &mut session.client,
-                &policy,
-                &plan.digest,
-                &plan.fingerprint.made_at,
-                (first as i32, *through as i32),
-            )?;
-            Some(PlanApplied {
-                plan_sha256: plan.digest.clone(),
-                first_step: first,
-                through_step: *through,
-                moved_within_drift: moved.clone(),
-                next_step_needs_new_plan: walk.beyond_plan,
-            })
-        }
+        Some((plan, _, moved)) => record_plan(&mut session.client, &policy, plan, moved, &walk)?,
         None => None,
     };
     match format {
@@ -345,6 +319,42 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
         }
     }
     Ok(Outcome::Done)
+}
+
+/// Records the saved plan the walk ran (nothing when it ran no step: a gate not confirmed
+/// first), and what the JSON document says of it.
+fn record_plan(
+    client: &mut postgres::Client,
+    policy: &crate::db::retry::LockPolicy,
+    plan: &fingerprint::Saved,
+    moved: &[String],
+    walk: &engine::Walk,
+) -> Result<Option<PlanApplied>> {
+    let ran = walk.steps.iter().filter(|s| s.outcome == "done");
+    let (Some(first), Some(through)) = (
+        plan.fingerprint.covers.first().copied(),
+        ran.map(|s| s.step).max(),
+    ) else {
+        crate::say!(
+            "the saved plan {} ran no step; it is not recorded",
+            plan.digest
+        );
+        return Ok(None);
+    };
+    engine::record_plan(
+        client,
+        policy,
+        &plan.digest,
+        &plan.fingerprint.made_at,
+        (first as i32, through as i32),
+    )?;
+    Ok(Some(PlanApplied {
+        plan_sha256: plan.digest.clone(),
+        first_step: first,
+        through_step: through,
+        moved_within_drift: moved.to_vec(),
+        next_step_needs_new_plan: walk.beyond_plan,
+    }))
 }
 
 /// What `apply --plan` ran, in its JSON document.
