@@ -310,6 +310,24 @@ fn another_database_is_refused() {
 }
 
 #[test]
+fn another_role_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, file, _) = planned(dir.path(), &[]);
+    let role = common::LoginRole::create(&db, "other", "pw-other-7", "ALTER ROLE {role} SUPERUSER");
+    let before = snapshot(&db);
+    let r = role.run(&db, &["apply", "--plan", file.to_str().unwrap(), "--yes"]);
+    assert_eq!(r.code, 2, "{}", r.both());
+    assert!(
+        r.stderr
+            .contains(&format!("role {} (the plan's: ", role.name)),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stderr.contains("nothing was changed"), "{}", r.stderr);
+    assert_eq!(snapshot(&db), before);
+}
+
+#[test]
 fn a_plan_past_its_age_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let (db, file, _) = planned(dir.path(), &[]);
