@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::config::parse_duration;
+use crate::config::{parse_duration, parse_share};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -252,6 +252,10 @@ pub struct ReleasePlanArgs {
     /// How many changed rows each repair's diff shows.
     #[arg(long, default_value_t = 20)]
     pub sample: usize,
+    /// Save the plan (the `--format json` document, with its fingerprint and digest) to FILE,
+    /// for `pgmend apply --plan FILE`. Not written when the plan has blockers.
+    #[arg(long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -269,6 +273,27 @@ pub struct ReleaseApplyArgs {
     /// Pass this gate (recorded with who and when), e.g. deploy-new-application.
     #[arg(long, value_name = "GATE")]
     pub confirm: Vec<String>,
+    #[command(flatten)]
+    pub saved: SavedPlanArgs,
+}
+
+/// Applying a saved plan (`pgmend plan --output FILE`).
+#[derive(Debug, Args)]
+pub struct SavedPlanArgs {
+    /// Apply this saved plan and nothing else: refused when the database, the files or the
+    /// tables differ from what it was made from; stops at the next gate.
+    #[arg(long, value_name = "FILE")]
+    pub plan: Option<PathBuf>,
+    /// The plan's SHA-256 as reviewed (from the change ticket); refused unless the file's is.
+    #[arg(long, value_name = "HEX", requires = "plan")]
+    pub plan_sha256: Option<String>,
+    /// Refuse a plan made longer ago than this.
+    #[arg(long, value_name = "DURATION", default_value = "1d", value_parser = parse_duration, requires = "plan")]
+    pub max_plan_age: Duration,
+    /// How far the next data step's counts may have moved since the plan, as a share of each
+    /// (never less than 100 rows), e.g. 0.05 or 5%.
+    #[arg(long, value_name = "SHARE", default_value = "5%", value_parser = parse_share, requires = "plan")]
+    pub max_drift: f64,
 }
 
 #[derive(Debug, Subcommand)]

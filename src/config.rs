@@ -40,9 +40,10 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             "s" => n.checked_mul(1_000),
             "m" | "min" => n.checked_mul(60_000),
             "h" => n.checked_mul(3_600_000),
+            "d" => n.checked_mul(86_400_000),
             _ => {
                 return Err(format!(
-                    "{text:?} has an unknown unit {unit:?}; use ms, s, m or h"
+                    "{text:?} has an unknown unit {unit:?}; use ms, s, m, h or d"
                 ))
             }
         };
@@ -52,6 +53,20 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         rest = next;
     }
     Ok(Duration::from_millis(total))
+}
+
+/// A share: `0.05` or `5%`, from 0 to 1.
+pub fn parse_share(text: &str) -> Result<f64, String> {
+    let t = text.trim();
+    let share = match t.strip_suffix('%') {
+        Some(p) => p.trim().parse::<f64>().map(|p| p / 100.0),
+        None => t.parse::<f64>(),
+    }
+    .map_err(|_| format!("{text:?} is not a share; write it like 0.05 or 5%"))?;
+    if !(0.0..=1.0).contains(&share) {
+        return Err(format!("{text:?} is not between 0 and 1 (0% and 100%)"));
+    }
+    Ok(share)
 }
 
 /// Writes a duration the way the command line takes it (see [`crate::human::duration`]).
@@ -95,7 +110,7 @@ mod tests {
             "ms",
             "5 s",
             "1.5s",
-            "3d",
+            "3w",
             "-1s",
             "99999999999999999999h",
         ] {
@@ -103,5 +118,15 @@ mod tests {
             assert!(!e.is_empty(), "{bad}");
         }
         assert!(parse_duration("10").unwrap_err().contains("500ms"));
+        assert_eq!(parse_duration("1d"), Ok(Duration::from_secs(86_400)));
+    }
+
+    #[test]
+    fn shares_are_fractions_or_percentages_between_0_and_1() {
+        assert_eq!(parse_share("5%"), Ok(0.05));
+        assert_eq!(parse_share("0.25"), Ok(0.25));
+        for bad in ["", "5", "-1%", "x%", "150%"] {
+            assert!(parse_share(bad).is_err(), "{bad}");
+        }
     }
 }

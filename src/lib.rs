@@ -6,6 +6,7 @@ pub mod commands;
 pub mod config;
 pub mod db;
 pub mod demo_data;
+pub mod digest;
 pub mod error;
 pub mod human;
 pub mod localpg;

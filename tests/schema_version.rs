@@ -6,6 +6,9 @@ mod common;
 
 use common::*;
 
+/// The version this binary upgrades pgmend's schema to.
+const CURRENT: i64 = pgmend::store::schema::CURRENT as i64;
+
 /// The DDL of pgmend's schema exactly as the binary before schema versions ran it
 /// (`src/repair/store.rs` `SCHEMA_SQL` at main 02c8e2b).
 const OLD_SCHEMA_SQL: &str = r#"
@@ -152,7 +155,7 @@ fn a_schema_left_by_the_binary_before_versions_is_upgraded_and_its_run_resumes()
     );
     assert_eq!(
         db.scalar_i64("SELECT version::int8 FROM pgmend.schema_version"),
-        2
+        CURRENT
     );
     // The old run finished, with no new run beside it, and did the whole job.
     assert_eq!(db.scalar_i64("SELECT count(*) FROM pgmend.repair_runs"), 1);
@@ -228,7 +231,7 @@ fn two_pgmends_upgrading_an_old_schema_at_once_both_succeed() {
     );
     assert_eq!(
         db.scalar_i64("SELECT version::int8 FROM pgmend.schema_version"),
-        2
+        CURRENT
     );
 }
 
@@ -239,7 +242,7 @@ fn a_schema_from_a_newer_pgmend_is_refused_before_any_change() {
     assert_eq!(r.code, 0, "{}", r.both());
     assert_eq!(
         db.scalar_i64("SELECT version::int8 FROM pgmend.schema_version"),
-        2
+        CURRENT
     );
     db.client()
         .batch_execute("UPDATE pgmend.schema_version SET version = 9")
@@ -253,11 +256,37 @@ fn a_schema_from_a_newer_pgmend_is_refused_before_any_change() {
         let r = db.run(args);
         assert_eq!(r.code, 2, "{args:?}: {}", r.both());
         assert!(
-            r.stderr.contains("version 9") && r.stderr.contains("up to 2"),
+            r.stderr.contains("version 9") && r.stderr.contains(&format!("up to {CURRENT}")),
             "{args:?}: {}",
             r.both()
         );
         assert!(r.stderr.contains("Use the newer pgmend"), "{}", r.both());
         assert_eq!(snapshot(&db), before, "{args:?} changed something");
     }
+}
+
+#[test]
+fn a_schema_at_version_2_gains_the_applied_plans_table() {
+    let db = at_v2();
+    db.client()
+        .batch_execute(&format!(
+            "{OLD_SCHEMA_SQL}
+             CREATE TABLE pgmend.schema_version (
+               only_row    boolean PRIMARY KEY DEFAULT true CHECK (only_row),
+               version     integer NOT NULL,
+               upgraded_at timestamptz NOT NULL DEFAULT now());
+             INSERT INTO pgmend.schema_version (version) VALUES (2);"
+        ))
+        .unwrap();
+    // Read-only commands read a version 2 schema as it is: no saved plan applied yet.
+    let r = db.run(&["plan", "--format", "json"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(!db.exists("pgmend.applied_plans"));
+    let r = db.run(&["repair", "apply", "rebuild-campaign-budgets", "--yes"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(db.exists("pgmend.applied_plans"));
+    assert_eq!(
+        db.scalar_i64("SELECT version::int8 FROM pgmend.schema_version"),
+        CURRENT
+    );
 }

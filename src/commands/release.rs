@@ -21,17 +21,18 @@
 
 use std::io::{IsTerminal, Write};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use super::{confirm, load, open_checked, policy, print_json, run_options, source};
 use crate::cli::{Format, ReleaseApplyArgs, ReleasePlanArgs};
 use crate::db::runner_lock;
-use crate::error::{Outcome, PgContext};
+use crate::error::Outcome;
 use crate::migrate::{history, plan as migrate_plan};
 use crate::preflight::privileges;
-use crate::release::dry_run::{self, StepPlan};
+use crate::release::dry_run::{self, DryRun, StepPlan};
 use crate::release::engine::{self, Applied, Release, Settings};
+use crate::release::fingerprint::{self, Fingerprint, Limits};
 use crate::release::{self, Step};
 use crate::repair::preview;
 
@@ -45,19 +46,23 @@ pub fn plan(args: &ReleasePlanArgs, format: Format) -> Result<Outcome> {
     }
     let (mut session, environment) = open_checked(&args.conn)?;
     let migrations = migrate_plan::build(&mut session.client, files.clone(), None)?;
-    let mut tx = super::read_only(&mut session.client)?;
-    let applied: Vec<i32> = history::read(&mut tx)?.iter().map(|a| a.version).collect();
-    let progress = release::progress(&mut tx, applied)?;
-    let plans = dry_run::steps(
-        &mut tx,
-        &steps,
-        &progress,
+    let release = Release {
+        steps: &steps,
+        files: &files,
+        repairs: &repairs,
+    };
+    let DryRun {
+        progress,
+        steps: plans,
+        fingerprint: print,
+        applied_plans,
+    } = dry_run::run(
+        &mut session.client,
+        &session.params.clone(),
+        &release,
         &migrations,
-        &files,
-        &repairs,
         args.sample,
     )?;
-    tx.rollback().doing("closing the read-only transaction")?;
     if format != Format::Json {
         let mut out = crate::output::stdout();
         writeln!(
@@ -70,6 +75,9 @@ pub fn plan(args: &ReleasePlanArgs, format: Format) -> Result<Outcome> {
         for plan in &plans {
             render_step(plan, colour, &mut out)?;
         }
+        for p in &applied_plans {
+            writeln!(out, "\n{p}")?;
+        }
     }
     // What `apply` (with every gate confirmed) would be refused for by the connected role.
     let gates: Vec<String> = gate_names(&steps).map(String::from).collect();
@@ -81,23 +89,43 @@ pub fn plan(args: &ReleasePlanArgs, format: Format) -> Result<Outcome> {
             .iter()
             .map(|l| format!("role {role} lacks a privilege apply needs: {l}")),
     );
+    #[derive(Serialize)]
+    struct Doc<'a> {
+        steps: Vec<StepPlan<'a>>,
+        blockers: &'a [String],
+        unreleased_migrations: &'a [String],
+        applied_plans: &'a [crate::store::records::AppliedPlan],
+        fingerprint: &'a Fingerprint,
+    }
+    let (document, digest) = fingerprint::seal(&Doc {
+        steps: plans,
+        blockers: &blockers,
+        unreleased_migrations: &unreleased,
+        applied_plans: &applied_plans,
+        fingerprint: &print,
+    })?;
     if format == Format::Json {
-        #[derive(Serialize)]
-        struct Doc<'a> {
-            steps: Vec<StepPlan<'a>>,
-            blockers: &'a [String],
-            unreleased_migrations: &'a [String],
-        }
-        print_json(&Doc {
-            steps: plans,
-            blockers: &blockers,
-            unreleased_migrations: &unreleased,
-        })?;
+        crate::output::stdout().write_all(document.as_bytes())?;
     }
     if !blockers.is_empty() {
         bail!(
-            "apply would stop before changing anything:\n  - {}",
+            "apply would stop before changing anything{}:\n  - {}",
+            if args.output.is_some() {
+                "; no plan file was written"
+            } else {
+                ""
+            },
             blockers.join("\n  - ")
+        );
+    }
+    if let Some(path) = &args.output {
+        std::fs::write(path, &document)
+            .with_context(|| format!("writing the plan to {}", path.display()))?;
+        crate::say!(
+            "wrote the plan to {} (plan_sha256 {digest}); it covers steps {}. Apply it with:\n  pgmend apply --plan {} --plan-sha256 {digest} --yes",
+            path.display(),
+            steps_text(&print.covers),
+            path.display()
         );
     }
     Ok(Outcome::Done)
@@ -119,6 +147,12 @@ fn render_step(plan: &StepPlan, colour: bool, out: &mut impl Write) -> Result<()
         Step::Migrate { retry_with, .. } => {
             if let Some(m) = plan.migration {
                 migrate_plan::render_migration(m, out)?;
+                if !plan.predicted_censuses.is_empty() {
+                    writeln!(out, "   predicted on the data as the earlier pending steps leave it (rows the application writes meanwhile are not predicted):")?;
+                    for f in &plan.predicted_censuses {
+                        writeln!(out, "     {}", f.describe())?;
+                    }
+                }
                 if let Some(repair) = retry_with {
                     writeln!(out, "   (census counted now; the {repair} step before it clears what it finds, and apply runs it again for duplicates that arrive late)")?;
                 }
@@ -131,16 +165,54 @@ fn render_step(plan: &StepPlan, colour: bool, out: &mut impl Write) -> Result<()
             if let Some(p) = &plan.repair {
                 preview::render_summary(p, out)?;
             }
-            writeln!(
-                out,
-                "(computed on the data as it is now; earlier pending steps change it)"
-            )?;
+            if let Some(on) = &plan.predicted_on {
+                writeln!(out, "(predicted: {on})")?;
+            }
         }
         Step::Gate { explain, name } => {
             writeln!(out, "{explain}\n`pgmend apply --yes` stops here; `pgmend apply --yes --confirm {name}` passes it.")?;
         }
     }
     Ok(())
+}
+
+fn steps_text(steps: &[usize]) -> String {
+    match (steps.first(), steps.last()) {
+        (Some(a), Some(b)) if a == b => format!("{a}"),
+        (Some(a), Some(b)) => format!("{a}–{b}"),
+        _ => "none (the release is complete)".into(),
+    }
+}
+
+/// With `--plan`: the saved plan, checked against the database as it is now (exit 2 for
+/// another target or other files, 1 for moved tables, age or counts). Returns the plan, the
+/// last step it covers and the counts that moved within `--max-drift`.
+fn check_saved_plan(
+    args: &ReleaseApplyArgs,
+    session: &mut crate::db::connect::Session,
+    release: &Release,
+) -> Result<Option<(fingerprint::Saved, usize, Vec<String>)>> {
+    let Some(path) = &args.saved.plan else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the plan file {}", path.display()))?;
+    let saved = fingerprint::open(path, &text, args.saved.plan_sha256.as_deref())?;
+    let migrations = migrate_plan::build(&mut session.client, release.files.to_vec(), None)?;
+    let params = session.params.clone();
+    let now = dry_run::run(&mut session.client, &params, release, &migrations, 0)?.fingerprint;
+    let limits = Limits {
+        max_age: args.saved.max_plan_age,
+        max_drift: args.saved.max_drift,
+    };
+    let moved = fingerprint::check(&saved.fingerprint, &now, &limits)?;
+    let Some(&through) = saved.fingerprint.covers.last() else {
+        bail!(
+            "the plan {} covers no step: the release was complete when it was made; nothing was changed",
+            path.display()
+        );
+    };
+    Ok(Some((saved, through, moved)))
 }
 
 fn gate_names(steps: &[Step]) -> impl Iterator<Item = &str> {
@@ -184,6 +256,21 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
         let needs = privileges::for_release(&steps, &progress, &files, &repairs, &args.confirm);
         privileges::check(&mut session.client, "this release", &needs)?;
     }
+    let release = Release {
+        steps: &steps,
+        files: &files,
+        repairs: &repairs,
+    };
+    let saved = check_saved_plan(args, &mut session, &release)?;
+    if let Some((plan, through, moved)) = &saved {
+        crate::say!(
+            "the saved plan {} matches this database and these files; it covers steps up to {through}",
+            plan.digest
+        );
+        for m in moved {
+            crate::say!("moved within --max-drift: {m}");
+        }
+    }
     if !args.safety.yes {
         confirm(
             false,
@@ -192,11 +279,6 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
         )?;
     }
     crate::signals::install(&engine::continue_command(&args.confirm));
-    let release = Release {
-        steps: &steps,
-        files: &files,
-        repairs: &repairs,
-    };
     let settings = Settings {
         params: &params,
         policy: &policy,
@@ -207,8 +289,13 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
             .intermediary
             .is_some()
             .then_some(session.backend_pid),
+        through_step: saved.as_ref().map(|s| s.1),
     };
     let walk = engine::apply(&mut session.client, &release, &settings)?;
+    let plan_record = match &saved {
+        Some((plan, _, moved)) => record_plan(&mut session.client, &policy, plan, moved, &walk)?,
+        None => None,
+    };
     match format {
         Format::Json => {
             #[derive(Serialize)]
@@ -216,15 +303,29 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
                 steps: &'a [Applied],
                 stopped_at_gate: Option<String>,
                 complete: bool,
+                #[serde(skip_serializing_if = "Option::is_none")]
+                plan: Option<PlanApplied>,
             }
             print_json(&Doc {
                 steps: &walk.steps,
-                complete: walk.stopped_at.is_none(),
+                complete: walk.stopped_at.is_none() && walk.beyond_plan.is_none(),
                 stopped_at_gate: walk.stopped_at.map(|w| w.name),
+                plan: plan_record,
             })?;
         }
         _ => {
             let mut out = crate::output::stdout();
+            if let Some(p) = &plan_record {
+                writeln!(
+                    out,
+                    "Applied the saved plan {} (steps {}–{}); recorded with who and when.",
+                    p.plan_sha256, p.first_step, p.through_step
+                )?;
+                if let Some(next) = p.next_step_needs_new_plan {
+                    writeln!(out, "The plan ends before step {next} ({}). To continue, make a new plan and review it:\n  pgmend plan --output FILE\n  pgmend apply --plan FILE --plan-sha256 HEX --yes{}", steps[next - 1].label(), match &steps[next - 1] { Step::Gate { name, .. } => format!(" --confirm {name}"), _ => String::new() })?;
+                    return Ok(Outcome::Done);
+                }
+            }
             match walk.stopped_at {
                 Some(w) => writeln!(out, "The release stopped at gate {} (step {}).\n{}\nWhen that is done, continue with:\n  pgmend apply --yes --confirm {}", w.name, w.step, w.explain, w.name)?,
                 None => writeln!(
@@ -235,4 +336,53 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
         }
     }
     Ok(Outcome::Done)
+}
+
+/// Records the saved plan the walk ran (nothing when it ran no step: a gate not confirmed
+/// first), and what the JSON document says of it.
+fn record_plan(
+    client: &mut postgres::Client,
+    policy: &crate::db::retry::LockPolicy,
+    plan: &fingerprint::Saved,
+    moved: &[String],
+    walk: &engine::Walk,
+) -> Result<Option<PlanApplied>> {
+    let ran = walk.steps.iter().filter(|s| s.outcome == "done");
+    let (Some(first), Some(through)) = (
+        plan.fingerprint.covers.first().copied(),
+        ran.map(|s| s.step).max(),
+    ) else {
+        crate::say!(
+            "the saved plan {} ran no step; it is not recorded",
+            plan.digest
+        );
+        return Ok(None);
+    };
+    engine::record_plan(
+        client,
+        policy,
+        &plan.digest,
+        &plan.fingerprint.made_at,
+        (first as i32, through as i32),
+    )?;
+    Ok(Some(PlanApplied {
+        plan_sha256: plan.digest.clone(),
+        first_step: first,
+        through_step: through,
+        moved_within_drift: moved.to_vec(),
+        next_step_needs_new_plan: walk.beyond_plan,
+    }))
+}
+
+/// What `apply --plan` ran, in its JSON document.
+#[derive(Serialize)]
+struct PlanApplied {
+    plan_sha256: String,
+    first_step: usize,
+    through_step: usize,
+    /// The next data step's counts that moved since the plan, within `--max-drift`.
+    moved_within_drift: Vec<String>,
+    /// The first pending step the plan did not cover (a new plan is needed for it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next_step_needs_new_plan: Option<usize>,
 }

@@ -184,6 +184,7 @@ pub fn status(args: &RepairStatusArgs, format: Format) -> Result<Outcome> {
     let mut session = open(&args.conn)?;
     let mut tx = super::read_only(&mut session.client)?;
     let runs = store::runs::all(&mut tx)?;
+    let plans = store::records::applied_plans(&mut tx)?;
     tx.rollback().doing("closing the read-only transaction")?;
     match format {
         Format::Json => print_json(&runs)?,
@@ -227,6 +228,9 @@ pub fn status(args: &RepairStatusArgs, format: Format) -> Result<Outcome> {
                 writeln!(out, "No repair has run on this database.")?;
             } else {
                 writeln!(out, "{}", Table::new(rows).with(Style::psql()))?;
+            }
+            for p in &plans {
+                writeln!(out, "{p}")?;
             }
         }
     }

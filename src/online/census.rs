@@ -240,20 +240,37 @@ pub fn added_column(statement: &Statement) -> Option<AddedColumn> {
     })
 }
 
+/// A table as an earlier pending step will leave it: the body of a CTE named like the table,
+/// which reads the real one (the coupons as a pending void leaves them). It carries the
+/// shadows of its table, so [`with_predicted`] gives that table no shadow CTE of its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Predicted {
+    pub table: String,
+    pub body: String,
+}
+
 /// Wraps `sql` so that each of `shadows` (columns a pending step will add, which the table
 /// lacks today) reads as the value that step gives existing rows.
 pub fn with_shadows(sql: &str, shadows: &[AddedColumn]) -> String {
+    with_predicted(sql, shadows, &[])
+}
+
+/// [`with_shadows`], and each table of `predicted` read as that prediction's body.
+pub fn with_predicted(sql: &str, shadows: &[AddedColumn], predicted: &[Predicted]) -> String {
     let mut by_table: Vec<(String, Vec<&AddedColumn>)> = Vec::new();
-    for s in shadows {
+    for s in shadows
+        .iter()
+        .filter(|s| !predicted.iter().any(|p| p.table == s.table))
+    {
         match by_table.iter_mut().find(|(t, _)| *t == s.table) {
             Some((_, cols)) => cols.push(s),
             None => by_table.push((s.table.clone(), vec![s])),
         }
     }
-    if by_table.is_empty() {
+    if by_table.is_empty() && predicted.is_empty() {
         return sql.to_string();
     }
-    let ctes: Vec<String> = by_table
+    let mut ctes: Vec<String> = by_table
         .iter()
         .map(|(table, cols)| {
             let extra: Vec<String> = cols
@@ -270,6 +287,11 @@ pub fn with_shadows(sql: &str, shadows: &[AddedColumn]) -> String {
             format!("{table} AS (SELECT *, {} FROM {table})", extra.join(", "))
         })
         .collect();
+    ctes.extend(
+        predicted
+            .iter()
+            .map(|p| format!("{} AS ({})", p.table, p.body)),
+    );
     format!("WITH {} {sql}", ctes.join(", "))
 }
 
@@ -327,6 +349,15 @@ ALTER TABLE campaign_budgets ADD CONSTRAINT issued_within_budget CHECK (issued_y
         assert_eq!(
             with_shadows("SELECT 1 FROM issued_coupons", &cols),
             "WITH issued_coupons AS (SELECT *, (false)::boolean AS legacy_duplicate, (NULL)::timestamptz AS voided_at FROM issued_coupons) SELECT 1 FROM issued_coupons"
+        );
+        // A predicted table carries its own shadows: it takes the table's place alone.
+        let voided = Predicted {
+            table: "issued_coupons".into(),
+            body: "SELECT 2".into(),
+        };
+        assert_eq!(
+            with_predicted("SELECT 1 FROM issued_coupons", &cols, &[voided]),
+            "WITH issued_coupons AS (SELECT 2) SELECT 1 FROM issued_coupons"
         );
     }
 }

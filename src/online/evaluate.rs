@@ -11,7 +11,7 @@
 use anyhow::Result;
 use serde::Serialize;
 
-use super::census::{with_shadows, AddedColumn, Census, Guard};
+use super::census::{with_predicted, AddedColumn, Census, Guard, Predicted};
 use crate::error::{describe, sqlstate, PgContext, Violators};
 
 /// How many rows of each violation a finding shows.
@@ -69,6 +69,22 @@ pub fn evaluate(
     census: &Census,
     shadows: &[AddedColumn],
 ) -> Result<Finding> {
+    evaluate_predicted(tx, census, shadows, &[])
+}
+
+/// [`evaluate`] on `predicted`, the tables as earlier pending repairs leave them: the plan's
+/// prediction of what the census finds when its migration runs.
+pub fn evaluate_predicted(
+    tx: &mut postgres::Transaction<'_>,
+    census: &Census,
+    shadows: &[AddedColumn],
+    predicted: &[Predicted],
+) -> Result<Finding> {
+    let predicted: Vec<Predicted> = predicted
+        .iter()
+        .filter(|p| census.tables.contains(&p.table))
+        .cloned()
+        .collect();
     let mut missing = Vec::new();
     for t in &census.tables {
         let exists: bool = tx
@@ -103,16 +119,18 @@ pub fn evaluate(
             active.push(s.clone());
         }
     }
-    let count_sql = with_shadows(
+    let count_sql = with_predicted(
         &format!("SELECT count(*) FROM ({}) v", census.violators_sql),
         &active,
+        &predicted,
     );
-    let sample_sql = with_shadows(
+    let sample_sql = with_predicted(
         &format!(
             "SELECT row_to_json(v)::text FROM ({}) v LIMIT {SAMPLE}",
             census.violators_sql
         ),
         &active,
+        &predicted,
     );
     let mut savepoint = tx
         .transaction()

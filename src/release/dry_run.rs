@@ -2,22 +2,31 @@
 //! a pending one its planned migration or its repair's preview with a sample of the changes.
 //! Computed in the caller's read-only transaction; the command renders it.
 //!
-//! `steps` plans every step in the caller's read-only transaction: a pending migration step takes
-//! its `PlannedMigration` from the plan, and the columns it adds (`online::census::added_column`)
-//! are collected as shadows; a pending repair step gets `repair::preview::preview` with the shadows
-//! of the migrations before it and `sample`, its changes kept as the `sample`. `StepPlan`
-//! serializes as the step number, the flattened `release::Step`, `done`, and, left out when empty,
-//! `migration`, `repair` and `sample`.
+//! Each preview predicts: it reads the tables as the earlier pending steps leave them, the
+//! columns pending migrations add as their defaults ([`with_shadows`]) and the table a pending
+//! void repair changes as that repair leaves it ([`preview::predict`], a CTE named like the
+//! table), so the counter rebuilds after the void count the coupons it leaves. A repair that an
+//! earlier pending step already runs, with no prediction since, has nothing left to do on a
+//! quiet database. Nothing is written to find this out.
+//!
+//! [`with_shadows`]: crate::online::census::with_shadows
 
 use anyhow::Result;
 use serde::Serialize;
 
+use super::engine::Release;
+use super::fingerprint::{self, Fingerprint, Inputs};
 use super::{Progress, Step};
+use crate::db::conninfo::ConnParams;
+use crate::error::PgContext;
+use crate::migrate::history;
 use crate::migrate::plan::{Plan, PlannedMigration};
 use crate::migrate::source::{by_version, Migration};
-use crate::online::census::{added_column, AddedColumn};
+use crate::online::census::{added_column, AddedColumn, Predicted};
+use crate::online::evaluate::{evaluate_predicted, Finding};
 use crate::repair::definition::{self, Repair};
 use crate::repair::preview::{self, Change, Preview};
+use crate::store::{self, records::AppliedPlan};
 
 /// One step of the release as the dry run sees it.
 #[derive(Serialize)]
@@ -32,6 +41,64 @@ pub struct StepPlan<'a> {
     pub repair: Option<Preview>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub sample: Vec<Change>,
+    /// For a pending migration after a pending void: its censuses counted on the tables as
+    /// the earlier pending steps leave them (what apply finds on a quiet database).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub predicted_censuses: Vec<Finding>,
+    /// For a pending repair: what its preview was computed on, and where it cannot be exact.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub predicted_on: Option<String>,
+}
+
+/// The repair steps before which a pending gate lets an application write as well.
+const AFTER_GATE: &str = "after the gate, both applications write while the deploy goes on: what they write is not predicted, so on a quiet database this is what apply finds, and on a live one it finds more";
+const QUIET: &str = "rows the application writes between this plan and apply are not predicted: on a quiet database these are the values apply writes";
+
+/// The release's dry run with its fingerprint and the saved plans applied so far, all read in
+/// one read-only transaction.
+pub struct DryRun<'a> {
+    pub progress: Progress,
+    pub steps: Vec<StepPlan<'a>>,
+    pub fingerprint: Fingerprint,
+    pub applied_plans: Vec<AppliedPlan>,
+}
+
+/// Reads what is done, plans every step ([`steps`]) and takes the plan's fingerprint, in one
+/// `READ ONLY` transaction. `migrations` is the migration plan (built in its own).
+pub fn run<'a>(
+    client: &mut postgres::Client,
+    params: &ConnParams,
+    release: &Release<'a>,
+    migrations: &'a Plan,
+    sample: usize,
+) -> Result<DryRun<'a>> {
+    let mut tx = crate::db::connect::read_only(client)?;
+    let applied: Vec<i32> = history::read(&mut tx)?.iter().map(|a| a.version).collect();
+    let progress = super::progress(&mut tx, applied)?;
+    let plans = steps(
+        &mut tx,
+        release.steps,
+        &progress,
+        migrations,
+        release.files,
+        release.repairs,
+        sample,
+    )?;
+    let inputs = Inputs {
+        steps: release.steps,
+        progress: &progress,
+        files: release.files,
+        repairs: release.repairs,
+    };
+    let fingerprint = fingerprint::take(&mut tx, params, &inputs, &plans)?;
+    let applied_plans = store::records::applied_plans(&mut tx)?;
+    tx.rollback().doing("closing the read-only transaction")?;
+    Ok(DryRun {
+        progress,
+        steps: plans,
+        fingerprint,
+        applied_plans,
+    })
 }
 
 /// Plans every step: a pending migration from `migrations` (planned from `files`), a pending
@@ -47,6 +114,10 @@ pub fn steps<'a>(
     sample: usize,
 ) -> Result<Vec<StepPlan<'a>>> {
     let mut shadows: Vec<AddedColumn> = Vec::new();
+    let mut predicted: Vec<Predicted> = Vec::new();
+    // Each pending repair, with how many predictions there were when it was previewed.
+    let mut previewed: Vec<(&str, usize, usize)> = Vec::new();
+    let mut gate_pending = false;
     let mut plans = Vec::new();
     for (i, step) in steps.iter().enumerate() {
         let done = progress.done(i, step);
@@ -57,6 +128,8 @@ pub fn steps<'a>(
             migration: None,
             repair: None,
             sample: Vec::new(),
+            predicted_censuses: Vec::new(),
+            predicted_on: None,
         };
         if !done {
             match step {
@@ -64,20 +137,59 @@ pub fn steps<'a>(
                     plan.migration = migrations.pending.iter().find(|m| m.version == *version);
                     if plan.migration.is_some() {
                         let file = by_version(files, *version);
+                        for census in file
+                            .censuses
+                            .iter()
+                            .filter(|c| predicted.iter().any(|p| c.tables.contains(&p.table)))
+                        {
+                            plan.predicted_censuses
+                                .push(evaluate_predicted(tx, census, &shadows, &predicted)?);
+                        }
                         shadows.extend(file.statements.iter().filter_map(added_column));
                     }
                 }
                 Step::Repair { name } => {
                     let repair = definition::named(repairs, name)?;
-                    let mut changes = Vec::new();
-                    let p = preview::preview(tx, repair, &shadows, Some(sample), &mut |c| {
-                        changes.push(c.clone());
-                        Ok(())
-                    })?;
-                    plan.repair = Some(p);
-                    plan.sample = changes;
+                    let earlier = previewed
+                        .iter()
+                        .find(|(n, _, seen)| n == name && *seen == predicted.len());
+                    let caveat = if gate_pending { AFTER_GATE } else { QUIET };
+                    if let Some((_, step, _)) = earlier {
+                        plan.repair = Some(Preview {
+                            repair: repair.name.clone(),
+                            kind: repair.kind(),
+                            description: repair.description().into(),
+                            ..Preview::default()
+                        });
+                        plan.predicted_on = Some(format!(
+                            "nothing left: step {step} runs this repair first; {caveat}"
+                        ));
+                    } else {
+                        let mut changes = Vec::new();
+                        let p = preview::preview_predicted(
+                            tx,
+                            repair,
+                            &shadows,
+                            &predicted,
+                            Some(sample),
+                            &mut |c| {
+                                changes.push(c.clone());
+                                Ok(())
+                            },
+                        )?;
+                        plan.repair = Some(p);
+                        plan.sample = changes;
+                        plan.predicted_on = Some(format!(
+                            "on the data as the earlier pending steps leave it; {caveat}"
+                        ));
+                        if let Some(next) = preview::predict(tx, repair, &shadows, &predicted)? {
+                            predicted.retain(|p| p.table != next.table);
+                            predicted.push(next);
+                        }
+                    }
+                    previewed.push((name, i + 1, predicted.len()));
                 }
-                Step::Gate { .. } => {}
+                Step::Gate { .. } => gate_pending = true,
             }
         }
         plans.push(plan);

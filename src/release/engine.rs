@@ -72,6 +72,8 @@ pub struct Settings<'a> {
     pub confirm: &'a [String],
     /// With `--pooler session`: the server backend, checked before every step.
     pub keep_backend: Option<i32>,
+    /// With `--plan`: the last step the saved plan covers; the walk ends before the next.
+    pub through_step: Option<usize>,
 }
 
 /// One step as `apply` left it.
@@ -96,6 +98,8 @@ pub struct Waiting {
 pub struct Walk {
     pub steps: Vec<Applied>,
     pub stopped_at: Option<Waiting>,
+    /// The first pending step a saved plan did not cover, where the walk ended.
+    pub beyond_plan: Option<usize>,
 }
 
 /// How one step ended.
@@ -118,6 +122,7 @@ pub fn apply(
     let mut walk = Walk {
         steps: Vec::new(),
         stopped_at: None,
+        beyond_plan: None,
     };
     for (i, step) in release.steps.iter().enumerate() {
         let failed = |e| step_failed(e, i + 1, step, settings.confirm);
@@ -125,6 +130,10 @@ pub fn apply(
         if done(client, settings, i, step).map_err(failed)? {
             walk.steps.push(applied_step(i, step, "already done", None));
             continue;
+        }
+        if settings.through_step.is_some_and(|last| i + 1 > last) {
+            walk.beyond_plan = Some(i + 1);
+            break;
         }
         crate::say!("\n== step {}: {}", i + 1, step.label());
         let started = Instant::now();
@@ -431,6 +440,20 @@ fn stop_if_unfinished(run: &RunReport, repair: &Repair) -> Result<()> {
         verdict::finish(run, repair)?;
     }
     Ok(())
+}
+
+/// Records that the saved plan `digest` (made at `made_at`) ran steps `first..=through`, by
+/// whom (the operating system's user and host, as for a gate).
+pub fn record_plan(
+    client: &mut postgres::Client,
+    policy: &LockPolicy,
+    digest: &str,
+    made_at: &str,
+    steps: (i32, i32),
+) -> Result<()> {
+    store::ensure(client, policy)?;
+    let who = format!("{}@{}", os_user(), hostname());
+    store::records::record_plan(client, digest, made_at, steps, &who)
 }
 
 fn os_user() -> String {

@@ -15,6 +15,7 @@
 
 pub mod dry_run;
 pub mod engine;
+pub mod fingerprint;
 
 use anyhow::{bail, Context, Result};
 use postgres::GenericClient;
@@ -23,6 +24,11 @@ use serde::{Deserialize, Serialize};
 use crate::store;
 
 const RELEASE: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/release.toml"));
+
+/// The text of `release.toml`, as built in.
+pub fn text() -> &'static str {
+    RELEASE
+}
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

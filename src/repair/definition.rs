@@ -126,6 +126,8 @@ pub struct Repair {
     pub origin: String,
     /// FNV-1a of the file's bytes: a run resumes only under the definition it started with.
     pub checksum: String,
+    /// SHA-256 of the file's bytes, hex: what a saved plan records of it.
+    pub sha256: String,
     pub spec: Spec,
 }
 
@@ -303,6 +305,7 @@ pub fn parse(name: &str, origin: &str, bytes: &[u8]) -> Result<Repair> {
         name: name.to_string(),
         origin: origin.to_string(),
         checksum: fnv1a(bytes),
+        sha256: crate::digest::sha256_hex(bytes),
         spec,
     })
 }

@@ -27,7 +27,7 @@ use super::void::VoidEngine;
 use crate::db::sql_text::Ident;
 use crate::error::{DbFailure, PgContext};
 use crate::human;
-use crate::online::census::{with_shadows, AddedColumn};
+use crate::online::census::{with_predicted, AddedColumn, Predicted};
 
 /// One row that would change.
 #[derive(Debug, Clone, Serialize)]
@@ -64,6 +64,18 @@ pub fn preview(
     sample: Option<usize>,
     sink: &mut dyn FnMut(&Change) -> Result<()>,
 ) -> Result<Preview> {
+    preview_predicted(tx, repair, shadows, &[], sample, sink)
+}
+
+/// [`preview`] on `predicted`, the tables as earlier pending repairs leave them.
+pub fn preview_predicted(
+    tx: &mut postgres::Transaction<'_>,
+    repair: &Repair,
+    shadows: &[AddedColumn],
+    predicted: &[Predicted],
+    sample: Option<usize>,
+    sink: &mut dyn FnMut(&Change) -> Result<()>,
+) -> Result<Preview> {
     let mut p = Preview {
         repair: repair.name.clone(),
         kind: repair.kind(),
@@ -75,10 +87,12 @@ pub fn preview(
         .doing("opening a savepoint for the preview")?;
     let result = match &repair.spec {
         Spec::VoidDuplicates(spec) => {
-            preview_void(&mut savepoint, spec, repair, shadows, sample, sink, &mut p)
+            let basis = Basis { shadows, predicted };
+            preview_void(&mut savepoint, spec, repair, &basis, sample, sink, &mut p)
         }
         Spec::RebuildCounter(spec) => {
-            preview_counter(&mut savepoint, spec, repair, shadows, sample, sink, &mut p)
+            let basis = Basis { shadows, predicted };
+            preview_counter(&mut savepoint, spec, repair, &basis, sample, sink, &mut p)
         }
     };
     match result {
@@ -117,7 +131,7 @@ fn preview_void(
     tx: &mut postgres::Transaction<'_>,
     spec: &super::definition::VoidSpec,
     repair: &Repair,
-    shadows: &[AddedColumn],
+    basis: &Basis,
     sample: Option<usize>,
     sink: &mut dyn FnMut(&Change) -> Result<()>,
     p: &mut Preview,
@@ -127,8 +141,8 @@ fn preview_void(
         return Ok(());
     }
     let engine = VoidEngine::preview_only(spec.clone());
-    let active = missing_shadows(tx, shadows)?;
-    let sql = with_shadows(&engine.preview_sql(), &active);
+    let active = missing_shadows(tx, basis.shadows)?;
+    let sql = with_predicted(&engine.preview_sql(), &active, basis.predicted);
     let params: Vec<&(dyn postgres::types::ToSql + Sync)> = Vec::new();
     let doing = previewing(repair);
     let mut rows = tx.query_raw(&sql, params).doing(&doing)?;
@@ -186,15 +200,19 @@ fn preview_counter(
     tx: &mut postgres::Transaction<'_>,
     spec: &super::definition::CounterSpec,
     repair: &Repair,
-    shadows: &[AddedColumn],
+    basis: &Basis,
     sample: Option<usize>,
     sink: &mut dyn FnMut(&Change) -> Result<()>,
     p: &mut Preview,
 ) -> Result<()> {
     let counter_exists = table_exists(tx, spec.counter_table.as_str())?;
     let engine = CounterEngine::preview_only(spec.clone());
-    let active = missing_shadows(tx, shadows)?;
-    let sql = with_shadows(&engine.preview_sql(counter_exists), &active);
+    let active = missing_shadows(tx, basis.shadows)?;
+    let sql = with_predicted(
+        &engine.preview_sql(counter_exists),
+        &active,
+        basis.predicted,
+    );
     let params: Vec<&(dyn postgres::types::ToSql + Sync)> = Vec::new();
     let doing = previewing(repair);
     let mut rows = tx.query_raw(&sql, params).doing(&doing)?;
@@ -232,6 +250,56 @@ fn preview_counter(
         }
     }
     Ok(())
+}
+
+/// What a preview reads instead of the tables as they are now.
+struct Basis<'a> {
+    shadows: &'a [AddedColumn],
+    predicted: &'a [Predicted],
+}
+
+/// The table a void repair changes, as its run would leave it on a quiet database (None for a
+/// counter repair, or a table not there yet): what later previews read in its place.
+pub fn predict(
+    tx: &mut postgres::Transaction<'_>,
+    repair: &Repair,
+    shadows: &[AddedColumn],
+    predicted: &[Predicted],
+) -> Result<Option<Predicted>> {
+    let Spec::VoidDuplicates(spec) = &repair.spec else {
+        return Ok(None);
+    };
+    if !table_exists(tx, spec.table.as_str())? {
+        return Ok(None);
+    }
+    let active = missing_shadows(tx, shadows)?;
+    let mut columns: Vec<String> = tx
+        .query(
+            "SELECT attname::text FROM pg_attribute WHERE attrelid = to_regclass(quote_ident($1)) AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+            &[&spec.table.as_str()],
+        )
+        .doing("reading the columns of the table a void repair changes")?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    columns.extend(
+        active
+            .iter()
+            .filter(|s| s.table == spec.table.as_str())
+            .map(|s| s.column.trim_matches('"').to_string()),
+    );
+    let others: Vec<Ident> = columns
+        .into_iter()
+        .filter(|c| c != spec.mark.as_str() && c != spec.void.as_str())
+        .map(Ident::new)
+        .collect();
+    let engine = VoidEngine::preview_only(spec.clone());
+    let base = with_predicted(&format!("SELECT * FROM {}", spec.table), &active, predicted);
+    let changes = with_predicted(&engine.preview_sql(), &active, predicted);
+    Ok(Some(Predicted {
+        table: spec.table.as_str().to_string(),
+        body: engine.predicted_sql(&others, &base, &changes),
+    }))
 }
 
 /// The shadows whose column the table lacks today.

@@ -18,7 +18,7 @@ use anyhow::Result;
 
 use super::catalog::column_types;
 use super::definition::{Order, VoidSpec};
-use crate::db::sql_text::{all_not_null, column_list, key_match, SeqRange};
+use crate::db::sql_text::{all_not_null, column_list, key_match, Ident, SeqRange};
 use crate::store;
 
 pub struct VoidEngine {
@@ -207,6 +207,25 @@ impl VoidEngine {
               ORDER BY r.grp, r.rn",
             ranked = self.ranked(&groups),
             table = &s.table,
+            key = &s.row_key,
+        )
+    }
+
+    /// The table as a run of this repair would leave it on a quiet database, as the body of a
+    /// CTE named like the table: every row of `base` (the table, with the columns pending
+    /// migrations add) with `mark` and `void` as `preview` (this engine's [`Self::preview_sql`]
+    /// over that same base) says the batches set them. `columns` are the table's other columns.
+    pub fn predicted_sql(&self, columns: &[Ident], base: &str, preview: &str) -> String {
+        let s = &self.spec;
+        let kept: Vec<String> = columns.iter().map(|c| format!("t.{c}")).collect();
+        format!(
+            "SELECT {kept}{sep}(t.{mark} OR p.k IS NOT NULL) AS {mark},
+                    CASE WHEN p.voids AND t.{void} IS NULL THEN now() ELSE t.{void} END AS {void}
+               FROM ({base}) t LEFT JOIN ({preview}) p ON p.k = t.{key}::text",
+            kept = kept.join(", "),
+            sep = if kept.is_empty() { "" } else { ", " },
+            mark = &s.mark,
+            void = &s.void,
             key = &s.row_key,
         )
     }

@@ -1,10 +1,12 @@
-//! The release's records: finished steps, confirmed gates, the schema the release belongs
-//! to, and the legacy counter recorded at the deploy gate (read by `report::legacy_counter`).
+//! The release's records: finished steps, confirmed gates, the saved plans applied, the
+//! schema the release belongs to, and the legacy counter recorded at the deploy gate (read by
+//! `report::legacy_counter`).
 //!
 //! `finished_steps`, `record_step`, `confirmed_gates`, `confirm_gate` (who confirmed, with the
 //! role: `current_user`), `gates_passed`, `gate_confirmed`, `released_schema`, and
 //! `record_legacy_counter`/`legacy_counter` (the figures `report::legacy_counter` computes; a rerun
-//! keeps the first record).
+//! keeps the first record); `record_plan`/`applied_plans`, the saved plans `apply --plan`
+//! ran (digest, steps, who, when).
 
 use anyhow::Result;
 use postgres::{GenericClient, Row};
@@ -145,4 +147,85 @@ pub fn legacy_counter(client: &mut impl GenericClient) -> Result<Vec<Row>> {
             &[],
         )
         .doing("reading the legacy counter recorded at the deploy gate")
+}
+
+/// A saved plan that `pgmend apply --plan` ran.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct AppliedPlan {
+    pub plan_sha256: String,
+    pub made_at: String,
+    pub first_step: i32,
+    pub through_step: i32,
+    pub applied_by: String,
+    pub applied_at: String,
+}
+
+impl std::fmt::Display for AppliedPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "saved plan {} (made {}) applied steps {}–{}, by {} at {}",
+            self.plan_sha256,
+            self.made_at,
+            self.first_step,
+            self.through_step,
+            self.applied_by,
+            self.applied_at
+        )
+    }
+}
+
+/// Records that the plan `plan_sha256` (made at `made_at`, RFC 3339) was applied by `who`,
+/// covering steps `first..=through`.
+pub fn record_plan(
+    client: &mut impl GenericClient,
+    plan_sha256: &str,
+    made_at: &str,
+    (first, through): (i32, i32),
+    who: &str,
+) -> Result<()> {
+    client
+        .execute(
+            "INSERT INTO pgmend.applied_plans (plan_sha256, made_at, first_step, through_step, applied_by)
+             VALUES ($1, $2::text::timestamptz, $3, $4, $5)",
+            &[&plan_sha256, &made_at, &first, &through, &who],
+        )
+        .doing("recording the applied plan")?;
+    Ok(())
+}
+
+/// The saved plans applied, oldest first (none before version 3 of pgmend's schema).
+pub fn applied_plans(client: &mut impl GenericClient) -> Result<Vec<AppliedPlan>> {
+    let present: bool = client
+        .query_one(
+            "SELECT to_regclass('pgmend.applied_plans') IS NOT NULL",
+            &[],
+        )
+        .doing("looking for pgmend.applied_plans")?
+        .get(0);
+    if !present {
+        return Ok(Vec::new());
+    }
+    let utc =
+        |c: &str| format!("to_char({c} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')");
+    Ok(client
+        .query(
+            &format!(
+                "SELECT plan_sha256, {}, first_step, through_step, applied_by, {} FROM pgmend.applied_plans ORDER BY applied_at",
+                utc("made_at"),
+                utc("applied_at")
+            ),
+            &[],
+        )
+        .doing("reading the applied plans")?
+        .iter()
+        .map(|r| AppliedPlan {
+            plan_sha256: r.get(0),
+            made_at: r.get(1),
+            first_step: r.get(2),
+            through_step: r.get(3),
+            applied_by: r.get(4),
+            applied_at: r.get(5),
+        })
+        .collect())
 }

@@ -1,6 +1,7 @@
 //! pgmend's schema and its version. Version 1 is the schema every pgmend before versions
 //! created (its `CREATE ... IF NOT EXISTS` statements, which also complete an older one);
-//! version 2 adds `pgmend.schema_version`, one row holding the version. [`ensure`] creates the
+//! version 2 adds `pgmend.schema_version`, one row holding the version; version 3 adds
+//! `pgmend.applied_plans`, the saved plans `apply --plan` ran. [`ensure`] creates the
 //! schema or upgrades it in place, in one transaction serialised by an advisory lock under
 //! the session's bounded lock waits; a schema newer than this binary is refused before any
 //! change.
@@ -27,7 +28,7 @@ use crate::db::retry::{with_lock_retry, LockPolicy};
 use crate::error::PgContext;
 
 /// The version of pgmend's schema this binary creates and works with.
-pub const CURRENT: i32 = 2;
+pub const CURRENT: i32 = 3;
 
 /// The first key of the transaction-level advisory lock upgrades take ("pgmd"), second key
 /// "schm": two pgmends upgrading at once take turns, the second finds the work done.
@@ -123,8 +124,20 @@ CREATE TABLE IF NOT EXISTS pgmend.schema_version (
   upgraded_at timestamptz NOT NULL DEFAULT now()
 );";
 
+/// Version 2 to 3: the saved plans `pgmend apply --plan` ran, with who ran them and when.
+const V3_SQL: &str = "
+CREATE TABLE IF NOT EXISTS pgmend.applied_plans (
+  plan_sha256  text NOT NULL,
+  made_at      timestamptz NOT NULL,
+  first_step   integer NOT NULL,
+  through_step integer NOT NULL,
+  applied_by   text NOT NULL,
+  applied_at   timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (plan_sha256, applied_at)
+);";
+
 /// Each upgrade step, by the version it leads to.
-const STEPS: [(i32, &str); 2] = [(1, V1_SQL), (2, V2_SQL)];
+const STEPS: [(i32, &str); 3] = [(1, V1_SQL), (2, V2_SQL), (3, V3_SQL)];
 
 /// The version of the schema in the database: None when there is no schema yet; 1 when the
 /// tables exist without a version table (an older pgmend's).

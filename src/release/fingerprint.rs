@@ -1,0 +1,498 @@
+//! A saved plan (`pgmend plan --output FILE`) and the checks `pgmend apply --plan FILE` makes
+//! against it before the first change.
+//!
+//! The fingerprint is what the plan was made from: the server (`system_identifier`, which
+//! standbys and restored copies share, so also the database OID, the connection target and the
+//! role), the target schema, pgmend's version, the SHA-256 of every migration file, repair
+//! definition and `release.toml`, a SHA-256 per table of the canonical text of its shape
+//! (columns, types, defaults, constraints, indexes, triggers, row security and policies), the
+//! steps done, the pending steps the plan covers (up to the next pending gate) and each pending
+//! repair step's predicted counts and yen. The document's own digest, `plan_sha256`, is the
+//! SHA-256 of the canonical JSON text (serde_json's compact form) of the document without it.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use postgres::GenericClient;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::dry_run::StepPlan;
+use super::{Progress, Step};
+use crate::db::conninfo::ConnParams;
+use crate::digest::sha256_hex;
+use crate::error::{PgContext, Stopped};
+use crate::migrate::source::Migration;
+use crate::repair::definition::{Repair, Spec};
+
+/// The share of a count the next data step may move by between the plan and `apply`; never
+/// less than [`DRIFT_FLOOR_ROWS`]. A live old application keeps adding duplicates.
+pub const DEFAULT_MAX_DRIFT: f64 = 0.05;
+pub const DRIFT_FLOOR_ROWS: i64 = 100;
+
+/// The name of the document's own digest.
+pub const DIGEST_FIELD: &str = "plan_sha256";
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Server {
+    pub system_identifier: String,
+    pub database_oid: i64,
+    pub host: String,
+    pub port: u16,
+    pub dbname: String,
+    pub role: String,
+}
+
+/// A pending repair step's predicted figures.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepFigures {
+    pub step: usize,
+    pub label: String,
+    pub changes: i64,
+    pub voided_or_created: i64,
+    /// Void: the yen of the coupons voided; counters: the sum of new minus old values.
+    pub yen: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Fingerprint {
+    /// When the plan was made (UTC, RFC 3339).
+    pub made_at: String,
+    pub server: Server,
+    pub schema: String,
+    pub pgmend_version: String,
+    /// `migrations/FILE`, `repairs/FILE` and `release.toml`, each with its SHA-256.
+    pub files: BTreeMap<String, String>,
+    /// Each table the release touches, with the SHA-256 of its shape's canonical text.
+    pub tables: BTreeMap<String, String>,
+    pub done_steps: Vec<usize>,
+    /// The pending steps `apply --plan` runs: up to the next pending gate.
+    pub covers: Vec<usize>,
+    pub data_steps: Vec<StepFigures>,
+}
+
+/// What the release is made of, for the fingerprint.
+pub struct Inputs<'a> {
+    pub steps: &'a [Step],
+    pub progress: &'a Progress,
+    pub files: &'a [Migration],
+    pub repairs: &'a [Repair],
+}
+
+/// The fingerprint of the plan `plans`, read in `tx` (the plan's read-only transaction).
+pub fn take(
+    tx: &mut impl GenericClient,
+    params: &ConnParams,
+    inputs: &Inputs,
+    plans: &[StepPlan],
+) -> Result<Fingerprint> {
+    let row = tx
+        .query_one(
+            "SELECT (SELECT system_identifier::text FROM pg_control_system()),
+                    (SELECT oid::int8 FROM pg_database WHERE datname = current_database()),
+                    current_user::text, current_schema()::text",
+            &[],
+        )
+        .doing("reading the server's identity (pg_control_system(), pg_database)")?;
+    let mut files = BTreeMap::new();
+    for m in inputs.files {
+        files.insert(format!("migrations/{}.sql", m.label()), sha256_hex(&m.sql));
+    }
+    for r in inputs.repairs {
+        files.insert(format!("repairs/{}.toml", r.name), r.sha256.clone());
+    }
+    files.insert("release.toml".into(), sha256_hex(super::text()));
+    let done_steps: Vec<usize> = (0..inputs.steps.len())
+        .filter(|i| inputs.progress.done(*i, &inputs.steps[*i]))
+        .map(|i| i + 1)
+        .collect();
+    Ok(Fingerprint {
+        made_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        server: Server {
+            system_identifier: row.get::<_, Option<String>>(0).unwrap_or_default(),
+            database_oid: row.get(1),
+            host: params.host.clone(),
+            port: params.port,
+            dbname: params.dbname.clone(),
+            role: row.get(2),
+        },
+        schema: row.get::<_, Option<String>>(3).unwrap_or_default(),
+        pgmend_version: env!("CARGO_PKG_VERSION").into(),
+        tables: table_shapes(tx, inputs)?,
+        covers: covers(inputs.steps, &done_steps),
+        done_steps,
+        files,
+        data_steps: plans
+            .iter()
+            .filter_map(|p| p.repair.as_ref().map(|r| (p, r)))
+            .map(|(p, r)| StepFigures {
+                step: p.step,
+                label: p.what.label(),
+                changes: r.changes,
+                voided_or_created: r.voided_or_created,
+                yen: r.amounts.values().sum(),
+            })
+            .collect(),
+    })
+}
+
+/// The pending steps from the first one up to, not including, the next pending gate (a plan
+/// made while a gate is the first pending step covers that gate and what follows it).
+fn covers(steps: &[Step], done: &[usize]) -> Vec<usize> {
+    let mut out = Vec::new();
+    for (i, step) in steps.iter().enumerate() {
+        if done.contains(&(i + 1)) {
+            continue;
+        }
+        if matches!(step, Step::Gate { .. }) && !out.is_empty() {
+            break;
+        }
+        out.push(i + 1);
+    }
+    out
+}
+
+/// The tables the release touches (those its repairs name, and those of the target schema
+/// its migration files name), each with the SHA-256 of its shape's canonical text.
+fn table_shapes(tx: &mut impl GenericClient, inputs: &Inputs) -> Result<BTreeMap<String, String>> {
+    let tables = tx
+        .query(
+            "SELECT c.oid, c.relname::text FROM pg_class c
+              WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN ('r', 'p')
+              ORDER BY c.relname",
+            &[],
+        )
+        .doing("listing the tables of the target schema")?;
+    let named = repair_tables(inputs.repairs);
+    let mut out = BTreeMap::new();
+    for t in tables {
+        let (oid, name): (u32, String) = (t.get(0), t.get(1));
+        let word = regex::Regex::new(&format!(r"(?i)\b{}\b", regex::escape(&name)))
+            .context("a table name as a pattern")?;
+        if !named.contains(&name) && !inputs.files.iter().any(|m| word.is_match(&m.sql)) {
+            continue;
+        }
+        let lines: Vec<String> = tx
+            .query(SHAPE_SQL, &[&oid])
+            .doing(format!("reading the shape of table {name}"))?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        out.insert(name, sha256_hex(lines.join("\n")));
+    }
+    Ok(out)
+}
+
+/// A table's shape, one line per column (in order), constraint, index, trigger, and its row
+/// security with each policy: the canonical text its digest is taken of.
+const SHAPE_SQL: &str = "
+SELECT line FROM (
+  SELECT 1 AS part, a.attnum::int AS n, format('column %s %s not null %s default %s', a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull, pg_get_expr(d.adbin, d.adrelid)) AS line
+    FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+   WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped
+  UNION ALL
+  SELECT 2, 0, format('constraint %s %s valid %s', conname, pg_get_constraintdef(oid), convalidated) FROM pg_constraint WHERE conrelid = $1
+  UNION ALL
+  SELECT 3, 0, format('index %s valid %s', pg_get_indexdef(indexrelid), indisvalid) FROM pg_index WHERE indrelid = $1
+  UNION ALL
+  SELECT 4, 0, format('trigger %s enabled %s', pg_get_triggerdef(oid), tgenabled) FROM pg_trigger WHERE tgrelid = $1 AND NOT tgisinternal
+  UNION ALL
+  SELECT 5, 0, format('row security %s forced %s', relrowsecurity, relforcerowsecurity) FROM pg_class WHERE oid = $1
+  UNION ALL
+  SELECT 6, 0, format('policy %s %s permissive %s roles %s using %s check %s', polname, polcmd, polpermissive, polroles::text, pg_get_expr(polqual, polrelid), pg_get_expr(polwithcheck, polrelid)) FROM pg_policy WHERE polrelid = $1
+) s ORDER BY part, n, line COLLATE \"C\"";
+
+fn repair_tables(repairs: &[Repair]) -> Vec<String> {
+    let mut out = Vec::new();
+    for r in repairs {
+        match &r.spec {
+            Spec::VoidDuplicates(v) => out.push(v.table.as_str().to_string()),
+            Spec::RebuildCounter(c) => {
+                out.push(c.counter_table.as_str().to_string());
+                out.push(c.source_table.as_str().to_string());
+            }
+        }
+    }
+    out
+}
+
+/// The document with its digest added, as the pretty JSON text the file holds.
+pub fn seal(document: &impl Serialize) -> Result<(String, String)> {
+    let mut value = serde_json::to_value(document)?;
+    let digest = sha256_hex(serde_json::to_string(&value)?);
+    if let Value::Object(map) = &mut value {
+        map.insert(DIGEST_FIELD.into(), Value::String(digest.clone()));
+    }
+    Ok((serde_json::to_string_pretty(&value)? + "\n", digest))
+}
+
+/// A plan file as `apply` reads it: refused (exit 2) when its content does not match its
+/// digest, or the digest is not `expected`.
+pub struct Saved {
+    pub digest: String,
+    pub fingerprint: Fingerprint,
+}
+
+pub fn open(path: &std::path::Path, text: &str, expected: Option<&str>) -> Result<Saved> {
+    let shown = path.display();
+    let mut value: Value = serde_json::from_str(text)
+        .with_context(|| format!("{shown} is not a plan file (pgmend plan --output): not JSON"))?;
+    let recorded = value
+        .as_object_mut()
+        .and_then(|m| m.remove(DIGEST_FIELD))
+        .and_then(|v| v.as_str().map(String::from))
+        .with_context(|| {
+            format!("{shown} is not a plan file (pgmend plan --output): it has no {DIGEST_FIELD}")
+        })?;
+    let actual = sha256_hex(serde_json::to_string(&value)?);
+    if actual != recorded {
+        bail!("the plan file {shown} was changed after pgmend wrote it: its content's SHA-256 is {actual}, not the {recorded} it records; nothing was changed. Make a new plan with `pgmend plan --output {shown}` and review it");
+    }
+    if let Some(want) = expected.filter(|w| !w.eq_ignore_ascii_case(&recorded)) {
+        bail!("the plan file {shown} is not the reviewed plan: its SHA-256 is {recorded}, --plan-sha256 gives {want}; nothing was changed");
+    }
+    let fingerprint = serde_json::from_value(value.get("fingerprint").cloned().unwrap_or_default())
+        .with_context(|| format!("{shown} has no valid fingerprint part"))?;
+    Ok(Saved {
+        digest: recorded,
+        fingerprint,
+    })
+}
+
+/// How far `apply --plan` lets the database be from the plan.
+pub struct Limits {
+    pub max_age: Duration,
+    /// A share of each count of the next data step (at least [`DRIFT_FLOOR_ROWS`]).
+    pub max_drift: f64,
+}
+
+/// Compares the plan with the database as it is now (`now`, taken just before). Another
+/// server, database, schema, role or pgmend, or any file that differs: an error (exit 2).
+/// Steps done since, table shapes that differ, a plan too old, or the next data step's counts
+/// moved past the limit: [`Stopped`] (exit 1). Returns a line for each count that moved within
+/// the limit.
+pub fn check(saved: &Fingerprint, now: &Fingerprint, limits: &Limits) -> Result<Vec<String>> {
+    check_identity(saved, now)?;
+    if saved.done_steps != now.done_steps {
+        return Err(Stopped::error(format!(
+            "the release moved on since the plan was made (steps done then: {:?}, now: {:?}); nothing was changed. Make a new plan (`pgmend plan --output FILE`), review it, and apply that",
+            saved.done_steps, now.done_steps
+        )));
+    }
+    let shapes = differing(&saved.tables, &now.tables);
+    if !shapes.is_empty() {
+        return Err(Stopped::error(format!(
+            "the shape of {} differs from the plan's (columns, types, constraints, indexes, triggers or row security changed by someone else since the plan was made); nothing was changed. Find out who changed it, then make a new plan and review it",
+            shapes.join(", ")
+        )));
+    }
+    let made = chrono::DateTime::parse_from_rfc3339(&saved.made_at)
+        .context("the plan's made_at is not a time")?;
+    let age = (chrono::Utc::now() - made.with_timezone(&chrono::Utc))
+        .to_std()
+        .unwrap_or_default();
+    if age > limits.max_age {
+        return Err(Stopped::error(format!(
+            "the plan was made at {} ({} ago), more than --max-plan-age {}; nothing was changed. Make a new plan and review it, or give a longer --max-plan-age",
+            saved.made_at,
+            crate::config::format_duration(Duration::from_secs(age.as_secs())),
+            crate::config::format_duration(limits.max_age)
+        )));
+    }
+    drift(saved, now, limits)
+}
+
+fn check_identity(saved: &Fingerprint, now: &Fingerprint) -> Result<()> {
+    let (a, b) = (&saved.server, &now.server);
+    let mut other = Vec::new();
+    let mut differ = |what: &str, then: &dyn std::fmt::Display, here: &dyn std::fmt::Display| {
+        if then.to_string() != here.to_string() {
+            other.push(format!("{what} {here} (the plan's: {then})"));
+        }
+    };
+    differ(
+        "server system_identifier",
+        &a.system_identifier,
+        &b.system_identifier,
+    );
+    differ("database OID", &a.database_oid, &b.database_oid);
+    differ("database", &a.dbname, &b.dbname);
+    differ("host", &a.host, &b.host);
+    differ("port", &a.port, &b.port);
+    differ("role", &a.role, &b.role);
+    differ("schema", &saved.schema, &now.schema);
+    differ("pgmend version", &saved.pgmend_version, &now.pgmend_version);
+    if !other.is_empty() {
+        bail!(
+            "the plan was made for another target: {}; nothing was changed. Apply it where it was made, or make a plan here",
+            other.join(", ")
+        );
+    }
+    let files = differing(&saved.files, &now.files);
+    if !files.is_empty() {
+        bail!(
+            "files differ from the ones the plan was made from: {}; nothing was changed. Use the files that were reviewed, or make a new plan and review it",
+            files.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// The names whose digest differs, or that only one side has.
+fn differing(then: &BTreeMap<String, String>, now: &BTreeMap<String, String>) -> Vec<String> {
+    let mut names: Vec<String> = then
+        .iter()
+        .filter(|(k, v)| now.get(*k) != Some(v))
+        .map(|(k, _)| match now.contains_key(k) {
+            true => k.clone(),
+            false => format!("{k} (gone)"),
+        })
+        .collect();
+    names.extend(
+        now.keys()
+            .filter(|k| !then.contains_key(*k))
+            .map(|k| format!("{k} (new)")),
+    );
+    names
+}
+
+/// The next data step the plan covers: its counts now against the plan's.
+fn drift(saved: &Fingerprint, now: &Fingerprint, limits: &Limits) -> Result<Vec<String>> {
+    let Some(then) = saved
+        .data_steps
+        .iter()
+        .find(|s| saved.covers.contains(&s.step))
+    else {
+        return Ok(Vec::new());
+    };
+    let Some(here) = now.data_steps.iter().find(|s| s.step == then.step) else {
+        return Ok(Vec::new());
+    };
+    let mut moved = Vec::new();
+    let mut past = false;
+    for (what, a, b) in [
+        ("changes", then.changes, here.changes),
+        (
+            "voided or created",
+            then.voided_or_created,
+            here.voided_or_created,
+        ),
+    ] {
+        if a == b {
+            continue;
+        }
+        let bound = ((a as f64 * limits.max_drift).ceil() as i64).max(DRIFT_FLOOR_ROWS);
+        past |= (b - a).abs() > bound;
+        moved.push(format!(
+            "step {} ({}) {what}: {a} in the plan, {b} now ({:+}, limit ±{bound})",
+            then.step,
+            then.label,
+            b - a
+        ));
+    }
+    if past {
+        return Err(Stopped::error(format!(
+            "the next data step's counts moved past --max-drift {} since the plan was made: {}; nothing was changed. Make a new plan and review it (or stop what writes them)",
+            limits.max_drift,
+            moved.join("; ")
+        )));
+    }
+    Ok(moved)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plan_covers_the_steps_up_to_the_next_gate() {
+        let steps = super::super::steps().unwrap();
+        assert_eq!(covers(&steps, &[]), [1, 2, 3, 4, 5, 6, 7]);
+        assert_eq!(covers(&steps, &[1, 2, 3, 4, 5, 6, 7]), [8, 9, 10, 11]);
+    }
+
+    fn print(changes: i64) -> Fingerprint {
+        Fingerprint {
+            made_at: chrono::Utc::now().to_rfc3339(),
+            server: Server {
+                system_identifier: "7".into(),
+                database_oid: 16384,
+                host: "db".into(),
+                port: 5432,
+                dbname: "shop".into(),
+                role: "owner".into(),
+            },
+            schema: "public".into(),
+            pgmend_version: "0".into(),
+            files: BTreeMap::from([("release.toml".into(), "a".into())]),
+            tables: BTreeMap::from([("campaigns".into(), "b".into())]),
+            done_steps: vec![1],
+            covers: vec![2, 3, 4],
+            data_steps: vec![StepFigures {
+                step: 4,
+                label: "repair void-duplicate-coupons".into(),
+                changes,
+                voided_or_created: changes,
+                yen: 0,
+            }],
+        }
+    }
+
+    const LIMITS: Limits = Limits {
+        max_age: Duration::from_secs(86_400),
+        max_drift: DEFAULT_MAX_DRIFT,
+    };
+
+    fn exit_code(e: anyhow::Error) -> u8 {
+        crate::error::exit_code_for(&e)
+    }
+
+    #[test]
+    fn drift_is_bounded_by_a_share_and_never_less_than_100_rows() {
+        let plan = print(4000);
+        assert!(check(&plan, &print(4000), &LIMITS).unwrap().is_empty());
+        let moved = check(&plan, &print(4200), &LIMITS).unwrap();
+        assert_eq!(moved.len(), 2);
+        assert!(
+            moved[0].contains("4000 in the plan, 4200 now (+200, limit ±200)"),
+            "{moved:?}"
+        );
+        let past = check(&plan, &print(4201), &LIMITS).unwrap_err();
+        assert_eq!(exit_code(past), 1);
+        // A small count may move by 100 rows.
+        assert!(check(&print(10), &print(110), &LIMITS).is_ok());
+        assert!(check(&print(10), &print(111), &LIMITS).is_err());
+    }
+
+    #[test]
+    fn another_target_or_file_is_an_error_and_a_moved_table_a_stop() {
+        let plan = print(10);
+        let mut other = print(10);
+        other.server.database_oid = 1;
+        let e = check(&plan, &other, &LIMITS).unwrap_err();
+        assert!(format!("{e:#}").contains("database OID 1 (the plan's: 16384)"));
+        assert_eq!(exit_code(e), 2);
+        let mut other = print(10);
+        other.files.insert("repairs/new.toml".into(), "c".into());
+        let e = check(&plan, &other, &LIMITS).unwrap_err();
+        assert!(format!("{e:#}").contains("repairs/new.toml (new)"));
+        assert_eq!(exit_code(e), 2);
+        let mut other = print(10);
+        other.tables.insert("campaigns".into(), "changed".into());
+        let e = check(&plan, &other, &LIMITS).unwrap_err();
+        assert!(format!("{e:#}").contains("the shape of campaigns differs"));
+        assert_eq!(exit_code(e), 1);
+    }
+
+    #[test]
+    fn the_seal_is_the_digest_of_the_document_without_it() {
+        let (text, digest) = seal(&serde_json::json!({"b": 1, "a": [2]})).unwrap();
+        assert_eq!(digest, sha256_hex(r#"{"a":[2],"b":1}"#));
+        let p = std::path::Path::new("p.json");
+        assert!(format!("{:#}", open(p, &text, None).err().unwrap()).contains("fingerprint"));
+        let edited = text.replace("[\n    2\n  ]", "[\n    3\n  ]");
+        assert_ne!(edited, text);
+        assert!(format!("{:#}", open(p, &edited, None).err().unwrap()).contains("was changed"));
+    }
+}

@@ -1,0 +1,410 @@
+//! Reviewed plans (issue 18): what `pgmend plan` predicts equals what `pgmend apply` then
+//! writes, counted in the tables afterwards; a plan saved with `plan --output` is applied by
+//! `apply --plan` only while the database and the files are those it was made from, and each
+//! refusal changes nothing (a snapshot of every schema and table, pgmend's included).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{copy_of, dir_arg, fresh_db, migrations_dir, repo, snapshot, TestDb};
+use serde_json::Value;
+
+/// A legacy database with the demo's data, adopted, and a plan of it saved in `dir`.
+fn planned(dir: &Path, extra: &[&str]) -> (TestDb, PathBuf, String) {
+    let db = fresh_db();
+    db.make_legacy_baselined(200);
+    let file = dir.join("plan.json");
+    let mut args = vec!["plan", "--output", file.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let r = db.run(&args);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(r.stderr.contains("wrote the plan to"), "{}", r.stderr);
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let digest = doc["plan_sha256"].as_str().unwrap().to_string();
+    (db, file, digest)
+}
+
+/// `apply --plan FILE --yes ARGS` on `db` exits with `code`, says `says`, and changes nothing.
+fn refused(db: &TestDb, file: &Path, args: &[&str], code: i32, says: &str) {
+    let before = snapshot(db);
+    let mut all = vec!["apply", "--plan", file.to_str().unwrap(), "--yes"];
+    all.extend_from_slice(args);
+    let r = db.run(&all);
+    assert_eq!(r.code, code, "{}", r.both());
+    assert!(
+        r.stderr.contains(says),
+        "expected {says:?} in:\n{}",
+        r.stderr
+    );
+    assert!(r.stderr.contains("nothing was changed"), "{}", r.stderr);
+    assert_eq!(snapshot(db), before, "a refused plan changed something");
+}
+
+fn add_duplicates(db: &TestDb, n: i64) {
+    db.client()
+        .execute(
+            "INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen)
+             SELECT gen_random_uuid(), campaign_id, member_id, month, amount_yen
+               FROM issued_coupons WHERE redeemed_at IS NULL ORDER BY coupon_id LIMIT $1",
+            &[&n],
+        )
+        .unwrap();
+}
+
+/// The plan's JSON document on `db`.
+fn plan_json(db: &common::TestDb) -> Value {
+    let r = db.run(&["plan", "--format", "json"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    serde_json::from_str(&r.stdout).unwrap()
+}
+
+fn step(doc: &Value, n: usize) -> &Value {
+    &doc["steps"][n - 1]
+}
+
+#[test]
+fn on_a_quiet_database_apply_writes_what_the_plan_predicts() {
+    let db = fresh_db();
+    db.make_legacy_baselined(300);
+    let doc = plan_json(&db);
+    let void = &step(&doc, 4)["repair"];
+    let budgets = &step(&doc, 6)["repair"];
+    let usage = &step(&doc, 7)["repair"];
+    assert!(void["changes"].as_i64().unwrap() > 0, "{void}");
+    // V4's unique-index census, counted now, finds the groups step 4 voids; predicted after
+    // it, none: the step's index builds at once.
+    let v4 = step(&doc, 5);
+    assert!(
+        v4["migration"]["censuses"][0]["violators"]
+            .as_i64()
+            .unwrap()
+            > 0,
+        "{v4}"
+    );
+    assert_eq!(v4["predicted_censuses"][0]["violators"], 0, "{v4}");
+
+    let r = db.run(&["apply", "--yes"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+
+    // The void: rows marked, rows voided.
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM issued_coupons WHERE legacy_duplicate"),
+        void["changes"].as_i64().unwrap()
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM issued_coupons WHERE voided_at IS NOT NULL"),
+        void["voided_or_created"].as_i64().unwrap()
+    );
+    // Every campaign's new counter: created (there was no campaign_budgets) with the value the
+    // plan gave it, which is the sum after the void.
+    let mut c = db.client();
+    let rows = c
+        .query(
+            "SELECT campaign_id, issued_yen::bigint FROM campaign_budgets",
+            &[],
+        )
+        .unwrap();
+    assert_eq!(rows.len() as i64, budgets["changes"].as_i64().unwrap());
+    for row in rows {
+        let (id, yen): (String, i64) = (row.get(0), row.get(1));
+        assert_eq!(budgets["amounts"][&id].as_i64(), Some(yen), "campaign {id}");
+    }
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM member_monthly_usage"),
+        usage["changes"].as_i64().unwrap()
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT coalesce(sum(used_yen), 0)::bigint FROM member_monthly_usage"),
+        usage["amounts"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|v| v.as_i64().unwrap())
+            .sum::<i64>()
+    );
+    // The passes after the gate: nothing left on a quiet database, in the plan and in apply.
+    for n in [9, 10] {
+        assert_eq!(step(&doc, n)["repair"]["changes"], 0, "step {n}");
+        assert!(step(&doc, n)["predicted_on"]
+            .as_str()
+            .unwrap()
+            .contains("not predicted"));
+    }
+    let r = db.run(&[
+        "apply",
+        "--yes",
+        "--confirm",
+        "deploy-new-application",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let walk: Value = serde_json::from_str(&r.stdout).unwrap();
+    for s in walk["steps"].as_array().unwrap() {
+        if s["step"] == 9 || s["step"] == 10 {
+            assert_eq!(s["run"]["run"]["changed"], 0, "{s}");
+        }
+    }
+}
+
+#[test]
+fn a_saved_plan_applied_unchanged_runs_to_the_gate_and_records_its_digest() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, file, digest) = planned(dir.path(), &[]);
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let print = &doc["fingerprint"];
+    // V1 is baselined: the plan covers the pending steps up to the gate.
+    assert_eq!(print["covers"], serde_json::json!([2, 3, 4, 5, 6, 7]));
+    assert_eq!(print["server"]["dbname"], db.name.as_str());
+    assert_eq!(print["files"].as_object().unwrap().len(), 5 + 4 + 1);
+    assert!(print["tables"]["issued_coupons"].as_str().unwrap().len() == 64);
+    let plan = file.to_str().unwrap();
+    let r = db.run(&[
+        "apply",
+        "--plan",
+        plan,
+        "--plan-sha256",
+        &digest,
+        "--yes",
+        "--confirm",
+        "deploy-new-application",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let out: Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(out["plan"]["next_step_needs_new_plan"], 8, "{out}");
+    assert_eq!(out["complete"], false);
+    // Steps 1–7 done, the gate not passed although --confirm named it: the plan ends before.
+    assert_eq!(db.history().len(), 4);
+    assert_eq!(db.scalar_i64("SELECT count(*) FROM pgmend.gates"), 0);
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM pgmend.release_steps WHERE step IN (4, 6, 7)"),
+        3
+    );
+    let mut c = db.client();
+    let row = c
+        .query_one(
+            "SELECT plan_sha256, first_step, through_step, applied_by FROM pgmend.applied_plans",
+            &[],
+        )
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), digest);
+    assert_eq!((row.get::<_, i32>(1), row.get::<_, i32>(2)), (2, 7));
+    assert!(row.get::<_, String>(3).contains('@'));
+
+    // After the deploy: a new plan covers the gate and what follows, and passes it.
+    let after = dir.path().join("after.json");
+    let r = db.run(&[
+        "plan",
+        "--output",
+        after.to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let doc: Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(
+        doc["fingerprint"]["covers"],
+        serde_json::json!([8, 9, 10, 11])
+    );
+    assert_eq!(doc["applied_plans"][0]["plan_sha256"], digest.as_str());
+    // Without --confirm the walk stops at the gate, the plan's first step: nothing to record.
+    let r = db.run(&["apply", "--plan", after.to_str().unwrap(), "--yes"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(
+        r.stderr.contains("ran no step; it is not recorded"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM pgmend.applied_plans"),
+        1
+    );
+    let r = db.run(&[
+        "apply",
+        "--plan",
+        after.to_str().unwrap(),
+        "--yes",
+        "--confirm",
+        "deploy-new-application",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert_eq!(db.history().len(), 5);
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM pgmend.applied_plans"),
+        2
+    );
+}
+
+#[test]
+fn a_migration_file_edited_after_the_plan_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let migrations = migrations_dir(&[]);
+    let m = dir_arg(migrations.path());
+    let (db, file, _) = planned(dir.path(), &["--migrations-dir", &m]);
+    let v5 = migrations.path().join("V5__issued_within_budget.sql");
+    let text = std::fs::read_to_string(&v5).unwrap();
+    std::fs::write(&v5, text + "\n-- edited after the review\n").unwrap();
+    refused(
+        &db,
+        &file,
+        &["--migrations-dir", &m],
+        2,
+        "migrations/V5__issued_within_budget.sql",
+    );
+}
+
+#[test]
+fn a_repair_definition_changed_after_the_plan_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let repairs = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(repo().join("repairs")).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, repairs.path().join(path.file_name().unwrap())).unwrap();
+    }
+    let r = dir_arg(repairs.path());
+    let (db, file, _) = planned(dir.path(), &["--repairs-dir", &r]);
+    let def = repairs.path().join("void-duplicate-coupons.toml");
+    let text = std::fs::read_to_string(&def).unwrap();
+    std::fs::write(
+        &def,
+        text.replace(
+            "\"issued_at\", order = \"asc\"",
+            "\"issued_at\", order = \"desc\"",
+        ),
+    )
+    .unwrap();
+    refused(
+        &db,
+        &file,
+        &["--repairs-dir", &r],
+        2,
+        "repairs/void-duplicate-coupons.toml",
+    );
+}
+
+#[test]
+fn a_column_added_by_someone_else_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, file, _) = planned(dir.path(), &[]);
+    db.client()
+        .batch_execute("ALTER TABLE campaigns ADD COLUMN note text")
+        .unwrap();
+    refused(&db, &file, &[], 1, "the shape of campaigns differs");
+}
+
+#[test]
+fn another_database_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, file, _) = planned(dir.path(), &[]);
+    let other = copy_of(&db);
+    refused(
+        &other,
+        &file,
+        &[],
+        2,
+        "the plan was made for another target: database OID",
+    );
+}
+
+#[test]
+fn another_role_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, file, _) = planned(dir.path(), &[]);
+    let role = common::LoginRole::create(&db, "other", "pw-other-7", "ALTER ROLE {role} SUPERUSER");
+    let before = snapshot(&db);
+    let r = role.run(&db, &["apply", "--plan", file.to_str().unwrap(), "--yes"]);
+    assert_eq!(r.code, 2, "{}", r.both());
+    assert!(
+        r.stderr
+            .contains(&format!("role {} (the plan's: ", role.name)),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stderr.contains("nothing was changed"), "{}", r.stderr);
+    assert_eq!(snapshot(&db), before);
+}
+
+#[test]
+fn a_plan_past_its_age_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, file, _) = planned(dir.path(), &[]);
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    refused(
+        &db,
+        &file,
+        &["--max-plan-age", "1s"],
+        1,
+        "more than --max-plan-age 1s",
+    );
+}
+
+#[test]
+fn duplicates_grown_past_max_drift_are_refused_and_growth_within_it_is_applied() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, file, _) = planned(dir.path(), &[]);
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let planned_changes = doc["steps"][3]["repair"]["changes"].as_i64().unwrap();
+    let bound = ((planned_changes as f64 * 0.05).ceil() as i64).max(100);
+    add_duplicates(&db, bound + 1);
+    refused(&db, &file, &[], 1, "moved past --max-drift");
+
+    let (db, file, _) = planned(dir.path(), &[]);
+    add_duplicates(&db, 3);
+    let r = db.run(&["apply", "--plan", file.to_str().unwrap(), "--yes"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(
+        r.stderr
+            .contains("moved within --max-drift: step 4 (repair void-duplicate-coupons) changes"),
+        "{}",
+        r.stderr
+    );
+    // The three new duplicates were voided with the rest.
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM issued_coupons WHERE legacy_duplicate"),
+        planned_changes + 3
+    );
+}
+
+#[test]
+fn a_hand_edited_plan_file_and_a_wrong_plan_sha256_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, file, digest) = planned(dir.path(), &[]);
+    let wrong = format!("{}0", &digest[..63]);
+    let wrong = if wrong == digest {
+        format!("{}1", &digest[..63])
+    } else {
+        wrong
+    };
+    refused(
+        &db,
+        &file,
+        &["--plan-sha256", &wrong],
+        2,
+        "is not the reviewed plan",
+    );
+    let text = std::fs::read_to_string(&file).unwrap();
+    let edited = text.replacen("\"changes\": ", "\"changes\": 1", 1);
+    assert_ne!(edited, text);
+    std::fs::write(&file, edited).unwrap();
+    refused(&db, &file, &[], 2, "was changed after pgmend wrote it");
+}
+
+#[test]
+fn no_plan_file_is_written_when_the_plan_has_blockers() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = fresh_db();
+    // The legacy tables without a baseline: V1 is pending over them, a blocker.
+    db.make_legacy_data(20);
+    let file = dir.path().join("plan.json");
+    let r = db.run(&["plan", "--output", file.to_str().unwrap()]);
+    assert_eq!(r.code, 2, "{}", r.both());
+    assert!(
+        r.stderr.contains("no plan file was written"),
+        "{}",
+        r.stderr
+    );
+    assert!(!file.exists());
+}
