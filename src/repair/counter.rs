@@ -68,6 +68,44 @@ pub struct Drift {
     pub has_source: bool,
 }
 
+/// How many values of a key's first column one range of a run's targets holds (see
+/// [`CounterEngine::freeze_ranges_sql`]): a member-month batch starts at one range.
+pub const KEYS_PER_RANGE: i64 = 100;
+
+/// The keys a statement reads, by their first column: after the text parameter `after` and up
+/// to and including the text parameter `up_to` (parameter numbers), each bound absent where
+/// None.
+#[derive(Debug, Clone, Copy)]
+struct KeyRange {
+    after: Option<usize>,
+    up_to: Option<usize>,
+}
+
+impl KeyRange {
+    const ALL: KeyRange = KeyRange {
+        after: None,
+        up_to: None,
+    };
+
+    /// The predicate over `column` (the key's first column, as the statement names it), whose
+    /// type is `types[0]`.
+    fn predicate(&self, column: &str, types: &[String]) -> String {
+        let ty = types.first().map(String::as_str).unwrap_or("text");
+        let mut parts = Vec::new();
+        if let Some(p) = self.after {
+            parts.push(format!("{column} > ${p}::text::{ty}"));
+        }
+        if let Some(p) = self.up_to {
+            parts.push(format!("{column} <= ${p}::text::{ty}"));
+        }
+        if parts.is_empty() {
+            "true".into()
+        } else {
+            parts.join(" AND ")
+        }
+    }
+}
+
 /// A value a batch proposes for one key: (key, counter now, true value).
 type Proposed = (Vec<String>, i64, i64);
 
@@ -204,15 +242,23 @@ impl CounterEngine {
     /// already counted. `counter_exists` is false on a database where the counter table is
     /// still to be created (a dry run).
     fn differing_sql(&self, counter_exists: bool) -> String {
+        self.differing_sql_in(counter_exists, KeyRange::ALL)
+    }
+
+    /// [`Self::differing_sql`] over the keys whose first column lies in `range`.
+    fn differing_sql_in(&self, counter_exists: bool, range: KeyRange) -> String {
         let s = &self.spec;
+        let first = &s.key[0];
+        let in_range = |column: String| range.predicate(&column, &self.key_types);
         let key_cols = column_list("", &s.key);
         let not_null = |alias: &str| all_not_null(alias, &s.key);
         let grouped = format!(
-            "SELECT {sk}, {agg} AS truth FROM {source} s WHERE {nn} GROUP BY {sk}",
+            "SELECT {sk}, {agg} AS truth FROM {source} s WHERE {nn} AND {r} GROUP BY {sk}",
             sk = self.cols("s"),
             agg = self.aggregate(),
             source = &s.source_table,
             nn = not_null("s"),
+            r = in_range(first.of("s")),
         );
         // The true value of every key of the key set; has_source: whether any source row
         // (filtered or not) has the key.
@@ -221,20 +267,22 @@ impl CounterEngine {
         } else {
             format!(
                 "SELECT {xk}, coalesce(a.truth, 0) AS truth, a.{first} IS NOT NULL AS has_source
-                   FROM (SELECT DISTINCT {xk} FROM {from} x WHERE {nn}) x
+                   FROM (SELECT DISTINCT {xk} FROM {from} x WHERE {nn} AND {r}) x
                    LEFT JOIN ({grouped}) a ON {m}",
                 xk = self.cols("x"),
                 first = &s.key[0],
                 from = &s.keys_from,
                 nn = not_null("x"),
                 m = self.keys_match("a", "x"),
+                r = in_range(first.of("x")),
             )
         };
         let counter = if counter_exists {
             format!(
-                "SELECT {key_cols}, {cn}::bigint AS now FROM {counter}",
+                "SELECT {key_cols}, {cn}::bigint AS now FROM {counter} WHERE {r}",
                 cn = &s.counter,
-                counter = &s.counter_table
+                counter = &s.counter_table,
+                r = in_range(first.to_string()),
             )
         } else {
             let nulls = s
@@ -258,7 +306,7 @@ impl CounterEngine {
             ""
         };
         format!(
-            "SELECT {coalesced}, c.now, coalesce(t.truth, 0) AS truth
+            "SELECT {coalesced}, c.now, coalesce(t.truth, 0) AS truth, coalesce(t.has_source, false) AS has_source
                FROM ({truth}) t FULL JOIN ({counter}) c ON {m}
               WHERE c.now IS DISTINCT FROM coalesce(t.truth, 0){keep}",
             m = self.keys_match("c", "t"),
@@ -276,6 +324,72 @@ impl CounterEngine {
             dt = self.keys_text("d"),
             differing = self.differing_sql(true),
         )
+    }
+
+    /// The frozen targets of a run before the deploy gate: ranges of keys by their first
+    /// column, each target the last of [`KEYS_PER_RANGE`] values of it in order (over the key
+    /// set and the counter table's keys), and one more, open-ended (`ARRAY[NULL]`), for the
+    /// values after the last. Cheaper than freezing every key that differs, which sums the
+    /// whole source once more; a batch then reads the drift of every key in its ranges
+    /// ([`Self::read_drift_range`]). Returns, through the `INSERT`, the number of ranges.
+    pub fn freeze_ranges_sql(&self) -> String {
+        let s = &self.spec;
+        let first = &s.key[0];
+        let keys = if s.keys_from.as_str() == "source" {
+            format!(
+                "SELECT s.{first} AS k FROM {source} s WHERE s.{first} IS NOT NULL",
+                source = &s.source_table
+            )
+        } else {
+            format!(
+                "SELECT x.{first} AS k FROM {from} x WHERE x.{first} IS NOT NULL",
+                from = &s.keys_from
+            )
+        };
+        format!(
+            "WITH b AS (SELECT k, row_number() OVER (ORDER BY k) AS seq
+                          FROM (SELECT k, row_number() OVER (ORDER BY k) AS n
+                                  FROM ({keys} UNION SELECT c.{first} FROM {counter} c) u) x
+                         WHERE n % {KEYS_PER_RANGE} = 0)
+             {targets_insert}
+             SELECT $1::bigint, seq, ARRAY[k::text] FROM b
+             UNION ALL SELECT $1::bigint, (SELECT count(*) FROM b) + 1, ARRAY[NULL::text]",
+            counter = &s.counter_table,
+            targets_insert = store::targets_insert(),
+        )
+    }
+
+    /// What the keys of a range of targets differ by (see [`Self::read_drift`]): every key
+    /// whose first column is after `lo` (from the first when None) and up to `hi` (to the last
+    /// when None) and whose counter differs from its source, in one statement, without locks.
+    pub fn read_drift_range(
+        &self,
+        client: &mut impl postgres::GenericClient,
+        lo: Option<&str>,
+        hi: Option<&str>,
+    ) -> Result<Vec<Drift>, postgres::Error> {
+        let range = KeyRange {
+            after: lo.map(|_| 1),
+            up_to: hi.map(|_| if lo.is_some() { 2 } else { 1 }),
+        };
+        let values: Vec<&str> = lo.into_iter().chain(hi).collect();
+        let params: Vec<&(dyn ToSql + Sync)> =
+            values.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
+        let sql = format!(
+            "SELECT {dt}, d.now, d.truth, d.has_source FROM ({differing}) d",
+            dt = self.keys_text("d"),
+            differing = self.differing_sql_in(true, range),
+        );
+        Ok(client
+            .query(&sql, &params)?
+            .iter()
+            .map(|r| Drift {
+                key: r.get(0),
+                counter: r.get(1),
+                truth: r.get(2),
+                has_source: r.get(3),
+            })
+            .collect())
     }
 
     fn batch_keys(&self) -> String {

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use serde::Serialize;
 
-use super::counter::{BatchResult, CounterEngine, Drift};
+use super::counter::{BatchResult, CounterEngine, Drift, KEYS_PER_RANGE};
 use super::definition::{Repair, Spec};
 use super::void::VoidEngine;
 use crate::db::retry::{with_lock_retry, LockPolicy};
@@ -54,25 +54,31 @@ impl Engine {
         })
     }
 
-    fn freeze_sql(&self) -> String {
+    fn freeze_sql(&self, ranges: bool) -> String {
         match self {
             Engine::Void(e) => e.freeze_sql(),
+            Engine::Counter(e) if ranges => e.freeze_ranges_sql(),
             Engine::Counter(e) => e.freeze_sql(),
         }
     }
 
     /// What a batch reads before its transaction: for counters, each key's drift (the sum
-    /// of a hot campaign's coupons is read without holding its counter row).
+    /// of a hot campaign's coupons is read without holding its counter row), over the keys
+    /// of targets ($lo, $hi], or over the key ranges they bound.
     fn read(
         &self,
         client: &mut postgres::Client,
-        run_id: i64,
+        run: &Run,
         lo: i64,
         hi: i64,
     ) -> Result<Vec<Drift>, postgres::Error> {
         match self {
             Engine::Void(_) => Ok(Vec::new()),
-            Engine::Counter(e) => e.read_drift(client, run_id, lo, hi),
+            Engine::Counter(e) if in_ranges(run, lo) => {
+                let (after, up_to) = store::runs::range_bounds(client, run.run_id, lo, hi)?;
+                e.read_drift_range(client, after.as_deref(), up_to.as_deref())
+            }
+            Engine::Counter(e) => e.read_drift(client, run.run_id, lo, hi),
         }
     }
 
@@ -95,6 +101,12 @@ impl Engine {
             Engine::Counter(e) => e.batch(tx, run_id, drift, merge),
         }
     }
+}
+
+/// Whether the run's targets from `lo` on are ranges of keys: a counter run frozen before the
+/// gate, up to the keys a later pass appended (`repass_from`).
+fn in_ranges(run: &Run, lo: i64) -> bool {
+    run.target_ranges && run.repass_from.is_none_or(|from| lo < from)
 }
 
 /// How a run ended.
@@ -130,6 +142,14 @@ pub fn apply(
     // definition that does not match this database changes nothing.
     let engine = Engine::prepare(client, repair)?;
     store::ensure(client, &options.policy)?;
+    // After the deploy gate every writer keeps counter and source in step, so a counter that
+    // differs again after its batch means one does not (the old application still
+    // committing, a guard left behind, a manual void): its keys are corrected again, a
+    // bounded number of times, and what still differs is reported (exit 1).
+    let after_gate = matches!(engine, Engine::Counter(_)) && store::gates_passed(client)?;
+    // Before the gate a counter run goes through every key in ranges (the first pass fills
+    // the counters: nearly every key differs); after it, through the few keys that differ.
+    let ranges = matches!(engine, Engine::Counter(_)) && !after_gate;
     let unfinished = store::runs::unfinished(client, &repair.name)?;
     let (mut run, resumed) = match unfinished {
         Some(run) if run.definition_checksum == repair.checksum => {
@@ -148,7 +168,10 @@ pub fn apply(
                 run.run_id, repair.name, run.as_of, run.started_by, repair.checksum, run.definition_checksum, run.run_id
             )))
         }
-        None => (freeze(client, &engine, repair, &options.policy, progress)?, false),
+        None => (
+            freeze(client, &engine, repair, ranges, &options.policy, progress)?,
+            false,
+        ),
     };
 
     // The first batch is one target: what one target costs is unknown until then (a
@@ -160,11 +183,6 @@ pub fn apply(
     let mut last_line = Instant::now();
     let mut interrupted = false;
     let bar = progress_bar(&repair.name, run.targets, run.checkpoint);
-    // After the deploy gate every writer keeps counter and source in step, so a counter that
-    // differs again after its batch means one does not (the old application still
-    // committing, a guard left behind, a manual void): its keys are corrected again, a
-    // bounded number of times, and what still differs is reported (exit 1).
-    let after_gate = matches!(engine, Engine::Counter(_)) && store::gates_passed(client)?;
     let mut repasses = 0;
     let left_over = loop {
         while run.checkpoint < run.targets {
@@ -183,7 +201,7 @@ pub fn apply(
                 &format!("{} batch {lo}..{hi}", repair.name),
                 &[],
                 |c| {
-                    let drift = engine.read(c, run.run_id, lo, hi)?;
+                    let drift = engine.read(c, &run, lo, hi)?;
                     let t = Instant::now();
                     let mut tx = c.transaction()?;
                     tx.batch_execute(&options.policy.set_local_sql())?;
@@ -212,6 +230,11 @@ pub fn apply(
                 list.extend(result.skipped);
             }
             size = next_batch_size(size, options.batch_target, took);
+            if in_ranges(&run, run.checkpoint) {
+                // A range holds KEYS_PER_RANGE values of the key's first column: about the
+                // same bound on keys per batch as for frozen keys.
+                size = size.min(MAX_BATCH / KEYS_PER_RANGE);
+            }
             if let Some(bar) = &bar {
                 bar.set_position(run.checkpoint as u64);
                 bar.set_message(format!(
@@ -391,6 +414,7 @@ fn freeze(
     client: &mut postgres::Client,
     engine: &Engine,
     repair: &Repair,
+    ranges: bool,
     policy: &LockPolicy,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Run> {
@@ -413,8 +437,9 @@ fn freeze(
                 &repair.name,
                 repair.kind().as_str(),
                 &repair.checksum,
+                ranges,
             )?;
-            let targets = tx.execute(&engine.freeze_sql(), &[&run_id])? as i64;
+            let targets = tx.execute(&engine.freeze_sql(ranges), &[&run_id])? as i64;
             store::runs::set_targets(&mut tx, run_id, targets)?;
             tx.commit()?;
             Ok(run_id)
@@ -425,11 +450,19 @@ fn freeze(
     if run.targets > 0 {
         store::runs::analyze_targets(client)?;
     }
+    let what = match engine {
+        Engine::Counter(e) if ranges => format!(
+            "{}, ranges of {} values of {} each",
+            human::count(run.targets, "target"),
+            human::int(KEYS_PER_RANGE),
+            e.spec.key[0].as_str()
+        ),
+        _ => human::count(run.targets, "target"),
+    };
     progress(&format!(
-        "run {} of {}: froze {} as of {} in {}",
+        "run {} of {}: froze {what} as of {} in {}",
         run.run_id,
         repair.name,
-        human::count(run.targets, "target"),
         run.as_of,
         human::duration(started.elapsed())
     ));
@@ -499,8 +532,11 @@ fn next_batch_size(size: i64, target: Duration, took: Duration) -> i64 {
     } else {
         next.floor()
     };
-    (next as i64).clamp(1, 50_000)
+    (next as i64).clamp(1, MAX_BATCH)
 }
+
+/// The most targets one batch takes.
+const MAX_BATCH: i64 = 50_000;
 
 #[cfg(test)]
 mod tests {

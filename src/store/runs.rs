@@ -95,12 +95,16 @@ pub struct Run {
     /// differed after the run's first pass, corrected again (their ledger records merged).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub repass_from: Option<i64>,
+    /// A counter run whose targets (before `repass_from`) are ranges of keys: each target
+    /// holds the last value of the key's first column in its range, the last one none.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub target_ranges: bool,
 }
 
 const RUN_COLUMNS: &str = "run_id, repair, kind, definition_checksum, state,
     to_char(as_of AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), targets, checkpoint, processed, changed,
     skipped::text, started_by, to_char(finished_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),
-    undoes_run, undone_by_run, repass_from";
+    undoes_run, undone_by_run, repass_from, target_ranges";
 
 fn run_from_row(r: &postgres::Row) -> Run {
     Run {
@@ -120,6 +124,7 @@ fn run_from_row(r: &postgres::Row) -> Run {
         undoes_run: r.get(13),
         undone_by_run: r.get(14),
         repass_from: r.get(15),
+        target_ranges: r.get(16),
     }
 }
 
@@ -176,19 +181,39 @@ pub fn latest_run_id(client: &mut impl GenericClient, repair: &str) -> Result<Op
         .get(0))
 }
 
-/// Creates a running run, in the transaction that freezes its targets.
+/// Creates a running run, in the transaction that freezes its targets (ranges of keys when
+/// `target_ranges`).
 pub fn create(
     tx: &mut Transaction<'_>,
     repair: &str,
     kind: &str,
     checksum: &str,
+    target_ranges: bool,
 ) -> Result<i64, postgres::Error> {
     Ok(tx
         .query_one(
-            "INSERT INTO pgmend.repair_runs (repair, kind, definition_checksum, state) VALUES ($1, $2, $3, 'running') RETURNING run_id",
-            &[&repair, &kind, &checksum],
+            "INSERT INTO pgmend.repair_runs (repair, kind, definition_checksum, state, target_ranges)
+             VALUES ($1, $2, $3, 'running', $4) RETURNING run_id",
+            &[&repair, &kind, &checksum, &target_ranges],
         )?
         .get(0))
+}
+
+/// The bounds of the key ranges `seq` in ($2, $3] of run $1: the last value of the range at
+/// `lo` (None when `lo` is 0: from the first key) and of the range at `hi` (None for the last,
+/// open-ended range), as text.
+pub fn range_bounds(
+    client: &mut impl GenericClient,
+    run_id: i64,
+    lo: i64,
+    hi: i64,
+) -> Result<(Option<String>, Option<String>), postgres::Error> {
+    let row = client.query_one(
+        "SELECT (SELECT key[1] FROM pgmend.repair_targets WHERE run_id = $1 AND seq = $2),
+                (SELECT key[1] FROM pgmend.repair_targets WHERE run_id = $1 AND seq = $3)",
+        &[&run_id, &lo, &hi],
+    )?;
+    Ok((row.get(0), row.get(1)))
 }
 
 /// Records how many targets the run froze.

@@ -1,7 +1,9 @@
 //! pgmend's schema and its version. Version 1 is the schema every pgmend before versions
 //! created (its `CREATE ... IF NOT EXISTS` statements, which also complete an older one);
 //! version 2 adds `pgmend.schema_version`, one row holding the version; version 3 adds
-//! `pgmend.applied_plans`, the saved plans `apply --plan` ran. [`ensure`] creates the
+//! `pgmend.applied_plans`, the saved plans `apply --plan` ran; version 4 adds
+//! `repair_runs.target_ranges`, set on a counter run whose targets are ranges of keys rather
+//! than keys (see `repair::counter`). [`ensure`] creates the
 //! schema or upgrades it in place, in one transaction serialised by an advisory lock under
 //! the session's bounded lock waits; a schema newer than this binary is refused before any
 //! change.
@@ -28,7 +30,7 @@ use crate::db::retry::{with_lock_retry, LockPolicy};
 use crate::error::PgContext;
 
 /// The version of pgmend's schema this binary creates and works with.
-pub const CURRENT: i32 = 3;
+pub const CURRENT: i32 = 4;
 
 /// The first key of the transaction-level advisory lock upgrades take ("pgmd"), second key
 /// "schm": two pgmends upgrading at once take turns, the second finds the work done.
@@ -136,8 +138,14 @@ CREATE TABLE IF NOT EXISTS pgmend.applied_plans (
   PRIMARY KEY (plan_sha256, applied_at)
 );";
 
+/// Version 3 to 4: a counter run before the deploy gate freezes ranges of keys (each target the
+/// last value of the key's first column in its range; the last range open-ended) instead of
+/// every key that differs. Runs an older pgmend froze keep their keys and resume as they were.
+const V4_SQL: &str = "
+ALTER TABLE pgmend.repair_runs ADD COLUMN IF NOT EXISTS target_ranges boolean NOT NULL DEFAULT false;";
+
 /// Each upgrade step, by the version it leads to.
-const STEPS: [(i32, &str); 3] = [(1, V1_SQL), (2, V2_SQL), (3, V3_SQL)];
+const STEPS: [(i32, &str); 4] = [(1, V1_SQL), (2, V2_SQL), (3, V3_SQL), (4, V4_SQL)];
 
 /// The version of the schema in the database: None when there is no schema yet; 1 when the
 /// tables exist without a version table (an older pgmend's).

@@ -1,0 +1,313 @@
+//! Benchmark: the floor of a release that keeps pgmend's guarantees, against seed 000's
+//! one-shot SQL, on identical copies of the same legacy data in one run (issue 16).
+//!
+//!     cargo run --release --example bench_floor -- 300000 1000000
+//!
+//! "The floor" is the least work a design that keeps the guarantees must do, each phase as ONE
+//! set-based statement with no batching, no checkpoints, no frozen targets and no
+//! reconciliation (all of which a real run adds on top): V2's columns and tables, V3's
+//! supporting index built `CONCURRENTLY`, the void ranking the rows it has locked `FOR UPDATE`
+//! (so a coupon redeemed meanwhile is the one kept) and writing one ledger record per changed
+//! row, V4's census and its concurrent unique build, both counters filled with a ledger record
+//! per created row, the two reconciliations after the gate (one aggregate each), and V5. It is
+//! measured twice: with today's ledger record (`jsonb` key, before and after, a reason string)
+//! and with a compact typed one (the key, the changed columns before and after, the rank and
+//! the kept row). The one-shot holds an `ACCESS EXCLUSIVE` lock on the coupons throughout;
+//! none of the floor's statements would be acceptable in production as they are here (each
+//! locks every row it changes until it commits): the floor bounds what batching can reach,
+//! it is not a design.
+//!
+//! The cluster runs with `full_page_writes=on`, `max_wal_size=4GB` and `checkpoint_timeout=1h`
+//! (a `CHECKPOINT` before each side, none inside), `fsync=off` and `synchronous_commit=off`.
+//! Both floors' end states are compared with the one-shot's, row by row through a digest.
+
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use pgmend::localpg::LocalPg;
+
+// Only the legacy data is used here.
+#[allow(dead_code)]
+mod support;
+
+const ONE_SHOT: &str = "
+BEGIN;
+ALTER TABLE issued_coupons
+  ADD COLUMN voided_at timestamptz,
+  ADD COLUMN legacy_duplicate boolean NOT NULL DEFAULT false;
+WITH ranked AS (
+  SELECT coupon_id, redeemed_at,
+         row_number() OVER (PARTITION BY campaign_id, member_id
+                            ORDER BY redeemed_at IS NULL, issued_at, coupon_id) AS rn
+    FROM issued_coupons)
+UPDATE issued_coupons i
+   SET voided_at        = CASE WHEN r.redeemed_at IS NULL THEN now() END,
+       legacy_duplicate = true
+  FROM ranked r
+ WHERE i.coupon_id = r.coupon_id AND r.rn > 1;
+CREATE UNIQUE INDEX one_coupon_per_member ON issued_coupons (campaign_id, member_id)
+  WHERE NOT legacy_duplicate;
+CREATE TABLE campaign_budgets AS
+SELECT c.campaign_id, c.discount_yen, c.budget_yen,
+       COALESCE(SUM(i.amount_yen) FILTER (WHERE i.voided_at IS NULL), 0)::int AS issued_yen
+  FROM campaigns c LEFT JOIN issued_coupons i USING (campaign_id)
+ GROUP BY 1, 2, 3;
+ALTER TABLE campaign_budgets ADD PRIMARY KEY (campaign_id);
+ALTER TABLE campaign_budgets
+  ADD CONSTRAINT issued_within_budget CHECK (issued_yen BETWEEN 0 AND budget_yen) NOT VALID;
+CREATE TABLE member_monthly_usage AS
+SELECT member_id, month, SUM(amount_yen)::int AS used_yen
+  FROM issued_coupons WHERE voided_at IS NULL GROUP BY 1, 2;
+ALTER TABLE member_monthly_usage ADD PRIMARY KEY (member_id, month);
+COMMIT;";
+
+/// The two ledgers the floor is measured with: today's, and a compact typed record.
+#[derive(Clone, Copy, PartialEq)]
+enum Ledger {
+    Jsonb,
+    Typed,
+}
+
+const LEDGER_JSONB: &str = "CREATE TABLE floor_ledger (
+  ledger_id bigserial, run_id bigint NOT NULL, target_table text NOT NULL, row_key jsonb NOT NULL,
+  action text NOT NULL, before jsonb, after jsonb, reason text NOT NULL,
+  at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (run_id, ledger_id))";
+
+const LEDGER_TYPED: &str = "CREATE TABLE floor_ledger (
+  ledger_id bigserial, run_id bigint NOT NULL, row_key text[] NOT NULL,
+  before text[], after text[], rank integer, kept text, PRIMARY KEY (run_id, ledger_id))";
+
+/// Lock every unmarked coupon of a group with duplicates, rank the locked versions, mark and
+/// void, one record per changed row.
+fn void_sql(ledger: Ledger) -> String {
+    let head = "WITH locked AS (SELECT t.* FROM issued_coupons t
+                       JOIN (SELECT campaign_id, member_id FROM issued_coupons WHERE NOT legacy_duplicate
+                              GROUP BY campaign_id, member_id HAVING count(*) > 1) g USING (campaign_id, member_id)
+                      WHERE NOT t.legacy_duplicate ORDER BY t.coupon_id FOR UPDATE OF t),
+     ranked AS (SELECT l.coupon_id AS k, l.legacy_duplicate AS before_mark, l.voided_at AS before_void,
+                       l.redeemed_at AS keep_value, row_number() OVER w AS rn, first_value(l.coupon_id) OVER w AS kept
+                  FROM locked l
+                WINDOW w AS (PARTITION BY l.campaign_id, l.member_id ORDER BY (l.redeemed_at IS NULL), l.issued_at, l.coupon_id)),
+     changed AS (UPDATE issued_coupons t SET legacy_duplicate = true,
+                        voided_at = CASE WHEN r.keep_value IS NULL THEN coalesce(t.voided_at, now()) ELSE t.voided_at END
+                   FROM ranked r WHERE t.coupon_id = r.k AND r.rn > 1
+                 RETURNING t.coupon_id AS k, r.before_mark, r.before_void, t.legacy_duplicate AS after_mark,
+                           t.voided_at AS after_void, r.rn, r.kept, r.keep_value)";
+    let tail = match ledger {
+        Ledger::Jsonb => "INSERT INTO floor_ledger (run_id, target_table, row_key, action, before, after, reason)
+             SELECT 1, 'issued_coupons', jsonb_build_object('coupon_id', k), 'update',
+                    jsonb_build_object('legacy_duplicate', before_mark, 'voided_at', before_void, 'redeemed_at', keep_value),
+                    jsonb_build_object('legacy_duplicate', after_mark, 'voided_at', after_void, 'redeemed_at', keep_value),
+                    format('rank %s in its group; %s %s is kept', rn, 'coupon_id', kept)
+               FROM changed",
+        Ledger::Typed => "INSERT INTO floor_ledger (run_id, row_key, before, after, rank, kept)
+             SELECT 1, ARRAY[k::text], ARRAY[before_mark::text, before_void::text, keep_value::text],
+                    ARRAY[after_mark::text, after_void::text, keep_value::text], rn, kept::text
+               FROM changed",
+    };
+    format!("{head}\n{tail}")
+}
+
+/// Fill a counter table from its source, one created row and one record per key.
+fn counter_sql(ledger: Ledger, member_months: bool) -> String {
+    let (insert, keys, key_text) = if member_months {
+        (
+            "INSERT INTO member_monthly_usage AS t (member_id, month, used_yen)
+             SELECT member_id, month, coalesce(sum(amount_yen) FILTER (WHERE voided_at IS NULL), 0)
+               FROM issued_coupons GROUP BY member_id, month
+             ON CONFLICT (member_id, month) DO UPDATE SET used_yen = t.used_yen + excluded.used_yen
+             RETURNING t.member_id, t.month, t.used_yen AS v",
+            "'member_id', member_id, 'month', month",
+            "ARRAY[member_id, month]",
+        )
+    } else {
+        (
+            "INSERT INTO campaign_budgets AS t (campaign_id, discount_yen, budget_yen, issued_yen)
+             SELECT c.campaign_id, c.discount_yen, c.budget_yen,
+                    coalesce(sum(i.amount_yen) FILTER (WHERE i.voided_at IS NULL), 0)
+               FROM campaigns c LEFT JOIN issued_coupons i USING (campaign_id)
+              GROUP BY c.campaign_id, c.discount_yen, c.budget_yen
+             ON CONFLICT (campaign_id) DO UPDATE SET issued_yen = t.issued_yen + excluded.issued_yen
+             RETURNING t.campaign_id, t.issued_yen AS v",
+            "'campaign_id', campaign_id",
+            "ARRAY[campaign_id]",
+        )
+    };
+    let record = match ledger {
+        Ledger::Jsonb => format!(
+            "INSERT INTO floor_ledger (run_id, target_table, row_key, action, before, after, reason)
+             SELECT 2, 'counter', jsonb_build_object({keys}), 'insert', NULL, jsonb_build_object('value', v),
+                    'the key had no counter row; created with the sum of its source rows' FROM ins"
+        ),
+        Ledger::Typed => format!(
+            "INSERT INTO floor_ledger (run_id, row_key, before, after)
+             SELECT 2, {key_text}, NULL, ARRAY[v::text] FROM ins"
+        ),
+    };
+    format!("WITH ins AS ({insert}) {record}")
+}
+
+/// After the gate: how many keys of each counter differ from the source (one aggregate each).
+const RECONCILE: [&str; 2] = [
+    "SELECT count(*) FROM (SELECT campaign_id, coalesce(sum(amount_yen) FILTER (WHERE voided_at IS NULL), 0) AS truth
+                             FROM issued_coupons GROUP BY campaign_id) s
+       FULL JOIN campaign_budgets b USING (campaign_id) WHERE b.issued_yen IS DISTINCT FROM s.truth",
+    "SELECT count(*) FROM (SELECT member_id, month, coalesce(sum(amount_yen) FILTER (WHERE voided_at IS NULL), 0) AS truth
+                             FROM issued_coupons GROUP BY member_id, month) s
+       FULL JOIN member_monthly_usage u USING (member_id, month) WHERE u.used_yen IS DISTINCT FROM s.truth",
+];
+
+/// The end state, row by row: a digest over every coupon's (id, mark, voided or not), every
+/// budget and every member-month with yen above 0 (the one-shot creates no row for a month
+/// whose coupons were all voided), plus the number of zero rows.
+const DIGEST: &str = "SELECT format('coupons %s, budgets %s, usage %s (%s rows of 0)',
+  (SELECT md5(string_agg(coupon_id::text || legacy_duplicate::text || (voided_at IS NULL)::text, ',' ORDER BY coupon_id)) FROM issued_coupons),
+  (SELECT string_agg(campaign_id || '=' || issued_yen, ' ' ORDER BY campaign_id) FROM campaign_budgets),
+  (SELECT md5(string_agg(member_id || '/' || month || '=' || used_yen, ',' ORDER BY member_id, month)) FROM member_monthly_usage WHERE used_yen > 0),
+  (SELECT count(*) FROM member_monthly_usage WHERE used_yen = 0))";
+
+fn migration(version: &str) -> Result<String> {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/migrations");
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        if name.starts_with(&format!("{version}__")) {
+            return Ok(std::fs::read_to_string(path)?);
+        }
+    }
+    anyhow::bail!("no migration {version} in {dir}")
+}
+
+/// WAL bytes (by LSN) and full-page images, cluster-wide.
+fn wal(c: &mut postgres::Client) -> Result<(i64, i64)> {
+    let r = c.query_one(
+        "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint, (SELECT wal_fpi FROM pg_stat_wal)",
+        &[],
+    )?;
+    Ok((r.get(0), r.get(1)))
+}
+
+/// Runs the floor's phases on `c`; returns (phase, seconds) in order.
+fn floor(c: &mut postgres::Client, ledger: Ledger) -> Result<Vec<(&'static str, f64)>> {
+    let mut phases = Vec::new();
+    let mut time = |name: &'static str, sqls: &[&str], c: &mut postgres::Client| -> Result<()> {
+        let t = Instant::now();
+        for sql in sqls {
+            c.batch_execute(sql)
+                .with_context(|| format!("floor, {name}"))?;
+        }
+        phases.push((name, t.elapsed().as_secs_f64()));
+        Ok(())
+    };
+    c.batch_execute("SET work_mem = '64MB'")?;
+    c.batch_execute(match ledger {
+        Ledger::Jsonb => LEDGER_JSONB,
+        Ledger::Typed => LEDGER_TYPED,
+    })?;
+    time("V2", &[&migration("V2")?], c)?;
+    time("V3 index", &[&migration("V3")?], c)?;
+    time("void", &[&void_sql(ledger)], c)?;
+    let census = "SELECT count(*) FROM (SELECT 1 FROM issued_coupons WHERE NOT legacy_duplicate
+                    GROUP BY campaign_id, member_id HAVING count(*) > 1) d";
+    time("V4 census+build", &[census, &migration("V4")?], c)?;
+    time(
+        "counters",
+        &[&counter_sql(ledger, false), &counter_sql(ledger, true)],
+        c,
+    )?;
+    time("after the gate", &RECONCILE, c)?;
+    time("V5", &[&migration("V5")?], c)?;
+    Ok(phases)
+}
+
+fn main() -> Result<()> {
+    let sizes: Vec<i32> = std::env::args()
+        .skip(1)
+        .map(|a| a.parse().context("member counts"))
+        .collect::<Result<_>>()?;
+    let sizes = if sizes.is_empty() {
+        vec![300_000]
+    } else {
+        sizes
+    };
+    let pg = LocalPg::start_with(
+        false,
+        &[],
+        &[
+            ("full_page_writes", "on"),
+            ("max_wal_size", "4GB"),
+            ("checkpoint_timeout", "1h"),
+        ],
+    )?;
+    let mut admin = postgres::Client::connect(&pg.conninfo("postgres"), postgres::NoTls)?;
+    println!("| members | coupons | one-shot | floor, jsonb ledger | ratio | floor, typed ledger | ratio | WAL MB / FPI one-shot | jsonb floor | typed floor |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for members in sizes {
+        for db in ["src", "oneshot", "floor_jsonb", "floor_typed"] {
+            admin.batch_execute(&format!("DROP DATABASE IF EXISTS {db}"))?;
+        }
+        admin.batch_execute("CREATE DATABASE src")?;
+        {
+            let mut c = postgres::Client::connect(&pg.conninfo("src"), postgres::NoTls)?;
+            support::make_legacy(&mut c, members)?;
+            c.batch_execute("VACUUM ANALYZE")?;
+        }
+        for db in ["oneshot", "floor_jsonb", "floor_typed"] {
+            admin.batch_execute(&format!("CREATE DATABASE {db} TEMPLATE src"))?;
+        }
+        let mut one = postgres::Client::connect(&pg.conninfo("oneshot"), postgres::NoTls)?;
+        let coupons: i64 = one
+            .query_one("SELECT count(*) FROM issued_coupons", &[])?
+            .get(0);
+        admin.batch_execute("CHECKPOINT")?;
+        let w0 = wal(&mut one)?;
+        let t = Instant::now();
+        one.batch_execute(ONE_SHOT)?;
+        let one_time = t.elapsed().as_secs_f64();
+        let w1 = wal(&mut one)?;
+        let reference: String = one.query_one(DIGEST, &[])?.get(0);
+
+        let mut row = Vec::new();
+        for (db, ledger) in [
+            ("floor_jsonb", Ledger::Jsonb),
+            ("floor_typed", Ledger::Typed),
+        ] {
+            let mut c = postgres::Client::connect(&pg.conninfo(db), postgres::NoTls)?;
+            admin.batch_execute("CHECKPOINT")?;
+            let w0 = wal(&mut c)?;
+            let t = Instant::now();
+            let phases = floor(&mut c, ledger)?;
+            let took = t.elapsed().as_secs_f64();
+            let w1 = wal(&mut c)?;
+            let digest: String = c.query_one(DIGEST, &[])?.get(0);
+            anyhow::ensure!(
+                digest == reference,
+                "{db}: end state differs from the one-shot's\n one-shot: {reference}\n {db}: {digest}"
+            );
+            eprintln!(
+                "{members} members, {db}: {}",
+                phases
+                    .iter()
+                    .map(|(n, s)| format!("{n} {s:.1}s"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            row.push((took, w1.0 - w0.0, w1.1 - w0.1));
+        }
+        eprintln!("{members} members, end state (all three): {reference}");
+        println!(
+            "| {members} | {coupons} | {one_time:.1}s | {:.1}s | {:.2}x | {:.1}s | {:.2}x | {:.0} / {} | {:.0} / {} | {:.0} / {} |",
+            row[0].0,
+            one_time / row[0].0,
+            row[1].0,
+            one_time / row[1].0,
+            (w1.0 - w0.0) as f64 / 1e6,
+            w1.1 - w0.1,
+            row[0].1 as f64 / 1e6,
+            row[0].2,
+            row[1].1 as f64 / 1e6,
+            row[1].2,
+        );
+    }
+    Ok(())
+}
