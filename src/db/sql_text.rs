@@ -160,6 +160,53 @@ pub fn all_not_null(alias: &str, columns: &[Ident]) -> String {
         .join(" AND ")
 }
 
+/// The rows a batch reads by one column's value: after the text parameter `after` and up to
+/// and including the text parameter `up_to` (parameter numbers; a bound that is None is
+/// absent: from the first value, to the last). The bounds are the frozen range targets of a
+/// run (`store::runs::range_targets_sql`), stored as text and cast back to the column's type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyRange {
+    pub after: Option<usize>,
+    pub up_to: Option<usize>,
+}
+
+impl KeyRange {
+    pub const ALL: KeyRange = KeyRange {
+        after: None,
+        up_to: None,
+    };
+
+    /// The range from bounds `after` and `up_to` (None: open), numbering their parameters
+    /// from `first`; returns it with the values to bind, in order.
+    pub fn bind<'a>(
+        after: Option<&'a str>,
+        up_to: Option<&'a str>,
+        first: usize,
+    ) -> (KeyRange, Vec<&'a str>) {
+        let range = KeyRange {
+            after: after.map(|_| first),
+            up_to: up_to.map(|_| first + usize::from(after.is_some())),
+        };
+        (range, after.into_iter().chain(up_to).collect())
+    }
+
+    /// The predicate over `column` (qualified as the statement needs it) of type `ty`.
+    pub fn predicate(&self, column: &str, ty: &str) -> String {
+        let mut parts = Vec::new();
+        if let Some(p) = self.after {
+            parts.push(format!("{column} > ${p}::text::{ty}"));
+        }
+        if let Some(p) = self.up_to {
+            parts.push(format!("{column} <= ${p}::text::{ty}"));
+        }
+        if parts.is_empty() {
+            "true".into()
+        } else {
+            parts.join(" AND ")
+        }
+    }
+}
+
 /// A keyset range over an integer column: which part of a frozen target list a statement
 /// reads. [`SeqRange::Between`] takes its bounds from two parameters, `(lo, hi]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -272,6 +319,26 @@ mod tests {
             "seq > $2 AND seq <= $3"
         );
         assert_eq!(SeqRange::All.predicate("seq"), "true");
+    }
+
+    #[test]
+    fn a_key_range_numbers_only_the_bounds_it_has() {
+        let (r, v) = KeyRange::bind(Some("m1"), Some("m9"), 2);
+        assert_eq!(
+            r.predicate("t.k", "text"),
+            "t.k > $2::text::text AND t.k <= $3::text::text"
+        );
+        assert_eq!(v, ["m1", "m9"]);
+        let (r, v) = KeyRange::bind(None, Some("m9"), 2);
+        assert_eq!(r.predicate("k", "int"), "k <= $2::text::int");
+        assert_eq!(v, ["m9"]);
+        let (r, v) = KeyRange::bind(Some("m1"), None, 1);
+        assert_eq!(r.predicate("k", "int"), "k > $1::text::int");
+        assert_eq!(v, ["m1"]);
+        assert_eq!(
+            KeyRange::bind(None, None, 1).0.predicate("k", "int"),
+            "true"
+        );
     }
 
     #[test]

@@ -43,7 +43,7 @@ use serde_json::json;
 use super::catalog::column_types;
 use super::definition::{Aggregate, CounterSpec, WhenNoSource};
 use crate::db::sql_text::{
-    all_not_null, between_text_params, column_list, key_match, Ident, Literal, SeqRange,
+    all_not_null, between_text_params, column_list, key_match, Ident, KeyRange, Literal, SeqRange,
 };
 use crate::error::PgContext;
 use crate::store;
@@ -71,40 +71,6 @@ pub struct Drift {
 /// How many values of a key's first column one range of a run's targets holds (see
 /// [`CounterEngine::freeze_ranges_sql`]): a member-month batch starts at one range.
 pub const KEYS_PER_RANGE: i64 = 100;
-
-/// The keys a statement reads, by their first column: after the text parameter `after` and up
-/// to and including the text parameter `up_to` (parameter numbers), each bound absent where
-/// None.
-#[derive(Debug, Clone, Copy)]
-struct KeyRange {
-    after: Option<usize>,
-    up_to: Option<usize>,
-}
-
-impl KeyRange {
-    const ALL: KeyRange = KeyRange {
-        after: None,
-        up_to: None,
-    };
-
-    /// The predicate over `column` (the key's first column, as the statement names it), whose
-    /// type is `types[0]`.
-    fn predicate(&self, column: &str, types: &[String]) -> String {
-        let ty = types.first().map(String::as_str).unwrap_or("text");
-        let mut parts = Vec::new();
-        if let Some(p) = self.after {
-            parts.push(format!("{column} > ${p}::text::{ty}"));
-        }
-        if let Some(p) = self.up_to {
-            parts.push(format!("{column} <= ${p}::text::{ty}"));
-        }
-        if parts.is_empty() {
-            "true".into()
-        } else {
-            parts.join(" AND ")
-        }
-    }
-}
 
 /// A value a batch proposes for one key: (key, counter now, true value).
 type Proposed = (Vec<String>, i64, i64);
@@ -249,7 +215,9 @@ impl CounterEngine {
     fn differing_sql_in(&self, counter_exists: bool, range: KeyRange) -> String {
         let s = &self.spec;
         let first = &s.key[0];
-        let in_range = |column: String| range.predicate(&column, &self.key_types);
+        // A preview's engine has no types; it reads every key (KeyRange::ALL).
+        let ty = self.key_types.first().map_or("text", String::as_str);
+        let in_range = |column: String| range.predicate(&column, ty);
         let key_cols = column_list("", &s.key);
         let not_null = |alias: &str| all_not_null(alias, &s.key);
         let grouped = format!(
@@ -326,36 +294,26 @@ impl CounterEngine {
         )
     }
 
-    /// The frozen targets of a run before the deploy gate: ranges of keys by their first
-    /// column, each target the last of [`KEYS_PER_RANGE`] values of it in order (over the key
-    /// set and the counter table's keys), and one more, open-ended (`ARRAY[NULL]`), for the
-    /// values after the last. Cheaper than freezing every key that differs, which sums the
-    /// whole source once more; a batch then reads the drift of every key in its ranges
-    /// ([`Self::read_drift_range`]). Returns, through the `INSERT`, the number of ranges.
+    /// The frozen targets of a run before the deploy gate: ranges of [`KEYS_PER_RANGE`] values
+    /// of the key's first column (over the key set and the counter table's keys; see
+    /// `store::runs::range_targets_sql`). Cheaper than freezing every key that differs, which
+    /// sums the whole source once more; a batch then reads the drift of every key in its
+    /// ranges ([`Self::read_drift_range`]).
     pub fn freeze_ranges_sql(&self) -> String {
         let s = &self.spec;
         let first = &s.key[0];
-        let keys = if s.keys_from.as_str() == "source" {
-            format!(
-                "SELECT s.{first} AS k FROM {source} s WHERE s.{first} IS NOT NULL",
-                source = &s.source_table
-            )
+        let (table, alias) = if s.keys_from.as_str() == "source" {
+            (&s.source_table, "s")
         } else {
-            format!(
-                "SELECT x.{first} AS k FROM {from} x WHERE x.{first} IS NOT NULL",
-                from = &s.keys_from
-            )
+            (&s.keys_from, "x")
         };
-        format!(
-            "WITH b AS (SELECT k, row_number() OVER (ORDER BY k) AS seq
-                          FROM (SELECT k, row_number() OVER (ORDER BY k) AS n
-                                  FROM ({keys} UNION SELECT c.{first} FROM {counter} c) u) x
-                         WHERE n % {KEYS_PER_RANGE} = 0)
-             {targets_insert}
-             SELECT $1::bigint, seq, ARRAY[k::text] FROM b
-             UNION ALL SELECT $1::bigint, (SELECT count(*) FROM b) + 1, ARRAY[NULL::text]",
-            counter = &s.counter_table,
-            targets_insert = store::targets_insert(),
+        store::runs::range_targets_sql(
+            &format!(
+                "SELECT {alias}.{first} AS k FROM {table} {alias} WHERE {alias}.{first} IS NOT NULL
+                 UNION SELECT c.{first} FROM {counter} c",
+                counter = &s.counter_table
+            ),
+            KEYS_PER_RANGE,
         )
     }
 
@@ -368,11 +326,7 @@ impl CounterEngine {
         lo: Option<&str>,
         hi: Option<&str>,
     ) -> Result<Vec<Drift>, postgres::Error> {
-        let range = KeyRange {
-            after: lo.map(|_| 1),
-            up_to: hi.map(|_| if lo.is_some() { 2 } else { 1 }),
-        };
-        let values: Vec<&str> = lo.into_iter().chain(hi).collect();
+        let (range, values) = KeyRange::bind(lo, hi, 1);
         let params: Vec<&(dyn ToSql + Sync)> =
             values.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
         let sql = format!(

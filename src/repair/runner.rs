@@ -26,8 +26,9 @@ use serde::Serialize;
 
 use super::counter::{BatchResult, CounterEngine, Drift, KEYS_PER_RANGE};
 use super::definition::{Repair, Spec};
-use super::void::VoidEngine;
+use super::void::{VoidEngine, VALUES_PER_RANGE};
 use crate::db::retry::{with_lock_retry, LockPolicy};
+use crate::db::sql_text::{Ident, KeyRange};
 use crate::error::{PgContext, Stopped};
 use crate::human;
 use crate::store::{self, Run};
@@ -54,8 +55,18 @@ impl Engine {
         })
     }
 
+    /// Whether a new run walks ranges of keys rather than frozen keys: a counter run before
+    /// the gate (nearly every key differs), a void run where an index covers its groups.
+    fn in_ranges(&self, after_gate: bool) -> bool {
+        match self {
+            Engine::Void(e) => e.range_by.is_some(),
+            Engine::Counter(_) => !after_gate,
+        }
+    }
+
     fn freeze_sql(&self, ranges: bool) -> String {
         match self {
+            Engine::Void(e) if ranges => e.freeze_ranges_sql(),
             Engine::Void(e) => e.freeze_sql(),
             Engine::Counter(e) if ranges => e.freeze_ranges_sql(),
             Engine::Counter(e) => e.freeze_sql(),
@@ -68,17 +79,16 @@ impl Engine {
     fn read(
         &self,
         client: &mut postgres::Client,
-        run: &Run,
-        lo: i64,
-        hi: i64,
+        run_id: i64,
+        (lo, hi): (i64, i64),
+        bounds: Option<&Bounds>,
     ) -> Result<Vec<Drift>, postgres::Error> {
-        match self {
-            Engine::Void(_) => Ok(Vec::new()),
-            Engine::Counter(e) if in_ranges(run, lo) => {
-                let (after, up_to) = store::runs::range_bounds(client, run.run_id, lo, hi)?;
+        match (self, bounds) {
+            (Engine::Void(_), _) => Ok(Vec::new()),
+            (Engine::Counter(e), Some((after, up_to))) => {
                 e.read_drift_range(client, after.as_deref(), up_to.as_deref())
             }
-            Engine::Counter(e) => e.read_drift(client, run.run_id, lo, hi),
+            (Engine::Counter(e), None) => e.read_drift(client, run_id, lo, hi),
         }
     }
 
@@ -87,24 +97,37 @@ impl Engine {
         tx: &mut postgres::Transaction<'_>,
         run_id: i64,
         (lo, hi): (i64, i64),
+        bounds: Option<&Bounds>,
         drift: &[Drift],
         merge: bool,
     ) -> Result<BatchResult, postgres::Error> {
-        match self {
-            Engine::Void(e) => {
-                let changed = tx.execute(&e.batch_sql(), &[&run_id, &lo, &hi])?;
-                Ok(BatchResult {
-                    changed: changed as i64,
-                    skipped: Vec::new(),
-                })
+        let changed = match (self, bounds) {
+            (Engine::Counter(e), _) => return e.batch(tx, run_id, drift, merge),
+            (Engine::Void(e), Some((after, up_to))) => {
+                let (range, values) = KeyRange::bind(after.as_deref(), up_to.as_deref(), 2);
+                let mut params: Vec<&(dyn postgres::types::ToSql + Sync)> = vec![&run_id];
+                params.extend(
+                    values
+                        .iter()
+                        .map(|v| v as &(dyn postgres::types::ToSql + Sync)),
+                );
+                tx.execute(&e.range_batch_sql(range), &params)?
             }
-            Engine::Counter(e) => e.batch(tx, run_id, drift, merge),
-        }
+            (Engine::Void(e), None) => tx.execute(&e.batch_sql(), &[&run_id, &lo, &hi])?,
+        };
+        Ok(BatchResult {
+            changed: changed as i64,
+            skipped: Vec::new(),
+        })
     }
 }
 
-/// Whether the run's targets from `lo` on are ranges of keys: a counter run frozen before the
-/// gate, up to the keys a later pass appended (`repass_from`).
+/// The bounds of a batch of a run in ranges: after the first (None: from the first value) and
+/// up to the second (None: to the last), as text.
+type Bounds = (Option<String>, Option<String>);
+
+/// Whether the run's targets from `lo` on are ranges of keys: a run frozen in ranges, up to
+/// the keys a later pass of a counter run appended (`repass_from`).
 fn in_ranges(run: &Run, lo: i64) -> bool {
     run.target_ranges && run.repass_from.is_none_or(|from| lo < from)
 }
@@ -149,7 +172,7 @@ pub fn apply(
     let after_gate = matches!(engine, Engine::Counter(_)) && store::gates_passed(client)?;
     // Before the gate a counter run goes through every key in ranges (the first pass fills
     // the counters: nearly every key differs); after it, through the few keys that differ.
-    let ranges = matches!(engine, Engine::Counter(_)) && !after_gate;
+    let ranges = engine.in_ranges(after_gate);
     let unfinished = store::runs::unfinished(client, &repair.name)?;
     let (mut run, resumed) = match unfinished {
         Some(run) if run.definition_checksum == repair.checksum => {
@@ -173,6 +196,17 @@ pub fn apply(
             false,
         ),
     };
+    if let (true, Engine::Void(e)) = (run.target_ranges, &engine) {
+        if e.range_by.is_none() {
+            return Err(Stopped::error(format!(
+                "run {} of {} walks the groups in ranges of an index on ({}), and no valid index on those columns exists now; nothing was changed. Build the index again (pgmend migrate status lists INVALID ones), or abandon the run: pgmend repair abandon {} --yes",
+                run.run_id,
+                repair.name,
+                e.spec.group_by.iter().map(Ident::as_str).collect::<Vec<_>>().join(", "),
+                run.run_id
+            )));
+        }
+    }
 
     // The first batch is one target: what one target costs is unknown until then (a
     // campaign's counter sums 370,000 coupons where a member-month's sums four), and a
@@ -201,12 +235,24 @@ pub fn apply(
                 &format!("{} batch {lo}..{hi}", repair.name),
                 &[],
                 |c| {
-                    let drift = engine.read(c, &run, lo, hi)?;
+                    let bounds = if in_ranges(&run, lo) {
+                        Some(store::runs::range_bounds(c, run.run_id, lo, hi)?)
+                    } else {
+                        None
+                    };
+                    let drift = engine.read(c, run.run_id, (lo, hi), bounds.as_ref())?;
                     let t = Instant::now();
                     let mut tx = c.transaction()?;
                     tx.batch_execute(&options.policy.set_local_sql())?;
                     let merge = run.repass_from.is_some_and(|from| lo >= from);
-                    let r = engine.batch(&mut tx, run.run_id, (lo, hi), &drift, merge)?;
+                    let r = engine.batch(
+                        &mut tx,
+                        run.run_id,
+                        (lo, hi),
+                        bounds.as_ref(),
+                        &drift,
+                        merge,
+                    )?;
                     let advanced =
                         store::runs::advance(&mut tx, run.run_id, (lo, hi), r.changed, &r.skipped)?;
                     if advanced != 1 {
@@ -267,7 +313,7 @@ pub fn apply(
         if interrupted || run.targets == 0 {
             break 0;
         }
-        let differing = reconcile(client, &engine, run.run_id)?;
+        let differing = reconcile(client, &engine, &run)?;
         if differing == 0 || !after_gate || repasses == MAX_REPASSES {
             break differing;
         }
@@ -457,6 +503,15 @@ fn freeze(
             human::int(KEYS_PER_RANGE),
             e.spec.key[0].as_str()
         ),
+        Engine::Void(VoidEngine {
+            range_by: Some((column, _)),
+            ..
+        }) if ranges => format!(
+            "{}, ranges of {} values of {} each",
+            human::count(run.targets, "target"),
+            human::int(VALUES_PER_RANGE),
+            column.as_str()
+        ),
         _ => human::count(run.targets, "target"),
     };
     progress(&format!(
@@ -469,7 +524,7 @@ fn freeze(
     Ok(run)
 }
 
-fn reconcile(client: &mut postgres::Client, engine: &Engine, run_id: i64) -> Result<i64> {
+fn reconcile(client: &mut postgres::Client, engine: &Engine, run: &Run) -> Result<i64> {
     let mut tx = client
         .build_transaction()
         .read_only(true)
@@ -478,7 +533,8 @@ fn reconcile(client: &mut postgres::Client, engine: &Engine, run_id: i64) -> Res
     tx.batch_execute(crate::db::connect::RAISE_WORK_MEM)
         .doing("raising work_mem to reconcile the run")?;
     let row = match engine {
-        Engine::Void(e) => tx.query_one(&e.reconcile_sql(), &[&run_id]),
+        Engine::Void(e) if run.target_ranges => tx.query_one(&e.range_reconcile_sql(), &[]),
+        Engine::Void(e) => tx.query_one(&e.reconcile_sql(), &[&run.run_id]),
         Engine::Counter(e) => tx.query_one(&e.drift_sql(), &[]),
     };
     let left_over = row.doing("reconciling the run")?.get(0);

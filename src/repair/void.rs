@@ -18,13 +18,22 @@ use anyhow::Result;
 
 use super::catalog::column_types;
 use super::definition::{Order, VoidSpec};
-use crate::db::sql_text::{all_not_null, column_list, key_match, Ident, SeqRange};
+use crate::db::sql_text::{all_not_null, column_list, key_match, Ident, KeyRange, SeqRange};
+use crate::error::PgContext;
 use crate::store;
 
 pub struct VoidEngine {
     pub spec: VoidSpec,
     group_types: Vec<String>,
+    /// The first column of a valid index on exactly the group columns, with its type: a run
+    /// walks the groups in ranges of it ([`Self::freeze_ranges_sql`]). None: no such index,
+    /// so a run freezes every group with duplicates instead.
+    pub range_by: Option<(Ident, String)>,
 }
+
+/// How many values of the range column one target of a run in ranges holds: a void batch
+/// starts at one range (about 80 groups of the incident's data).
+pub const VALUES_PER_RANGE: i64 = 100;
 
 impl VoidEngine {
     /// For previews on a database that may lack the table's new columns: no catalog checks.
@@ -32,6 +41,7 @@ impl VoidEngine {
         VoidEngine {
             spec,
             group_types: Vec::new(),
+            range_by: None,
         }
     }
 
@@ -44,10 +54,70 @@ impl VoidEngine {
         needed.extend(spec.rank_by.iter().map(|r| r.column.clone()));
         needed.extend(spec.keep_when_not_null.clone());
         column_types(client, &spec.table, &needed)?;
+        let range_by = match range_column(client, spec)? {
+            Some(column) => {
+                let ty = column_types(client, &spec.table, std::slice::from_ref(&column))?;
+                Some((column, ty[0].clone()))
+            }
+            None => None,
+        };
         Ok(VoidEngine {
             spec: spec.clone(),
             group_types,
+            range_by,
         })
+    }
+
+    /// A run in ranges: the range column's values with an unmarked row, cut every
+    /// [`VALUES_PER_RANGE`] (see `store::runs::range_targets_sql`). One read of the index,
+    /// where freezing every group sorts and writes them all.
+    pub fn freeze_ranges_sql(&self) -> String {
+        let (column, _) = self
+            .range_by
+            .as_ref()
+            .expect("a run in ranges has a range column");
+        store::runs::range_targets_sql(
+            &format!(
+                "SELECT DISTINCT t.{column} AS k FROM {table} t WHERE t.{column} IS NOT NULL",
+                table = &self.spec.table
+            ),
+            VALUES_PER_RANGE,
+        )
+    }
+
+    /// A batch of a run in ranges: [`Self::batch_sql`] over the groups with more than one
+    /// unmarked row whose range column lies in `range` (parameters from $2; $1 is the run).
+    pub fn range_batch_sql(&self, range: KeyRange) -> String {
+        let s = &self.spec;
+        let (column, ty) = self
+            .range_by
+            .as_ref()
+            .expect("a run in ranges has a range column");
+        let groups = format!(
+            "SELECT {cols} FROM {table} d
+              WHERE NOT d.{mark} AND {not_null} AND {in_range}
+              GROUP BY {cols} HAVING count(*) > 1",
+            cols = self.group_cols("d"),
+            table = &s.table,
+            mark = &s.mark,
+            not_null = all_not_null("d", &s.group_by),
+            in_range = range.predicate(&column.of("d"), ty),
+        );
+        self.batch_sql_over(&groups, &range.predicate(&column.of("t"), ty))
+    }
+
+    /// After a run in ranges: how many groups hold more than one unmarked row now (those
+    /// that received a duplicate after their batch, and any new one).
+    pub fn range_reconcile_sql(&self) -> String {
+        let s = &self.spec;
+        format!(
+            "SELECT count(*) FROM (SELECT 1 FROM {table} t WHERE NOT t.{mark} AND {not_null}
+                                     GROUP BY {cols} HAVING count(*) > 1) v",
+            table = &s.table,
+            mark = &s.mark,
+            not_null = all_not_null("t", &s.group_by),
+            cols = self.group_cols("t"),
+        )
     }
 
     fn group_cols(&self, alias: &str) -> String {
@@ -125,6 +195,15 @@ impl VoidEngine {
     /// rows by `row_key` as the snapshot saw it: a row whose key changed while the batch
     /// waited is left unchanged, and reconciliation reports its group.
     pub fn batch_sql(&self) -> String {
+        self.batch_sql_over(
+            &self.batch_groups(SeqRange::Between { lo: 2, hi: 3 }),
+            "true",
+        )
+    }
+
+    /// [`Self::batch_sql`] over the groups `groups` selects (the group columns), its rows
+    /// also filtered by `rows` (over alias `t`).
+    fn batch_sql_over(&self, groups: &str, rows: &str) -> String {
         let s = &self.spec;
         let keep = s
             .keep_when_not_null
@@ -134,7 +213,7 @@ impl VoidEngine {
         format!(
             "WITH locked AS (
                SELECT t.* FROM {table} t JOIN ({groups}) g ON {on}
-                WHERE NOT t.{mark}
+                WHERE NOT t.{mark} AND {rows}
                 ORDER BY t.{key} FOR UPDATE OF t),
              ranked AS (
                SELECT l.{key} AS k, l.{mark} AS before_mark, l.{void} AS before_void, {keep} AS keep_value,
@@ -153,7 +232,6 @@ impl VoidEngine {
                     format('rank %s in its group; %s %s is kept', rn, {key_lit}, kept)
                FROM changed",
             ledger_insert = store::ledger_insert(),
-            groups = self.batch_groups(SeqRange::Between { lo: 2, hi: 3 }),
             on = self.join_on(),
             lcols = self.group_cols("l"),
             lorder = rank_order(s, "l"),
@@ -256,4 +334,28 @@ pub fn rank_order(spec: &VoidSpec, alias: &str) -> String {
         })
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// The first column of a valid, non-partial index whose columns are exactly the group columns
+/// (V3's `issued_coupons_by_member` for the coupons: `member_id`), the column a run walks the
+/// groups by.
+fn range_column(
+    client: &mut impl postgres::GenericClient,
+    spec: &VoidSpec,
+) -> Result<Option<Ident>> {
+    let names: Vec<&str> = spec.group_by.iter().map(Ident::as_str).collect();
+    Ok(client
+        .query_opt(
+            "SELECT a.attname::text FROM pg_index i
+               JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+              WHERE i.indrelid = to_regclass(quote_ident($1)) AND i.indisvalid AND i.indisready
+                AND i.indpred IS NULL AND i.indexprs IS NULL
+                AND (SELECT array_agg(c.attname::text ORDER BY c.attname) FROM pg_attribute c
+                      WHERE c.attrelid = i.indrelid AND c.attnum = ANY (i.indkey))
+                    = (SELECT array_agg(x ORDER BY x) FROM unnest($2::text[]) x)
+              ORDER BY i.indexrelid LIMIT 1",
+            &[&spec.table.as_str(), &names],
+        )
+        .doing("looking for an index on the group columns")?
+        .map(|r| Ident::new(r.get::<_, String>(0))))
 }

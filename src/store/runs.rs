@@ -296,6 +296,22 @@ pub fn abandon(client: &mut impl GenericClient, run_id: i64) -> Result<()> {
     Ok(())
 }
 
+/// Freezes run $1's targets as ranges: `values` (a `SELECT` of one column `k`, distinct) in
+/// order, cut every `per_range` values; each target holds the last value of its range as text,
+/// and one more target, `ARRAY[NULL]`, the open range after the last. The `INSERT` counts the
+/// targets.
+pub fn range_targets_sql(values: &str, per_range: i64) -> String {
+    format!(
+        "WITH b AS (SELECT k, row_number() OVER (ORDER BY k) AS seq
+                      FROM (SELECT k, row_number() OVER (ORDER BY k) AS n FROM ({values}) u) x
+                     WHERE n % {per_range} = 0)
+         {targets_insert}
+         SELECT $1::bigint, seq, ARRAY[k::text] FROM b
+         UNION ALL SELECT $1::bigint, (SELECT count(*) FROM b) + 1, ARRAY[NULL::text]",
+        targets_insert = super::targets_insert(),
+    )
+}
+
 /// The keys of run $1's frozen targets in `range` (`seq`), cast back from text to the types
 /// of `columns`.
 pub fn frozen_keys_sql(columns: &[Ident], types: &[String], range: SeqRange) -> String {

@@ -220,6 +220,16 @@ pub fn assert_whole_batches(conninfo: &str, run_id: i64, checkpoint: i64, exact:
 /// checkpoint committed apart from its batch's changes breaks this when a fault falls
 /// between the two.
 pub fn assert_checkpoint_in_step(c: &mut postgres::Client, run_id: i64) {
+    let ranges: bool = c
+        .query_one(
+            "SELECT target_ranges FROM pgmend.repair_runs WHERE run_id = $1",
+            &[&run_id],
+        )
+        .unwrap()
+        .get(0);
+    if ranges {
+        return assert_range_checkpoint_in_step(c, run_id);
+    }
     let row = c
         .query_one(
             "WITH r AS (SELECT * FROM pgmend.repair_runs WHERE run_id = $1),
@@ -255,6 +265,50 @@ pub fn assert_checkpoint_in_step(c: &mut postgres::Client, run_id: i64) {
     assert_eq!(
         out_of_step, 0,
         "run {run_id}: targets whose coupons disagree with the checkpoint {checkpoint} (done up to it, untouched past it)"
+    );
+}
+
+/// [`assert_checkpoint_in_step`] for a run that walks the groups in ranges of `member_id`:
+/// the groups up to the last value of the range at the checkpoint have one live coupon left,
+/// and no ledger record belongs to a group after it.
+fn assert_range_checkpoint_in_step(c: &mut postgres::Client, run_id: i64) {
+    let row = c
+        .query_one(
+            "WITH r AS (SELECT * FROM pgmend.repair_runs WHERE run_id = $1),
+                  b AS (SELECT r.checkpoint > 0 AS started, t.key[1] AS up_to
+                          FROM r LEFT JOIN pgmend.repair_targets t ON t.run_id = r.run_id AND t.seq = r.checkpoint),
+                  groups AS (SELECT campaign_id, member_id, count(*) AS rows,
+                                    count(*) FILTER (WHERE NOT legacy_duplicate) AS live,
+                                    b.started AND (b.up_to IS NULL OR member_id <= b.up_to) AS done
+                               FROM issued_coupons, b GROUP BY campaign_id, member_id, b.started, b.up_to)
+             SELECT r.checkpoint, r.processed, r.changed,
+                    (SELECT count(*) FROM pgmend.repair_ledger l WHERE l.run_id = r.run_id),
+                    (SELECT count(*) FROM pgmend.repair_ledger l
+                       JOIN issued_coupons i ON i.coupon_id = (l.row_key->>'coupon_id')::uuid
+                       JOIN groups g USING (campaign_id, member_id)
+                      WHERE l.run_id = r.run_id AND NOT g.done),
+                    (SELECT count(*) FROM groups g WHERE g.done AND g.live > 1)
+               FROM r",
+            &[&run_id],
+        )
+        .unwrap();
+    let [checkpoint, processed, changed, ledger, past, out_of_step]: [i64; 6] =
+        std::array::from_fn(|i| row.get(i));
+    assert_eq!(
+        changed, ledger,
+        "run {run_id}: repair_runs.changed counts the ledger's records (checkpoint {checkpoint})"
+    );
+    assert_eq!(
+        processed, checkpoint,
+        "run {run_id}: processed is the checkpoint"
+    );
+    assert_eq!(
+        past, 0,
+        "run {run_id}: ledger records of groups past the checkpoint {checkpoint}"
+    );
+    assert_eq!(
+        out_of_step, 0,
+        "run {run_id}: groups up to the checkpoint {checkpoint} that still hold duplicates"
     );
 }
 
