@@ -792,6 +792,7 @@ fn main() -> Result<()> {
                 "CREATE EXTENSION IF NOT EXISTS pg_stat_statements; SELECT pg_stat_statements_reset()",
             )?;
         }
+        flush_stats(&mut via)?;
         let ckpt0 = checkpoint(&mut admin)?;
         let wal0 = wal_lsn(&mut via)?;
         let stats0_via = wal_stats(&mut admin)?;
