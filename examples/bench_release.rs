@@ -56,12 +56,72 @@ SELECT member_id, month, SUM(amount_yen)::int AS used_yen
 ALTER TABLE member_monthly_usage ADD PRIMARY KEY (member_id, month);
 COMMIT;";
 
+/// The speed benchmark's server settings, after `LocalPg`'s `fsync=off`,
+/// `synchronous_commit=off` and `full_page_writes=off` (later lines of `postgresql.conf` win):
+/// full-page images written as in production, and no checkpoint inside either timed run (each
+/// starts right after a `CHECKPOINT`; one the WAL volume forces is reported).
+const SPEED_SETTINGS: [(&str, &str); 3] = [
+    ("full_page_writes", "on"),
+    ("max_wal_size", "4GB"),
+    ("checkpoint_timeout", "1h"),
+];
+
+/// Differing rows shown per table when the end states differ.
+const SHOWN: usize = 5;
+
+/// Where the next WAL record goes: the insert position (`pg_current_wal_lsn()` is the write
+/// position, which lags it by what is still in `wal_buffers`, up to 4 MB here).
 fn wal_lsn(c: &mut postgres::Client) -> Result<i64> {
     Ok(c.query_one(
-        "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint",
+        "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint",
         &[],
     )?
     .get(0))
+}
+
+/// The whole cluster's full-page images and WAL bytes so far (`pg_stat_wal`): only what the
+/// server processes have flushed to the cumulative statistics (see [`flush_stats`]), so the
+/// reading session flushes its own first (the admin's `CREATE DATABASE`s write whole pages).
+fn wal_stats(c: &mut postgres::Client) -> Result<(i64, i64)> {
+    flush_stats(c)?;
+    let row = c.query_one("SELECT wal_fpi, wal_bytes::bigint FROM pg_stat_wal", &[])?;
+    Ok((row.get(0), row.get(1)))
+}
+
+/// Has the backend of `c` flush its pending statistics before it answers again (PostgreSQL 15+:
+/// otherwise a backend flushes at most once a second, and up to 10 s after it went idle).
+fn flush_stats(c: &mut postgres::Client) -> Result<()> {
+    c.batch_execute("SELECT pg_stat_force_next_flush()")?;
+    Ok(())
+}
+
+/// Checkpoints the server has begun so far (timed and requested).
+fn checkpoints(c: &mut postgres::Client) -> Result<i64> {
+    let version: i32 = c
+        .query_one("SELECT current_setting('server_version_num')::int", &[])?
+        .get(0);
+    let sql = if version >= 170000 {
+        "SELECT num_timed + num_requested FROM pg_stat_checkpointer"
+    } else {
+        "SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter"
+    };
+    Ok(c.query_one(sql, &[])?.get(0))
+}
+
+/// Runs a `CHECKPOINT` and returns the checkpoint count once it includes that one (the
+/// checkpointer reports its count just after it wakes the waiting backend), so that a later
+/// count above it means a checkpoint during what came in between.
+fn checkpoint(admin: &mut postgres::Client) -> Result<i64> {
+    let before = checkpoints(admin)?;
+    admin.batch_execute("CHECKPOINT")?;
+    let started = Instant::now();
+    loop {
+        let now = checkpoints(admin)?;
+        if now > before || started.elapsed() > Duration::from_secs(5) {
+            return Ok(now);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 fn state(c: &mut postgres::Client) -> Result<String> {
@@ -74,6 +134,208 @@ fn state(c: &mut postgres::Client) -> Result<String> {
         &[],
     )?
     .get(0))
+}
+
+/// One side's rows, read through a cursor 10,000 at a time, so that memory stays flat at any
+/// size. Each row is its key (the first `keys` columns) and its value (the rest); the query
+/// orders by the key, and [`Rows::next`] checks that it did.
+struct Rows<'a> {
+    tx: postgres::Transaction<'a>,
+    fetched: std::vec::IntoIter<postgres::Row>,
+    keys: usize,
+    last: Option<Vec<String>>,
+    done: bool,
+}
+
+impl<'a> Rows<'a> {
+    fn open(c: &'a mut postgres::Client, sql: &str, keys: usize) -> Result<Rows<'a>> {
+        let mut tx = c.transaction()?;
+        tx.batch_execute(&format!("DECLARE bench_rows NO SCROLL CURSOR FOR {sql}"))?;
+        Ok(Rows {
+            tx,
+            fetched: Vec::new().into_iter(),
+            keys,
+            last: None,
+            done: false,
+        })
+    }
+
+    fn next(&mut self) -> Result<Option<(Vec<String>, String)>> {
+        loop {
+            if let Some(row) = self.fetched.next() {
+                let text = |i: usize| -> String {
+                    row.get::<_, Option<String>>(i)
+                        .unwrap_or_else(|| "NULL".into())
+                };
+                let key: Vec<String> = (0..self.keys).map(text).collect();
+                let value = (self.keys..row.len())
+                    .map(text)
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                // The merge below needs the server's order to be Rust's (byte order: the
+                // throwaway cluster has no locale).
+                anyhow::ensure!(
+                    self.last.as_ref().is_none_or(|last| *last < key),
+                    "rows not in key order: {:?} after {:?}",
+                    key,
+                    self.last
+                );
+                self.last = Some(key.clone());
+                return Ok(Some((key, value)));
+            }
+            if self.done {
+                return Ok(None);
+            }
+            let rows = self.tx.query("FETCH 10000 FROM bench_rows", &[])?;
+            self.done = rows.is_empty();
+            self.fetched = rows.into_iter();
+        }
+    }
+}
+
+/// Compares `sql`'s rows on both sides row for row, by key, streaming both in key order (a
+/// merge: exact, and constant memory at millions of rows). Returns the number of rows on the
+/// one-shot's side and the differing rows, the first [`SHOWN`] of them described.
+fn compare_rows(
+    one: &mut postgres::Client,
+    via: &mut postgres::Client,
+    sql: &str,
+    keys: usize,
+) -> Result<(u64, u64, Vec<String>)> {
+    let mut a = Rows::open(one, sql, keys)?;
+    let mut b = Rows::open(via, sql, keys)?;
+    let (mut x, mut y) = (a.next()?, b.next()?);
+    let (mut rows, mut differing, mut shown) = (0u64, 0u64, Vec::new());
+    let mut differ = |key: &[String], one: Option<&str>, via: Option<&str>| {
+        differing += 1;
+        if shown.len() < SHOWN {
+            shown.push(format!(
+                "{}: one-shot {}, pgmend {}",
+                key.join(" "),
+                one.unwrap_or("(no row)"),
+                via.unwrap_or("(no row)")
+            ));
+        }
+    };
+    loop {
+        match (&x, &y) {
+            (None, None) => break,
+            (Some((k, v)), None) => {
+                differ(k, Some(v), None);
+                rows += 1;
+                x = a.next()?;
+            }
+            (None, Some((k, v))) => {
+                differ(k, None, Some(v));
+                y = b.next()?;
+            }
+            (Some((ka, va)), Some((kb, vb))) => match ka.cmp(kb) {
+                std::cmp::Ordering::Less => {
+                    differ(ka, Some(va), None);
+                    rows += 1;
+                    x = a.next()?;
+                }
+                std::cmp::Ordering::Greater => {
+                    differ(kb, None, Some(vb));
+                    y = b.next()?;
+                }
+                std::cmp::Ordering::Equal => {
+                    if va != vb {
+                        differ(ka, Some(va), Some(vb));
+                    }
+                    rows += 1;
+                    x = a.next()?;
+                    y = b.next()?;
+                }
+            },
+        }
+    }
+    Ok((rows, differing, shown))
+}
+
+/// The end states compared row for row (see docs/benchmark.md): each coupon's
+/// `legacy_duplicate` and voided-or-not by id, every `campaign_budgets` row, and every
+/// `member_monthly_usage` row above 0 yen; a side's rows at 0 yen must be none (the one-shot
+/// creates no row for a member-month whose coupons are all voided) or exactly those member-months
+/// (pgmend creates one). Returns a one-line summary, or the differences as the error.
+fn compare_end_states(one: &mut postgres::Client, via: &mut postgres::Client) -> Result<String> {
+    let tables: [(&str, &str, usize); 3] = [
+        (
+            "issued_coupons",
+            "SELECT coupon_id::text, format('legacy_duplicate %s, voided %s', legacy_duplicate, voided_at IS NOT NULL)
+               FROM issued_coupons ORDER BY coupon_id",
+            1,
+        ),
+        (
+            "campaign_budgets",
+            "SELECT campaign_id, issued_yen::text FROM campaign_budgets ORDER BY campaign_id",
+            1,
+        ),
+        (
+            "member_monthly_usage (used_yen > 0)",
+            "SELECT member_id, month, used_yen::text FROM member_monthly_usage WHERE used_yen > 0 ORDER BY member_id, month",
+            2,
+        ),
+    ];
+    let mut summary = Vec::new();
+    let mut failures = Vec::new();
+    for (table, sql, keys) in tables {
+        let (rows, differing, shown) = compare_rows(one, via, sql, keys)?;
+        summary.push(format!("{table} {rows} rows"));
+        if differing > 0 {
+            failures.push(format!(
+                "{table}: {differing} rows differ, the first:\n    {}",
+                shown.join("\n    ")
+            ));
+        }
+    }
+    let mut zeros = Vec::new();
+    for (side, c) in [("one-shot", &mut *one), ("pgmend", &mut *via)] {
+        let row = c.query_one(
+            "WITH all_voided AS (
+               SELECT member_id, month FROM issued_coupons GROUP BY 1, 2 HAVING bool_and(voided_at IS NOT NULL))
+             SELECT (SELECT count(*) FROM member_monthly_usage WHERE used_yen = 0),
+                    (SELECT count(*) FROM all_voided),
+                    (SELECT count(*) FROM member_monthly_usage JOIN all_voided USING (member_id, month) WHERE used_yen = 0)",
+            &[],
+        )?;
+        let (at_zero, all_voided, matching): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+        zeros.push(format!(
+            "{side} {at_zero} (member-months whose coupons are all voided: {all_voided})"
+        ));
+        if at_zero != 0 && !(at_zero == all_voided && matching == at_zero) {
+            failures.push(format!(
+                "member_monthly_usage on the {side} side: {at_zero} rows at 0 yen, of which {matching} are member-months whose {all_voided} coupons are all voided (expected none, or exactly those)"
+            ));
+        }
+    }
+    summary.push(format!("usage rows at 0 yen: {}", zeros.join(", ")));
+    anyhow::ensure!(
+        failures.is_empty(),
+        "end states differ row for row:\n  {}",
+        failures.join("\n  ")
+    );
+    Ok(summary.join("; "))
+}
+
+/// "N label time" for each `step N done in X` line of pgmend's stderr, with the step's label
+/// from its JSON report.
+fn step_times(log: &str, doc: &serde_json::Value) -> Vec<String> {
+    let re = regex::Regex::new(r"step (\d+) done in (\S+)").expect("valid regex");
+    re.captures_iter(log)
+        .map(|c| {
+            let label = doc["steps"]
+                .as_array()
+                .and_then(|steps| {
+                    steps.iter().find(|s| {
+                        s["step"].as_u64().map(|n| n.to_string()).as_deref() == Some(&c[1])
+                    })
+                })
+                .and_then(|s| s["label"].as_str())
+                .unwrap_or("?");
+            format!("{} {label} {}", &c[1], &c[2])
+        })
+        .collect()
 }
 
 /// The legacy application under load: returns every operation's latency when `stop` is set.
@@ -396,13 +658,7 @@ fn main() -> Result<()> {
     // PGMEND_BENCH_PROFILE=1: load pg_stat_statements and print where pgmend's server time
     // went, statement by statement (for finding what to make faster, not for the figures).
     let profile = std::env::var_os("PGMEND_BENCH_PROFILE").is_some();
-    let pg = if profile {
-        LocalPg::start_with(
-            false,
-            &[],
-            &[("shared_preload_libraries", "pg_stat_statements")],
-        )?
-    } else if gate {
+    let pg = if gate {
         // Lock waits and slow statements in the server log, to tell what held the hot row.
         let pg = LocalPg::start_with(
             false,
@@ -419,12 +675,29 @@ fn main() -> Result<()> {
             pg.data_dir().join("../server.log").display()
         );
         pg
-    } else {
+    } else if load {
         LocalPg::start(false)?
+    } else {
+        let mut settings = SPEED_SETTINGS.to_vec();
+        if profile {
+            settings.push(("shared_preload_libraries", "pg_stat_statements"));
+        }
+        LocalPg::start_with(false, &[], &settings)?
     };
     let mut admin = postgres::Client::connect(&pg.conninfo("postgres"), postgres::NoTls)?;
-    println!("| members | coupons | duplicates changed | one-shot | pgmend | ratio (one-shot/pgmend) | pgmend rows/s | batches p50/p99/max ms | peak RSS | WAL one-shot | WAL pgmend |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    let version: i32 = admin
+        .query_one("SELECT current_setting('server_version_num')::int", &[])?
+        .get(0);
+    anyhow::ensure!(
+        version >= 150000,
+        "PostgreSQL 15 or later needed (pg_stat_wal's figures, flushed on demand); this is {version}"
+    );
+    if !load && !gate {
+        println!("| members | coupons | duplicates changed | one-shot | pgmend | ratio (one-shot/pgmend) | pgmend rows/s | batches p50/p99/max ms | peak RSS | WAL one-shot | WAL pgmend | FPI one-shot | FPI pgmend |");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    }
+    // Printed after the table: pgmend's time per step, and checkpoints inside a timed run.
+    let mut after_table = Vec::new();
     for members in sizes {
         execute_each(
             &mut admin,
@@ -465,7 +738,6 @@ fn main() -> Result<()> {
             &[
                 "CREATE DATABASE oneshot TEMPLATE src",
                 "CREATE DATABASE viapgmend TEMPLATE src",
-                "CHECKPOINT",
             ],
         )?;
 
@@ -473,12 +745,19 @@ fn main() -> Result<()> {
         let coupons: i64 = one
             .query_one("SELECT count(*) FROM issued_coupons", &[])?
             .get(0);
+        // The count may have pruned pages: its WAL goes before the window, in figures and in time.
+        flush_stats(&mut one)?;
+        let ckpt0 = checkpoint(&mut admin)?;
         let wal0 = wal_lsn(&mut one)?;
+        let stats0 = wal_stats(&mut admin)?;
         let (stop, load_threads) = start_legacy_load(load, pg.conninfo("oneshot"), members);
         let t = Instant::now();
         one.batch_execute(ONE_SHOT)
             .map_err(|e| anyhow::anyhow!("one-shot SQL: {}", pgmend::error::describe(&e)))?;
         let one_time = t.elapsed();
+        flush_stats(&mut one)?;
+        let stats1 = wal_stats(&mut admin)?;
+        let one_ckpts = checkpoints(&mut admin)? - ckpt0;
         stop.store(true, std::sync::atomic::Ordering::SeqCst);
         let one_load = percentiles(
             load_threads
@@ -497,13 +776,26 @@ fn main() -> Result<()> {
             .status()?;
         anyhow::ensure!(status.success(), "baseline failed");
         let mut via = postgres::Client::connect(&pg.conninfo("viapgmend"), postgres::NoTls)?;
-        admin.batch_execute("CHECKPOINT")?;
+        let via_pid: i32 = via.query_one("SELECT pg_backend_pid()", &[])?.get(0);
+        let backends_gone = || {
+            support::wait_for_backends_to_exit(
+                &pg.data_dir(),
+                "viapgmend",
+                &[via_pid as u32],
+                Duration::from_secs(30),
+            )
+        };
+        // The baseline's backend flushes its statistics as it exits.
+        anyhow::ensure!(backends_gone()?, "the baseline's backend did not exit");
         if profile {
             via.batch_execute(
                 "CREATE EXTENSION IF NOT EXISTS pg_stat_statements; SELECT pg_stat_statements_reset()",
             )?;
         }
+        flush_stats(&mut via)?;
+        let ckpt0 = checkpoint(&mut admin)?;
         let wal0 = wal_lsn(&mut via)?;
+        let stats0_via = wal_stats(&mut admin)?;
         let (stop, load_threads) = start_legacy_load(load, pg.conninfo("viapgmend"), members);
         let t = Instant::now();
         // Under load the legacy application runs, so pgmend goes up to the deploy gate only.
@@ -547,11 +839,32 @@ fn main() -> Result<()> {
         }
         let out = reader.join().unwrap()?;
         let via_wal = wal_lsn(&mut via)? - wal0;
+        anyhow::ensure!(
+            backends_gone()?,
+            "pgmend's backends did not exit within 30 s of pgmend"
+        );
+        let stats1_via = wal_stats(&mut admin)?;
+        let via_ckpts = checkpoints(&mut admin)? - ckpt0;
+        let (one_fpi, one_stat_bytes) = (stats1.0 - stats0.0, stats1.1 - stats0.1);
+        let (via_fpi, via_stat_bytes) = (stats1_via.0 - stats0_via.0, stats1_via.1 - stats0_via.1);
+        eprintln!(
+            "{members}: pg_stat_wal: one-shot {one_fpi} full-page images, {one_stat_bytes} bytes (LSN: {one_wal}); pgmend {via_fpi}, {via_stat_bytes} bytes (LSN: {via_wal})"
+        );
+        for (side, n) in [("the one-shot", one_ckpts), ("pgmend", via_ckpts)] {
+            if n > 0 {
+                after_table.push(format!(
+                    "{members} members: {n} checkpoint(s) began during {side}'s run: its WAL and FPI include the full-page images that follow"
+                ));
+            }
+        }
         let via_state = state(&mut via)?;
+        let rows = compare_end_states(&mut one, &mut via);
         anyhow::ensure!(
             one_state == via_state,
-            "end states differ:\n one-shot: {one_state}\n pgmend:   {via_state}"
+            "end states differ:\n one-shot: {one_state}\n pgmend:   {via_state}{}",
+            rows.err().map(|e| format!("\n{e}")).unwrap_or_default()
         );
+        let rows = rows?;
         let doc: serde_json::Value = serde_json::from_str(&out).context("pgmend's JSON")?;
         let runs: Vec<&serde_json::Value> = doc["steps"]
             .as_array()
@@ -569,7 +882,7 @@ fn main() -> Result<()> {
             .unwrap_or(0);
         let batches = batch_times(runs.iter().copied());
         println!(
-            "| {members} | {coupons} | {void_changed} | {:.1}s | {:.1}s | {:.2}x | {:.0} | {} | {:.1} MB | {:.1} MB | {:.1} MB |",
+            "| {members} | {coupons} | {void_changed} | {:.1}s | {:.1}s | {:.2}x | {:.0} | {} | {:.1} MB | {:.1} MB | {:.1} MB | {one_fpi} | {via_fpi} |",
             one_time.as_secs_f64(),
             via_time.as_secs_f64(),
             one_time.as_secs_f64() / via_time.as_secs_f64(),
@@ -580,6 +893,12 @@ fn main() -> Result<()> {
             via_wal as f64 / 1e6,
         );
         eprintln!("end state (both): {via_state}");
+        eprintln!("row for row, equal: {rows}");
+        let log = std::fs::read_to_string(format!("/tmp/bench-pgmend-{members}.log"))?;
+        after_table.push(format!(
+            "{members} members, pgmend's steps: {}",
+            step_times(&log, &doc).join("; ")
+        ));
         if profile {
             for r in via.query(
                 "SELECT round(total_exec_time)::bigint, calls, left(regexp_replace(query, '\\s+', ' ', 'g'), 160)
@@ -589,6 +908,12 @@ fn main() -> Result<()> {
             )? {
                 eprintln!("{:>7} ms {:>6} calls  {}", r.get::<_, i64>(0), r.get::<_, i64>(1), r.get::<_, String>(2));
             }
+        }
+    }
+    if !after_table.is_empty() {
+        println!();
+        for line in after_table {
+            println!("{line}");
         }
     }
     Ok(())

@@ -1,9 +1,9 @@
-//! Shared by the benchmarks: the release binary, the legacy data, and a child process's
-//! peak resident memory.
+//! Shared by the benchmarks: the release binary, the legacy data, a child process's peak
+//! resident memory, and waiting for a database's server processes to exit.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Child;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// `target/release/pgmend`, beside the running example; refuses when it was not built.
 pub fn release_binary() -> anyhow::Result<PathBuf> {
@@ -89,5 +89,69 @@ pub fn wait_with_peak_rss(child: &mut Child) -> std::io::Result<u64> {
             return Ok(peak_kb);
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits until no backend connected to `dbname` remains among the children of the server whose
+/// data directory is `data_dir`, except the processes in `except`; false if some remain after
+/// `timeout`. A backend flushes its cumulative statistics (`pg_stat_wal`, say) when it exits, and
+/// leaves `pg_stat_activity` just before that, so the view cannot tell when its figures are in;
+/// the process's exit can. Backends are recognised by their process title, `postgres: USER
+/// DATABASE HOST ACTIVITY` (autovacuum workers are not waited for).
+#[allow(dead_code)] // bench_report includes this module too and does not wait
+pub fn wait_for_backends_to_exit(
+    data_dir: &Path,
+    dbname: &str,
+    except: &[u32],
+    timeout: Duration,
+) -> anyhow::Result<bool> {
+    let postmaster: u32 = std::fs::read_to_string(data_dir.join("postmaster.pid"))?
+        .lines()
+        .next()
+        .and_then(|l| l.trim().parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no pid in {}/postmaster.pid", data_dir.display()))?;
+    let started = Instant::now();
+    loop {
+        let mut remaining = false;
+        for entry in std::fs::read_dir("/proc")?.filter_map(Result::ok) {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if except.contains(&pid) {
+                continue;
+            }
+            // "PID (COMM) STATE PPID ...": COMM may hold spaces, so read after the last ')'.
+            let ppid = std::fs::read_to_string(entry.path().join("stat"))
+                .ok()
+                .and_then(|stat| {
+                    let (_, rest) = stat.rsplit_once(')')?;
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                });
+            if ppid != Some(postmaster) {
+                continue;
+            }
+            // A zombie's command line is empty: it has exited, statistics flushed.
+            let title = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            let title = String::from_utf8_lossy(&title).replace('\0', " ");
+            let words: Vec<&str> = title.split_whitespace().collect();
+            if words.first() == Some(&"postgres:")
+                && words.get(1) != Some(&"autovacuum")
+                && words.get(2) == Some(&dbname)
+            {
+                remaining = true;
+                break;
+            }
+        }
+        if !remaining {
+            return Ok(true);
+        }
+        if started.elapsed() > timeout {
+            return Ok(false);
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
