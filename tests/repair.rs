@@ -4,6 +4,8 @@
 
 mod common;
 
+#[path = "common/held.rs"]
+mod held;
 #[allow(dead_code)]
 #[path = "../examples/kill_campaign.rs"]
 mod kill_campaign;
@@ -1369,4 +1371,166 @@ fn a_counter_table_without_a_unique_key_is_refused_before_any_change() {
     );
     assert!(!db.exists("pgmend.repair_runs"));
     assert_eq!(db.scalar_i64("SELECT points::bigint FROM totals"), 1);
+}
+
+/// Starts `repair apply void-duplicate-coupons` with tiny batches on `db` and stops it with
+/// Ctrl-C once a batch has committed: the run is left `running` part of the way through.
+fn interrupted_void_run(db: &TestDb) {
+    let child = db
+        .pgmend()
+        .args([
+            "repair",
+            "apply",
+            "void-duplicate-coupons",
+            "--yes",
+            "--batch-target",
+            "1ms",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let mut watch = db.client();
+    while !watch
+        .query_one("SELECT coalesce((SELECT checkpoint > 0 FROM pgmend.repair_runs WHERE run_id = 1), false)", &[])
+        .map(|r| r.get::<_, bool>(0))
+        .unwrap_or(false)
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no batch committed"
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+    std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM pgmend.repair_runs WHERE run_id = 1 AND state = 'running' AND checkpoint < targets"),
+        1,
+        "the run stopped part of the way"
+    );
+}
+
+/// Groups of (campaign, member) with more than one unmarked coupon.
+const LIVE_DUPLICATES: &str =
+    "SELECT count(*) FROM (SELECT 1 FROM issued_coupons WHERE NOT legacy_duplicate
+                                 GROUP BY campaign_id, member_id HAVING count(*) > 1) d";
+
+#[test]
+fn a_void_run_in_ranges_voids_the_duplicates_that_arrive_ahead_of_its_checkpoint() {
+    // A run walks the groups in ranges of member_id (V3's index), so a duplicate that the old
+    // application adds to a group the run has not reached yet, or a new member's double tap,
+    // is voided by the run itself; a run that froze its groups up front left them to the next
+    // census.
+    let db = fresh_db();
+    db.make_legacy_baselined(4000);
+    assert_eq!(
+        db.run(&["migrate", "apply", "--yes", "--target", "3"]).code,
+        0
+    );
+    interrupted_void_run(&db);
+    db.client()
+        .batch_execute(
+            "INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen, issued_at)
+             SELECT gen_random_uuid(), campaign_id, member_id, month, amount_yen, issued_at + interval '1 second'
+               FROM issued_coupons WHERE member_id = (SELECT max(member_id) FROM issued_coupons) AND NOT legacy_duplicate;
+             INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen, issued_at)
+             VALUES (gen_random_uuid(), 'SW-B', 'zz-new-member', '2026-09', 1000, now()),
+                    (gen_random_uuid(), 'SW-B', 'zz-new-member', '2026-09', 1000, now() + interval '1 second')",
+        )
+        .unwrap();
+    let r = db.run(&["repair", "apply", "void-duplicate-coupons", "--yes"]);
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("resuming run 1"), "{}", r.stderr);
+    assert_eq!(
+        db.scalar_i64(LIVE_DUPLICATES),
+        0,
+        "no group holds two live coupons"
+    );
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) FROM pgmend.repair_ledger l JOIN issued_coupons i ON i.coupon_id = (l.row_key->>'coupon_id')::uuid
+              WHERE l.run_id = 1 AND i.member_id IN ('zz-new-member', (SELECT max(member_id) FROM issued_coupons WHERE member_id LIKE 'm%'))
+                AND i.legacy_duplicate"
+        ) > 0,
+        true,
+        "the run's ledger records the late duplicates it voided"
+    );
+    let mut c = db.client();
+    held::assert_checkpoint_in_step(&mut c, 1);
+}
+
+#[test]
+fn walking_the_groups_in_ranges_ends_as_freezing_them_does() {
+    // Without an index on the group columns (before V3), a void run freezes every group with
+    // duplicates; with it, the run walks ranges of member_id. Same data, same end state.
+    let end_state = |with_index: bool| -> (String, bool) {
+        let db = fresh_db();
+        db.make_legacy_baselined(3000);
+        let target = if with_index { "3" } else { "2" };
+        assert_eq!(
+            db.run(&["migrate", "apply", "--yes", "--target", target])
+                .code,
+            0
+        );
+        let r = db.run(&["repair", "apply", "void-duplicate-coupons", "--yes"]);
+        assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+        assert_eq!(db.scalar_i64(LIVE_DUPLICATES), 0);
+        let mut c = db.client();
+        held::assert_checkpoint_in_step(&mut c, 1);
+        let row = c
+            .query_one(
+                "SELECT md5(string_agg(campaign_id || member_id || issued_at::text || legacy_duplicate::text || (voided_at IS NULL)::text,
+                                       ',' ORDER BY campaign_id, member_id, issued_at)),
+                        (SELECT target_ranges FROM pgmend.repair_runs WHERE run_id = 1)
+                   FROM issued_coupons",
+                &[],
+            )
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    let (frozen, frozen_ranges) = end_state(false);
+    let (walked, walked_ranges) = end_state(true);
+    assert!(!frozen_ranges && walked_ranges, "one run of each kind");
+    assert_eq!(frozen, walked);
+}
+
+#[test]
+fn a_run_in_ranges_whose_index_is_gone_is_refused_and_changes_nothing() {
+    let db = fresh_db();
+    db.make_legacy_baselined(3000);
+    assert_eq!(
+        db.run(&["migrate", "apply", "--yes", "--target", "3"]).code,
+        0
+    );
+    interrupted_void_run(&db);
+    db.client()
+        .batch_execute("DROP INDEX issued_coupons_by_member")
+        .unwrap();
+    let before = db.scalar_i64(
+        "SELECT count(*) FILTER (WHERE legacy_duplicate) * 1000000 + (SELECT checkpoint FROM pgmend.repair_runs WHERE run_id = 1) FROM issued_coupons",
+    );
+    let r = db.run(&["repair", "apply", "void-duplicate-coupons", "--yes"]);
+    assert_ne!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stderr
+            .contains("no valid index on those columns exists now")
+            && r.stderr.contains("pgmend repair abandon 1 --yes"),
+        "{}",
+        r.stderr
+    );
+    let after = db.scalar_i64(
+        "SELECT count(*) FILTER (WHERE legacy_duplicate) * 1000000 + (SELECT checkpoint FROM pgmend.repair_runs WHERE run_id = 1) FROM issued_coupons",
+    );
+    assert_eq!(before, after, "nothing changed");
 }
