@@ -256,6 +256,11 @@ pub struct ReleasePlanArgs {
     /// for `pgmend apply --plan FILE`. Not written when the plan has blockers.
     #[arg(long, value_name = "FILE")]
     pub output: Option<PathBuf>,
+    /// Compare the plan made here with STAGING-PLAN.json (the file `plan --output` wrote on
+    /// staging), step by step: files, table shapes, counts, estimated durations, and the steps
+    /// the rehearsal did not exercise. Shows the comparison instead of the plan.
+    #[arg(long, value_name = "STAGING-PLAN.json")]
+    pub compare: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

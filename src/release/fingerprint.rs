@@ -340,7 +340,10 @@ fn check_identity(saved: &Fingerprint, now: &Fingerprint) -> Result<()> {
 }
 
 /// The names whose digest differs, or that only one side has.
-fn differing(then: &BTreeMap<String, String>, now: &BTreeMap<String, String>) -> Vec<String> {
+pub(crate) fn differing(
+    then: &BTreeMap<String, String>,
+    now: &BTreeMap<String, String>,
+) -> Vec<String> {
     let mut names: Vec<String> = then
         .iter()
         .filter(|(k, v)| now.get(*k) != Some(v))

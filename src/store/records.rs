@@ -229,3 +229,44 @@ pub fn applied_plans(client: &mut impl GenericClient) -> Result<Vec<AppliedPlan>
         })
         .collect())
 }
+
+/// A finished repair run's rate, for the plan's duration estimates: how many rows it changed
+/// and how long it took from its freeze (`as_of`) to `finished_at`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct RecordedRate {
+    pub run_id: i64,
+    pub repair: String,
+    pub kind: String,
+    pub changed: i64,
+    pub processed: i64,
+    pub seconds: f64,
+}
+
+/// The finished runs (undo runs aside) that changed rows, newest first; none when pgmend's
+/// schema does not exist.
+pub fn recorded_rates(client: &mut impl GenericClient) -> Result<Vec<RecordedRate>> {
+    if !super::exists(client)? {
+        return Ok(Vec::new());
+    }
+    Ok(client
+        .query(
+            "SELECT run_id, repair, kind, changed, processed,
+                    extract(epoch FROM finished_at - as_of)::float8
+               FROM pgmend.repair_runs
+              WHERE state = 'finished' AND undoes_run IS NULL AND changed > 0
+                AND finished_at > as_of
+              ORDER BY finished_at DESC, run_id DESC",
+            &[],
+        )
+        .doing("reading the rates of the finished repair runs")?
+        .iter()
+        .map(|r| RecordedRate {
+            run_id: r.get(0),
+            repair: r.get(1),
+            kind: r.get(2),
+            changed: r.get(3),
+            processed: r.get(4),
+            seconds: r.get(5),
+        })
+        .collect())
+}

@@ -1,0 +1,170 @@
+//! How long each pending step of the plan should take, and where that figure comes from.
+//!
+//! A repair step that changes rows is estimated from the rate of the newest finished run of the
+//! same repair on this server (`store::records::recorded_rates`: rows changed between its freeze
+//! and its end), so "from run 12 on this server: 31,000 rows/s". Without one, and for every
+//! migration step (pgmend records no time per migration), from the calibration constants below,
+//! scaled by the rows of the tables the step reads (`pg_class.reltuples`, read by [`table_rows`]
+//! in the plan's transaction). The repairs are matched by name, not by kind: the two counter
+//! rebuilds share a kind and cost per key 100,000 times apart (a campaign's sum scans every
+//! coupon, a member-month's reads four). The estimate is pure arithmetic over plain values.
+//!
+//! The constants come from docs/benchmark.md (300,000 members, 1.1 M coupons, release build;
+//! the time is the server's: the debug build spends it waiting on the same statements).
+
+use std::collections::BTreeMap;
+
+use anyhow::Result;
+use postgres::GenericClient;
+use serde::{Deserialize, Serialize};
+
+use crate::error::PgContext;
+use crate::human;
+use crate::migrate::plan::PlannedMigration;
+use crate::repair::definition::{Repair, Spec};
+use crate::store::records::RecordedRate;
+
+/// A step's estimated duration and the source of the figure.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Estimate {
+    pub seconds: f64,
+    pub from: String,
+}
+
+/// Calibration: rows per second, from docs/benchmark.md at 300,000 members (1.1 M coupons).
+/// void-duplicate-coupons: 298,826 coupons marked in 9.3 s.
+pub const VOID_ROWS_PER_S: f64 = 298_826.0 / 9.3;
+/// rebuild-member-monthly-usage: 299,711 keys rebuilt in 5.5 s.
+pub const COUNTER_KEYS_PER_S: f64 = 299_711.0 / 5.5;
+/// rebuild-campaign-budgets: 3 keys summing 1.1 M coupons in 1.4 s.
+pub const COUNTER_SOURCE_ROWS_PER_S: f64 = 1_100_000.0 / 1.4;
+/// After the gate, both rebuilds finding nothing: one aggregate each, 1.1 s for the two.
+pub const COUNTER_CHECK_ROWS_PER_S: f64 = 1_100_000.0 / 0.55;
+/// An index built CONCURRENTLY: V3's 0.6 s and V4's 0.8 s per 1.1 M coupons.
+pub const INDEX_ROWS_PER_S: f64 = 1_100_000.0 / 0.7;
+/// A census: V4's 0.6 s over 1.1 M coupons.
+pub const CENSUS_ROWS_PER_S: f64 = 1_100_000.0 / 0.6;
+/// A migration of catalog-only statements: V5's 0.2 s.
+pub const CATALOG_ONLY_S: f64 = 0.2;
+
+/// The estimated rows of every table of the current schema (`reltuples`; 0 when never analyzed).
+pub fn table_rows(tx: &mut impl GenericClient) -> Result<BTreeMap<String, i64>> {
+    Ok(tx
+        .query(
+            "SELECT relname::text, greatest(reltuples, 0)::int8 FROM pg_class
+              WHERE relnamespace = current_schema()::regnamespace AND relkind IN ('r', 'p')",
+            &[],
+        )
+        .doing("reading the estimated rows of the target schema's tables (pg_class.reltuples)")?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect())
+}
+
+fn rows_of(rows: &BTreeMap<String, i64>, table: &str) -> i64 {
+    let bare = table.rsplit('.').next().unwrap_or(table).trim_matches('"');
+    rows.get(bare).copied().unwrap_or(0)
+}
+
+fn calibrated(seconds: f64, how: String) -> Estimate {
+    Estimate {
+        seconds,
+        from: format!("calibration (docs/benchmark.md): {how}"),
+    }
+}
+
+/// A pending repair step that changes `changes` rows.
+pub fn repair(
+    repair: &Repair,
+    changes: i64,
+    recorded: &[RecordedRate],
+    rows: &BTreeMap<String, i64>,
+) -> Estimate {
+    let run = recorded.iter().find(|r| r.repair == repair.name);
+    if let (Some(run), true) = (run, changes > 0) {
+        let rate = run.changed as f64 / run.seconds;
+        return Estimate {
+            seconds: changes as f64 / rate,
+            from: format!(
+                "from run {} on this server: {} rows changed in {}, {}",
+                run.run_id,
+                human::int(run.changed),
+                human::duration(std::time::Duration::from_secs_f64(run.seconds)),
+                human::rate(rate)
+            ),
+        };
+    }
+    match &repair.spec {
+        Spec::VoidDuplicates(_) => calibrated(
+            changes as f64 / VOID_ROWS_PER_S,
+            format!(
+                "{} rows at {}",
+                human::int(changes),
+                human::rate(VOID_ROWS_PER_S)
+            ),
+        ),
+        Spec::RebuildCounter(c) => {
+            let source = rows_of(rows, c.source_table.as_str());
+            if changes == 0 {
+                return calibrated(
+                    source as f64 / COUNTER_CHECK_ROWS_PER_S,
+                    format!(
+                        "nothing to change: one aggregate over {} source rows at {}",
+                        human::int(source),
+                        human::rate(COUNTER_CHECK_ROWS_PER_S)
+                    ),
+                );
+            }
+            let by_keys = changes as f64 / COUNTER_KEYS_PER_S;
+            let by_source = source as f64 / COUNTER_SOURCE_ROWS_PER_S;
+            calibrated(
+                by_keys.max(by_source),
+                format!(
+                    "the longer of {} keys at {} and {} source rows at {}",
+                    human::int(changes),
+                    human::rate(COUNTER_KEYS_PER_S),
+                    human::int(source),
+                    human::rate(COUNTER_SOURCE_ROWS_PER_S)
+                ),
+            )
+        }
+    }
+}
+
+/// A pending migration step: its concurrent index builds and its censuses, scaled by the rows
+/// of their tables, or the catalog-only constant.
+pub fn migration(m: &PlannedMigration, rows: &BTreeMap<String, i64>) -> Estimate {
+    let mut seconds = 0.0;
+    let mut parts = Vec::new();
+    for s in m.statements.iter().filter(|s| s.online) {
+        let n = s.locks.iter().map(|l| rows_of(rows, &l.relation)).max();
+        let n = n.unwrap_or(0);
+        seconds += n as f64 / INDEX_ROWS_PER_S;
+        parts.push(format!(
+            "a concurrent build over {} rows at {}",
+            human::int(n),
+            human::rate(INDEX_ROWS_PER_S)
+        ));
+    }
+    for f in &m.censuses {
+        let n = f.census.tables.iter().map(|t| rows_of(rows, t)).max();
+        let n = n.unwrap_or(0);
+        seconds += n as f64 / CENSUS_ROWS_PER_S;
+        parts.push(format!(
+            "census {} over {} rows at {}",
+            f.census.name,
+            human::int(n),
+            human::rate(CENSUS_ROWS_PER_S)
+        ));
+    }
+    if parts.is_empty() {
+        return calibrated(
+            CATALOG_ONLY_S,
+            format!(
+                "catalog-only statements, {} (V5)",
+                human::duration(std::time::Duration::from_secs_f64(CATALOG_ONLY_S))
+            ),
+        );
+    }
+    calibrated(seconds, parts.join("; "))
+}
