@@ -9,7 +9,6 @@
 use std::collections::BTreeMap;
 use std::io::{self, Write};
 use std::path::Path;
-use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
@@ -111,9 +110,11 @@ pub struct StepComparison {
     pub label: String,
     /// Each count that differs: what, there, here.
     pub counts: Vec<(String, Option<i64>, Option<i64>)>,
-    pub estimated_seconds: (Option<f64>, Option<f64>),
+    pub estimated_milliseconds: (Option<u64>, Option<u64>),
     /// Done on one side only, or another step altogether.
     pub notes: Vec<String>,
+    /// Done on both sides: nothing to compare.
+    pub done_on_both: bool,
     /// Why the rehearsal did not exercise this step, if it did not.
     pub not_exercised: Option<String>,
 }
@@ -169,11 +170,14 @@ fn step(there: Option<&StepDoc>, here: &StepDoc) -> StepComparison {
         step: here.step,
         label: here.label(),
         counts: Vec::new(),
-        estimated_seconds: (
-            there.and_then(|t| t.estimate.as_ref()).map(|e| e.seconds),
-            here.estimate.as_ref().map(|e| e.seconds),
+        estimated_milliseconds: (
+            there
+                .and_then(|t| t.estimate.as_ref())
+                .map(|e| e.milliseconds),
+            here.estimate.as_ref().map(|e| e.milliseconds),
         ),
         notes: Vec::new(),
+        done_on_both: false,
         not_exercised: None,
     };
     let Some(there) = there else {
@@ -198,6 +202,7 @@ fn step(there: Option<&StepDoc>, here: &StepDoc) -> StepComparison {
         _ => {}
     }
     if there.done || here.done {
+        c.done_on_both = there.done && here.done;
         return c;
     }
     let theirs = there.counts();
@@ -225,10 +230,8 @@ fn step(there: Option<&StepDoc>, here: &StepDoc) -> StepComparison {
     c
 }
 
-fn seconds(s: Option<f64>) -> String {
-    s.map_or("-".into(), |s| {
-        human::duration(Duration::from_millis((s * 1000.0).ceil() as u64))
-    })
+fn seconds(ms: Option<u64>) -> String {
+    ms.map_or("-".into(), human::millis)
 }
 
 fn number(n: Option<i64>) -> String {
@@ -265,13 +268,17 @@ pub fn render_human(out: &mut impl Write, c: &Comparison, file: &str) -> io::Res
     )?;
     writeln!(out, "counts differ: {}", list(&c.counts_differ))?;
     for s in &c.steps {
+        if s.done_on_both {
+            writeln!(out, "\nstep {} ({}): done on both", s.step, s.label)?;
+            continue;
+        }
         writeln!(
             out,
             "\nstep {} ({}): estimated {} on staging, {} here",
             s.step,
             s.label,
-            seconds(s.estimated_seconds.0),
-            seconds(s.estimated_seconds.1)
+            seconds(s.estimated_milliseconds.0),
+            seconds(s.estimated_milliseconds.1)
         )?;
         for n in &s.notes {
             writeln!(out, "   {n}")?;
@@ -345,8 +352,8 @@ pub fn render_markdown(out: &mut impl Write, c: &Comparison, file: &str) -> io::
             t(&s.label),
             t(&there.join("; ")),
             t(&here.join("; ")),
-            seconds(s.estimated_seconds.0),
-            seconds(s.estimated_seconds.1),
+            seconds(s.estimated_milliseconds.0),
+            seconds(s.estimated_milliseconds.1),
             t(&note.join("; "))
         )?;
     }

@@ -24,11 +24,26 @@ use crate::migrate::plan::PlannedMigration;
 use crate::repair::definition::{Repair, Spec};
 use crate::store::records::RecordedRate;
 
-/// A step's estimated duration and the source of the figure.
+/// A step's estimated duration and the source of the figure. Whole milliseconds: a plan file's
+/// digest is taken over its JSON text, and floats need not survive a parse exactly.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Estimate {
-    pub seconds: f64,
+    pub milliseconds: u64,
     pub from: String,
+}
+
+impl Estimate {
+    pub fn new(seconds: f64, from: String) -> Estimate {
+        Estimate {
+            milliseconds: (seconds * 1000.0).ceil() as u64,
+            from,
+        }
+    }
+
+    /// The duration, as people read it (`human::duration`).
+    pub fn shown(&self) -> String {
+        human::millis(self.milliseconds)
+    }
 }
 
 /// Calibration: rows per second, from docs/benchmark.md at 300,000 members (1.1 M coupons).
@@ -67,10 +82,7 @@ fn rows_of(rows: &BTreeMap<String, i64>, table: &str) -> i64 {
 }
 
 fn calibrated(seconds: f64, how: String) -> Estimate {
-    Estimate {
-        seconds,
-        from: format!("calibration (docs/benchmark.md): {how}"),
-    }
+    Estimate::new(seconds, format!("calibration (docs/benchmark.md): {how}"))
 }
 
 /// A pending repair step that changes `changes` rows.
@@ -83,16 +95,16 @@ pub fn repair(
     let run = recorded.iter().find(|r| r.repair == repair.name);
     if let (Some(run), true) = (run, changes > 0) {
         let rate = run.changed as f64 / run.seconds;
-        return Estimate {
-            seconds: changes as f64 / rate,
-            from: format!(
+        return Estimate::new(
+            changes as f64 / rate,
+            format!(
                 "from run {} on this server: {} rows changed in {}, {}",
                 run.run_id,
                 human::int(run.changed),
                 human::duration(std::time::Duration::from_secs_f64(run.seconds)),
                 human::rate(rate)
             ),
-        };
+        );
     }
     match &repair.spec {
         Spec::VoidDuplicates(_) => calibrated(

@@ -9,10 +9,8 @@
 //! in a fenced block whose fence is longer than any run of backticks inside it.
 
 use std::io::{self, Write};
-use std::time::Duration;
 
 use super::dry_run::StepPlan;
-use super::estimate::Estimate;
 use super::Step;
 use crate::human;
 use crate::report::markdown_text as text;
@@ -70,10 +68,6 @@ pub fn render(out: &mut impl Write, t: &Ticket) -> io::Result<()> {
     Ok(())
 }
 
-fn shown(e: &Estimate) -> String {
-    human::duration(Duration::from_millis((e.seconds * 1000.0).ceil() as u64))
-}
-
 fn summary(out: &mut impl Write, steps: &[StepPlan]) -> io::Result<()> {
     writeln!(out, "## Steps\n")?;
     writeln!(
@@ -81,7 +75,7 @@ fn summary(out: &mut impl Write, steps: &[StepPlan]) -> io::Result<()> {
         "| step | what | status | estimated duration | estimate from |"
     )?;
     writeln!(out, "|---:|---|---|---:|---|")?;
-    let mut total = 0.0;
+    let mut total = 0;
     for p in steps {
         let status = match (p.done, p.what) {
             (true, _) => "done",
@@ -90,8 +84,8 @@ fn summary(out: &mut impl Write, steps: &[StepPlan]) -> io::Result<()> {
         };
         let (time, from) = match &p.estimate {
             Some(e) => {
-                total += e.seconds;
-                (shown(e), text(&e.from))
+                total += e.milliseconds;
+                (e.shown(), text(&e.from))
             }
             None => (String::new(), String::new()),
         };
@@ -102,14 +96,11 @@ fn summary(out: &mut impl Write, steps: &[StepPlan]) -> io::Result<()> {
             text(&p.what.label())
         )?;
     }
-    let total = Estimate {
-        seconds: total,
-        from: String::new(),
-    };
+
     writeln!(
         out,
         "\nEstimated total for the pending steps: **{}** (a gate's wait for people not counted).\n",
-        shown(&total)
+        human::millis(total)
     )
 }
 
@@ -161,7 +152,7 @@ fn step(out: &mut impl Write, p: &StepPlan) -> io::Result<()> {
         writeln!(
             out,
             "Estimated duration: **{}** ({}).\n",
-            shown(e),
+            e.shown(),
             text(&e.from)
         )?;
     }
