@@ -108,8 +108,8 @@ pub fn open(path: &Path, text: &str) -> Result<PlanDoc> {
 pub struct StepComparison {
     pub step: usize,
     pub label: String,
-    /// Each count that differs: what, there, here.
-    pub counts: Vec<(String, Option<i64>, Option<i64>)>,
+    /// Each count that differs.
+    pub counts: Vec<CountDiff>,
     pub estimated_milliseconds: (Option<u64>, Option<u64>),
     /// Done on one side only, or another step altogether.
     pub notes: Vec<String>,
@@ -117,6 +117,14 @@ pub struct StepComparison {
     pub done_on_both: bool,
     /// Why the rehearsal did not exercise this step, if it did not.
     pub not_exercised: Option<String>,
+}
+
+/// A count that differs (None: not counted on that side).
+#[derive(Debug, Serialize)]
+pub struct CountDiff {
+    pub what: String,
+    pub staging: Option<i64>,
+    pub here: Option<i64>,
 }
 
 /// How the plan made here differs from the staging plan.
@@ -222,7 +230,11 @@ fn step(there: Option<&StepDoc>, here: &StepDoc) -> StepComparison {
                 human::int(mine.unwrap_or(0))
             ));
         }
-        c.counts.push((what, other, mine));
+        c.counts.push(CountDiff {
+            what,
+            staging: other,
+            here: mine,
+        });
     }
     if !unexercised.is_empty() {
         c.not_exercised = Some(unexercised.join("; "));
@@ -286,12 +298,13 @@ pub fn render_human(out: &mut impl Write, c: &Comparison, file: &str) -> io::Res
         if let Some(why) = &s.not_exercised {
             writeln!(out, "   NOT EXERCISED by the rehearsal: {why}")?;
         }
-        for (what, there, here) in &s.counts {
+        for d in &s.counts {
             writeln!(
                 out,
-                "   {what}: {} on staging, {} here",
-                number(*there),
-                number(*here)
+                "   {}: {} on staging, {} here",
+                d.what,
+                number(d.staging),
+                number(d.here)
             )?;
         }
     }
@@ -334,12 +347,12 @@ pub fn render_markdown(out: &mut impl Write, c: &Comparison, file: &str) -> io::
         let there: Vec<String> = s
             .counts
             .iter()
-            .map(|(w, a, _)| format!("{w}: {}", number(*a)))
+            .map(|d| format!("{}: {}", d.what, number(d.staging)))
             .collect();
         let here: Vec<String> = s
             .counts
             .iter()
-            .map(|(w, _, b)| format!("{w}: {}", number(*b)))
+            .map(|d| format!("{}: {}", d.what, number(d.here)))
             .collect();
         let mut note = s.notes.clone();
         if let Some(why) = &s.not_exercised {
