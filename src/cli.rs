@@ -14,7 +14,7 @@
 //! command does not take into a hint naming the commands that do; `redacted` is clap's error with
 //! every argument that may hold a password replaced (clap repeats unexpected arguments). `PlanArgs`
 //! / `ApplyArgs` (with `--target`) belong to the migration commands; the top-level `plan` and
-//! `apply` have their own `ReleasePlanArgs` (`--sample` 20) and `ReleaseApplyArgs` (`--confirm
+//! `apply` have their own `ReleasePlanArgs` (`--sample` 20, `--output FILE`, `--compare FILE`) and `ReleaseApplyArgs` (`--confirm
 //! GATE`, repeatable, plus the safety and batch options). `RepairPlanArgs` takes `--sample` 20 and
 //! `--all`; `RepairRunArgs` (undo, abandon) a run id.
 

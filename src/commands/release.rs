@@ -10,6 +10,10 @@
 //! `repair::preview::render_diff` and its `render_summary`, a gate's explanation and the commands
 //! that stop at it and pass it. JSON: the `StepPlan`s and the `blockers` (the migration plan's and
 //! the privileges `preflight::privileges::missing` reports). Blockers exit 2 after the output.
+//! `--format markdown` renders the same plan with `release::markdown::render` (the change ticket);
+//! `--compare FILE` reads the staging plan before connecting (`release::compare::open`, exit 2
+//! when it is not one) and renders `release::compare::compare` of it and the plan made here
+//! instead of the plan.
 //!
 //! `apply` resolves the release and checks `--confirm` against its gates before connecting, opens
 //! the session (`open_checked`), checks it is writable, takes the runner lock, checks the history

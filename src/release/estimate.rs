@@ -9,8 +9,10 @@
 //! rebuilds share a kind and cost per key 100,000 times apart (a campaign's sum scans every
 //! coupon, a member-month's reads four). The estimate is pure arithmetic over plain values.
 //!
-//! The constants come from docs/benchmark.md (300,000 members, 1.1 M coupons, release build;
-//! the time is the server's: the debug build spends it waiting on the same statements).
+//! The rates come from docs/benchmark.md (300,000 members, 1.1 M coupons, release build); the
+//! fixed costs and the precondition rate from debug runs at 30,000 and 100,000 members (the
+//! ignored test `estimates_are_within_a_factor_of_two_of_the_measured_step_times`). docs/release.md
+//! lists each with its source and how far off the estimates were.
 
 use std::collections::BTreeMap;
 
