@@ -193,6 +193,16 @@ fn an_estimate_uses_the_rate_of_a_run_recorded_on_this_server() {
         (millis as i64 - expected).abs() <= 1,
         "{millis} ms, expected {expected} ms: {from}"
     );
+    // The human plan shows it under the step.
+    let r = db.run(&["plan"]);
+    assert!(
+        r.stdout.contains(&format!(
+            "\n## step 10: repair rebuild-member-monthly-usage\n(estimated {}: from run {run_id} on this server: ",
+            pgmend::human::millis(millis)
+        )),
+        "{}",
+        r.stdout
+    );
 }
 
 /// Applies the release up to the gate, then makes `new` counter rows drift.

@@ -188,6 +188,9 @@ fn render_step(plan: &StepPlan, colour: bool, out: &mut impl Write) -> Result<()
     if plan.done {
         return Ok(());
     }
+    if let Some(e) = &plan.estimate {
+        writeln!(out, "(estimated {}: {})", e.shown(), e.from)?;
+    }
     match plan.what {
         Step::Migrate { retry_with, .. } => {
             if let Some(m) = plan.migration {
