@@ -25,6 +25,7 @@ use crate::digest::sha256_hex;
 use crate::error::{PgContext, Stopped};
 use crate::migrate::source::Migration;
 use crate::repair::definition::{Repair, Spec};
+use crate::store::records::Unfinished;
 
 /// The share of a count the next data step may move by between the plan and `apply`; never
 /// less than [`DRIFT_FLOOR_ROWS`]. A live old application keeps adding duplicates.
@@ -53,6 +54,10 @@ pub struct StepFigures {
     pub voided_or_created: i64,
     /// Void: the yen of the coupons voided; counters: the sum of new minus old values.
     pub yen: i64,
+    /// An unfinished run of this repair (a step interrupted): what it has done so far. The
+    /// counts above are what it has left; `apply --plan` compares the sums.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed: Option<Unfinished>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -123,18 +128,44 @@ pub fn take(
         covers: covers(inputs.steps, &done_steps),
         done_steps,
         files,
-        data_steps: plans
-            .iter()
-            .filter_map(|p| p.repair.as_ref().map(|r| (p, r)))
-            .map(|(p, r)| StepFigures {
-                step: p.step,
-                label: p.what.label(),
-                changes: r.changes,
-                voided_or_created: r.voided_or_created,
-                yen: r.amounts.values().sum(),
-            })
-            .collect(),
+        data_steps: data_steps(tx, inputs, plans)?,
     })
+}
+
+/// Each pending repair step's predicted figures; the first pending step of a repair with an
+/// unfinished run also says what that run has done (its counts are then what is left).
+fn data_steps(
+    tx: &mut impl GenericClient,
+    inputs: &Inputs,
+    plans: &[StepPlan],
+) -> Result<Vec<StepFigures>> {
+    let mut out: Vec<StepFigures> = Vec::new();
+    for (p, r) in plans
+        .iter()
+        .filter_map(|p| p.repair.as_ref().map(|r| (p, r)))
+    {
+        let label = p.what.label();
+        let first = !out.iter().any(|s| s.label == label);
+        let resumed = match inputs.repairs.iter().find(|d| d.name == r.repair) {
+            Some(d) if first => {
+                let void = match &d.spec {
+                    Spec::VoidDuplicates(v) => Some(v.void.as_str()),
+                    Spec::RebuildCounter(_) => None,
+                };
+                crate::store::records::unfinished(tx, &d.name, void)?
+            }
+            _ => None,
+        };
+        out.push(StepFigures {
+            step: p.step,
+            label,
+            changes: r.changes,
+            voided_or_created: r.voided_or_created,
+            yen: r.amounts.values().sum(),
+            resumed,
+        });
+    }
+    Ok(out)
 }
 
 /// The pending steps from the first one up to, not including, the next pending gate (a plan
@@ -374,12 +405,25 @@ fn drift(saved: &Fingerprint, now: &Fingerprint, limits: &Limits) -> Result<Vec<
     };
     let mut moved = Vec::new();
     let mut past = false;
-    for (what, a, b) in [
-        ("changes", then.changes, here.changes),
+    // A resumed step is judged by what it has left plus what its run has done.
+    let done = |s: &StepFigures| {
+        s.resumed
+            .clone()
+            .map_or((0, 0), |u| (u.changes, u.voided_or_created))
+    };
+    let (then_done, here_done) = (done(then), done(here));
+    for (what, a, b, by_run) in [
+        (
+            "changes",
+            then.changes + then_done.0,
+            here.changes + here_done.0,
+            here_done.0,
+        ),
         (
             "voided or created",
-            then.voided_or_created,
-            here.voided_or_created,
+            then.voided_or_created + then_done.1,
+            here.voided_or_created + here_done.1,
+            here_done.1,
         ),
     ] {
         if a == b {
@@ -387,8 +431,12 @@ fn drift(saved: &Fingerprint, now: &Fingerprint, limits: &Limits) -> Result<Vec<
         }
         let bound = ((a as f64 * limits.max_drift).ceil() as i64).max(DRIFT_FLOOR_ROWS);
         past |= (b - a).abs() > bound;
+        let resumed = match &here.resumed {
+            Some(u) => format!(" ({by_run} done by run {}, {} left)", u.run_id, b - by_run),
+            None => String::new(),
+        };
         moved.push(format!(
-            "step {} ({}) {what}: {a} in the plan, {b} now ({:+}, limit ±{bound})",
+            "step {} ({}) {what}: {a} in the plan, {b} now{resumed} ({:+}, limit ±{bound})",
             then.step,
             then.label,
             b - a
@@ -438,6 +486,7 @@ mod tests {
                 changes,
                 voided_or_created: changes,
                 yen: 0,
+                resumed: None,
             }],
         }
     }
@@ -466,6 +515,39 @@ mod tests {
         // A small count may move by 100 rows.
         assert!(check(&print(10), &print(110), &LIMITS).is_ok());
         assert!(check(&print(10), &print(111), &LIMITS).is_err());
+    }
+
+    #[test]
+    fn a_resumed_step_is_judged_by_what_it_has_left_plus_what_its_run_did() {
+        let plan = print(4000);
+        let resumed = |left: i64, done: i64| {
+            let mut now = print(left);
+            now.data_steps[0].resumed = Some(Unfinished {
+                run_id: 7,
+                changes: done,
+                voided_or_created: done,
+            });
+            now
+        };
+        assert!(check(&plan, &resumed(1000, 3000), &LIMITS)
+            .unwrap()
+            .is_empty());
+        let moved = check(&plan, &resumed(1010, 3000), &LIMITS).unwrap();
+        assert!(
+            moved[0].contains(
+                "4000 in the plan, 4010 now (3000 done by run 7, 1010 left) (+10, limit ±200)"
+            ),
+            "{moved:?}"
+        );
+        // Without the run's part, what is left looks like 3,000 rows gone.
+        assert_eq!(
+            exit_code(check(&plan, &print(1000), &LIMITS).unwrap_err()),
+            1
+        );
+        assert_eq!(
+            exit_code(check(&plan, &resumed(1000, 2000), &LIMITS).unwrap_err()),
+            1
+        );
     }
 
     #[test]
