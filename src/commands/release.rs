@@ -253,7 +253,7 @@ fn check_saved_plan(
         max_age: args.saved.max_plan_age,
         max_drift: args.saved.max_drift,
     };
-    let moved = fingerprint::check(&saved.fingerprint, &now, &limits)?;
+    let moved = fingerprint::check(&saved.fingerprint, &now, release.steps, &limits)?;
     let Some(&through) = saved.fingerprint.covers.last() else {
         bail!(
             "the plan {} covers no step: the release was complete when it was made; nothing was changed",

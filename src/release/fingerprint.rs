@@ -303,9 +303,14 @@ pub struct Limits {
 /// Steps done since, table shapes that differ, a plan too old, or the next data step's counts
 /// moved past the limit: [`Stopped`] (exit 1). Returns a line for each count that moved within
 /// the limit.
-pub fn check(saved: &Fingerprint, now: &Fingerprint, limits: &Limits) -> Result<Vec<String>> {
+pub fn check(
+    saved: &Fingerprint,
+    now: &Fingerprint,
+    steps: &[Step],
+    limits: &Limits,
+) -> Result<Vec<String>> {
     check_identity(saved, now)?;
-    if saved.done_steps != now.done_steps {
+    if !resumable(saved, now, steps) {
         return Err(Stopped::error(format!(
             "the release moved on since the plan was made (steps done then: {:?}, now: {:?}); nothing was changed. Make a new plan (`pgmend plan --output FILE`), review it, and apply that",
             saved.done_steps, now.done_steps
@@ -332,6 +337,23 @@ pub fn check(saved: &Fingerprint, now: &Fingerprint, limits: &Limits) -> Result<
         )));
     }
     drift(saved, now, limits)
+}
+
+/// The same steps done, or more: the first of the plan's own steps, none a migration (an
+/// interrupted `apply --plan` that finished a gate and repair steps; their tables keep their
+/// shapes, which are still compared).
+fn resumable(saved: &Fingerprint, now: &Fingerprint, steps: &[Step]) -> bool {
+    let since: Vec<usize> = now
+        .done_steps
+        .iter()
+        .filter(|s| !saved.done_steps.contains(s))
+        .copied()
+        .collect();
+    saved.done_steps.iter().all(|s| now.done_steps.contains(s))
+        && saved.covers.starts_with(&since)
+        && since
+            .iter()
+            .all(|n| !matches!(steps.get(n - 1), Some(Step::Migrate { .. })))
 }
 
 fn check_identity(saved: &Fingerprint, now: &Fingerprint) -> Result<()> {
@@ -396,7 +418,7 @@ fn drift(saved: &Fingerprint, now: &Fingerprint, limits: &Limits) -> Result<Vec<
     let Some(then) = saved
         .data_steps
         .iter()
-        .find(|s| saved.covers.contains(&s.step))
+        .find(|s| saved.covers.contains(&s.step) && !now.done_steps.contains(&s.step))
     else {
         return Ok(Vec::new());
     };
@@ -491,6 +513,10 @@ mod tests {
         }
     }
 
+    fn steps() -> Vec<Step> {
+        super::super::steps().unwrap()
+    }
+
     const LIMITS: Limits = Limits {
         max_age: Duration::from_secs(86_400),
         max_drift: DEFAULT_MAX_DRIFT,
@@ -503,18 +529,20 @@ mod tests {
     #[test]
     fn drift_is_bounded_by_a_share_and_never_less_than_100_rows() {
         let plan = print(4000);
-        assert!(check(&plan, &print(4000), &LIMITS).unwrap().is_empty());
-        let moved = check(&plan, &print(4200), &LIMITS).unwrap();
+        assert!(check(&plan, &print(4000), &steps(), &LIMITS)
+            .unwrap()
+            .is_empty());
+        let moved = check(&plan, &print(4200), &steps(), &LIMITS).unwrap();
         assert_eq!(moved.len(), 2);
         assert!(
             moved[0].contains("4000 in the plan, 4200 now (+200, limit ±200)"),
             "{moved:?}"
         );
-        let past = check(&plan, &print(4201), &LIMITS).unwrap_err();
+        let past = check(&plan, &print(4201), &steps(), &LIMITS).unwrap_err();
         assert_eq!(exit_code(past), 1);
         // A small count may move by 100 rows.
-        assert!(check(&print(10), &print(110), &LIMITS).is_ok());
-        assert!(check(&print(10), &print(111), &LIMITS).is_err());
+        assert!(check(&print(10), &print(110), &steps(), &LIMITS).is_ok());
+        assert!(check(&print(10), &print(111), &steps(), &LIMITS).is_err());
     }
 
     #[test]
@@ -529,10 +557,10 @@ mod tests {
             });
             now
         };
-        assert!(check(&plan, &resumed(1000, 3000), &LIMITS)
+        assert!(check(&plan, &resumed(1000, 3000), &steps(), &LIMITS)
             .unwrap()
             .is_empty());
-        let moved = check(&plan, &resumed(1010, 3000), &LIMITS).unwrap();
+        let moved = check(&plan, &resumed(1010, 3000), &steps(), &LIMITS).unwrap();
         assert!(
             moved[0].contains(
                 "4000 in the plan, 4010 now (3000 done by run 7, 1010 left) (+10, limit ±200)"
@@ -541,13 +569,41 @@ mod tests {
         );
         // Without the run's part, what is left looks like 3,000 rows gone.
         assert_eq!(
-            exit_code(check(&plan, &print(1000), &LIMITS).unwrap_err()),
+            exit_code(check(&plan, &print(1000), &steps(), &LIMITS).unwrap_err()),
             1
         );
         assert_eq!(
-            exit_code(check(&plan, &resumed(1000, 2000), &LIMITS).unwrap_err()),
+            exit_code(check(&plan, &resumed(1000, 2000), &steps(), &LIMITS).unwrap_err()),
             1
         );
+    }
+
+    #[test]
+    fn a_plan_whose_walk_finished_its_gate_and_repair_steps_may_go_on_but_not_past_a_migration() {
+        let after_gate = |done: &[usize]| {
+            let mut p = print(10);
+            p.done_steps = done.to_vec();
+            p.covers = vec![8, 9, 10, 11];
+            p.data_steps[0].step = 10;
+            p
+        };
+        let plan = after_gate(&[1, 2, 3, 4, 5, 6, 7]);
+        for (done, ok) in [
+            (&[1, 2, 3, 4, 5, 6, 7, 8][..], true),
+            (&[1, 2, 3, 4, 5, 6, 7, 8, 9], true),
+            // Not the plan's first steps, or a migration among them, or a step undone.
+            (&[1, 2, 3, 4, 5, 6, 7, 9], false),
+            (&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], false),
+            (&[1, 2, 3, 4, 5, 6, 8], false),
+        ] {
+            let r = check(&plan, &after_gate(done), &steps(), &LIMITS);
+            assert_eq!(r.is_ok(), ok, "{done:?}: {r:?}");
+        }
+        // Before the gate, V2 done since the plan is a migration: refused.
+        let mut now = print(10);
+        now.done_steps = vec![1, 2];
+        let e = check(&print(10), &now, &steps(), &LIMITS).unwrap_err();
+        assert!(format!("{e:#}").contains("the release moved on"), "{e:#}");
     }
 
     #[test]
@@ -555,17 +611,17 @@ mod tests {
         let plan = print(10);
         let mut other = print(10);
         other.server.database_oid = 1;
-        let e = check(&plan, &other, &LIMITS).unwrap_err();
+        let e = check(&plan, &other, &steps(), &LIMITS).unwrap_err();
         assert!(format!("{e:#}").contains("database OID 1 (the plan's: 16384)"));
         assert_eq!(exit_code(e), 2);
         let mut other = print(10);
         other.files.insert("repairs/new.toml".into(), "c".into());
-        let e = check(&plan, &other, &LIMITS).unwrap_err();
+        let e = check(&plan, &other, &steps(), &LIMITS).unwrap_err();
         assert!(format!("{e:#}").contains("repairs/new.toml (new)"));
         assert_eq!(exit_code(e), 2);
         let mut other = print(10);
         other.tables.insert("campaigns".into(), "changed".into());
-        let e = check(&plan, &other, &LIMITS).unwrap_err();
+        let e = check(&plan, &other, &steps(), &LIMITS).unwrap_err();
         assert!(format!("{e:#}").contains("the shape of campaigns differs"));
         assert_eq!(exit_code(e), 1);
     }
