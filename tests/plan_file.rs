@@ -485,3 +485,63 @@ fn an_interrupted_apply_of_a_saved_plan_resumes_with_the_same_plan() {
         1
     );
 }
+
+#[test]
+fn a_plan_past_the_gate_stopped_after_its_gate_and_a_repair_step_resumes_with_the_same_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = fresh_db();
+    db.make_legacy_baselined(1000);
+    let r = db.run(&["apply", "--yes"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    // The old application issued a campaign meanwhile: both counters have work after the gate.
+    db.client()
+        .batch_execute(
+            "INSERT INTO campaigns (campaign_id, discount_yen, budget_yen, issued_yen) VALUES ('SW-Z', 1000, 100000000, 0);
+             INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen)
+             SELECT gen_random_uuid(), 'SW-Z', 'm' || lpad(g::text, 7, '0'), '2026-09', 1000
+               FROM generate_series(1, 600) g",
+        )
+        .unwrap();
+    let file = dir.path().join("plan.json");
+    let path = file.to_str().unwrap();
+    let r = db.run(&["plan", "--output", path]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(r.stderr.contains("it covers steps 8–11"), "{}", r.stderr);
+    // A member-month held FOR SHARE: step 10 waits past its lock budget after steps 8 and 9.
+    let mut holder = db.client();
+    holder
+        .batch_execute(
+            "BEGIN; SELECT 1 FROM member_monthly_usage WHERE member_id = 'm0000300' AND month = '2026-09' FOR SHARE",
+        )
+        .unwrap();
+    let again = [
+        "apply",
+        "--plan",
+        path,
+        "--yes",
+        "--confirm",
+        "deploy-new-application",
+    ];
+    let mut first = again.to_vec();
+    first.extend(["--lock-timeout", "100ms", "--lock-retry-for", "1s"]);
+    let r = db.run(&first);
+    assert_eq!(r.code, 1, "{}", r.both());
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM pgmend.release_steps WHERE step IN (9, 10)"),
+        1,
+        "step 9 finished, step 10 did not"
+    );
+    holder.batch_execute("ROLLBACK").unwrap();
+
+    let r = db.run(&again);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(r.stdout.contains("The release is complete"), "{}", r.stdout);
+    assert_eq!(db.history().len(), 5);
+    assert_eq!(db.run(&["verify"]).code, 0, "the counters hold the truth");
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) FROM pgmend.applied_plans WHERE first_step = 8 AND through_step = 11"
+        ),
+        1
+    );
+}
