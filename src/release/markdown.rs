@@ -113,7 +113,10 @@ fn totals(out: &mut impl Write, steps: &[StepPlan]) -> io::Result<()> {
     let mut any = false;
     for (p, r) in with.filter(|(_, r)| !r.amounts.is_empty()) {
         if !any {
-            writeln!(out, "## Totals per campaign\n")?;
+            writeln!(
+                out,
+                "## Totals per campaign (and per key of each counter)\n"
+            )?;
             any = true;
         }
         let what = match r.kind {
@@ -136,10 +139,19 @@ fn totals(out: &mut impl Write, steps: &[StepPlan]) -> io::Result<()> {
             human::int(r.amounts.values().sum::<i64>())
         )?;
         if r.amounts.len() > KEYS_LISTED {
+            // The preview lists the first 1,000 keys of a counter; the total is theirs.
             writeln!(
                 out,
-                "(the first {KEYS_LISTED} of {} keys; `pgmend plan --format json` lists them)\n",
-                human::int(r.amounts.len() as i64)
+                "(the first {KEYS_LISTED} of {} keys{}; `pgmend plan --format json` lists them)\n",
+                human::int(r.amounts.len() as i64),
+                if r.amounts.len() >= 1000 && (r.changes as usize) > r.amounts.len() {
+                    format!(
+                        ", of {} that change: the total is the listed keys'",
+                        human::int(r.changes)
+                    )
+                } else {
+                    String::new()
+                }
             )?;
         }
     }
