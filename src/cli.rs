@@ -14,7 +14,7 @@
 //! command does not take into a hint naming the commands that do; `redacted` is clap's error with
 //! every argument that may hold a password replaced (clap repeats unexpected arguments). `PlanArgs`
 //! / `ApplyArgs` (with `--target`) belong to the migration commands; the top-level `plan` and
-//! `apply` have their own `ReleasePlanArgs` (`--sample` 20) and `ReleaseApplyArgs` (`--confirm
+//! `apply` have their own `ReleasePlanArgs` (`--sample` 20, `--output FILE`, `--compare FILE`) and `ReleaseApplyArgs` (`--confirm
 //! GATE`, repeatable, plus the safety and batch options). `RepairPlanArgs` takes `--sample` 20 and
 //! `--all`; `RepairRunArgs` (undo, abandon) a run id.
 
@@ -256,6 +256,11 @@ pub struct ReleasePlanArgs {
     /// for `pgmend apply --plan FILE`. Not written when the plan has blockers.
     #[arg(long, value_name = "FILE")]
     pub output: Option<PathBuf>,
+    /// Compare the plan made here with STAGING-PLAN.json (the file `plan --output` wrote on
+    /// staging), step by step: files, table shapes, counts, estimated durations, and the steps
+    /// the rehearsal did not exercise. Shows the comparison instead of the plan.
+    #[arg(long, value_name = "STAGING-PLAN.json")]
+    pub compare: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

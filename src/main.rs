@@ -63,16 +63,18 @@ fn main() -> ExitCode {
     }
     let report = matches!(cli.command, Command::Report(_));
     let csv_ok = report || matches!(cli.command, Command::Repair(RepairCommand::Log(_)));
+    let markdown_ok = report || matches!(cli.command, Command::Plan(_));
     if (format == Format::Csv && !csv_ok)
-        || (matches!(format, Format::Markdown | Format::Html | Format::Xlsx) && !report)
+        || (format == Format::Markdown && !markdown_ok)
+        || (matches!(format, Format::Html | Format::Xlsx) && !report)
     {
         pgmend::say!(
             "pgmend: error: --format {} is only for {}; use human or json",
             format.name(),
-            if format == Format::Csv {
-                "`pgmend repair log` and `pgmend report overruns`"
-            } else {
-                "`pgmend report overruns`"
+            match format {
+                Format::Csv => "`pgmend repair log` and `pgmend report overruns`",
+                Format::Markdown => "`pgmend plan` and `pgmend report overruns`",
+                _ => "`pgmend report overruns`",
             }
         );
         return ExitCode::from(2);

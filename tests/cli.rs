@@ -51,7 +51,12 @@ fn a_format_the_command_cannot_render_is_refused_with_exit_2() {
     for (args, what) in [
         (&["verify", "--format", "html"][..], "report overruns"),
         (&["migrate", "status", "--format", "csv"][..], "repair log"),
-        (&["plan", "--format", "markdown"][..], "report overruns"),
+        // `plan` renders Markdown (the change ticket), not HTML.
+        (&["plan", "--format", "html"][..], "report overruns"),
+        (
+            &["verify", "--format", "markdown"][..],
+            "only for `pgmend plan` and `pgmend report overruns`",
+        ),
         // One fixed output each: no format means anything to them.
         (
             // (--members 0 is refused too, after the format: so the old code ran no demo)

@@ -408,3 +408,140 @@ fn no_plan_file_is_written_when_the_plan_has_blockers() {
     );
     assert!(!file.exists());
 }
+
+#[test]
+fn an_interrupted_apply_of_a_saved_plan_resumes_with_the_same_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = fresh_db();
+    db.make_legacy_baselined(2000);
+    assert_eq!(
+        db.run(&["migrate", "apply", "--yes", "--target", "3"]).code,
+        0
+    );
+    let file = dir.path().join("plan.json");
+    let path = file.to_str().unwrap();
+    let r = db.run(&["plan", "--output", path]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let void = &step(&doc, 4)["repair"];
+    let (changes, voided) = (
+        void["changes"].as_i64().unwrap(),
+        void["voided_or_created"].as_i64().unwrap(),
+    );
+    // A coupon of the middle duplicate group held FOR SHARE: the void's batch that reaches it
+    // waits past its lock budget, and the walk stops (exit 1) with half the step done.
+    let mut holder = db.client();
+    holder
+        .batch_execute(
+            "BEGIN; SELECT 1 FROM issued_coupons WHERE (campaign_id, member_id) =
+               (SELECT campaign_id, member_id FROM issued_coupons GROUP BY 1, 2 HAVING count(*) > 1
+                 ORDER BY 1, 2 LIMIT 1 OFFSET (SELECT count(*) / 2 FROM (SELECT 1 FROM issued_coupons
+                                                GROUP BY campaign_id, member_id HAVING count(*) > 1) g)) FOR SHARE",
+        )
+        .unwrap();
+    let r = db.run(&[
+        "apply",
+        "--plan",
+        path,
+        "--yes",
+        "--batch-target",
+        "5ms",
+        "--lock-timeout",
+        "100ms",
+        "--lock-retry-for",
+        "1s",
+    ]);
+    assert_eq!(r.code, 1, "{}", r.both());
+    let done = db.scalar_i64(
+        "SELECT changed FROM pgmend.repair_runs WHERE repair = 'void-duplicate-coupons' AND state = 'running'",
+    );
+    assert!(
+        done > 100 && done < changes - 100,
+        "the step stopped half done: {done} of {changes}"
+    );
+    holder.batch_execute("ROLLBACK").unwrap();
+
+    // The same plan again: the step is judged by what it has left plus what its run did.
+    let r = db.run(&["apply", "--plan", path, "--yes"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(r.stdout.contains("Applied the saved plan"), "{}", r.stdout);
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM issued_coupons WHERE legacy_duplicate"),
+        changes
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM issued_coupons WHERE voided_at IS NOT NULL"),
+        voided
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM pgmend.repair_runs WHERE state = 'running'"),
+        0
+    );
+    assert_eq!(
+        db.scalar_i64(&format!(
+            "SELECT count(*) FROM pgmend.applied_plans WHERE plan_sha256 = '{}' AND through_step = 7",
+            doc["plan_sha256"].as_str().unwrap()
+        )),
+        1
+    );
+}
+
+#[test]
+fn a_plan_past_the_gate_stopped_after_its_gate_and_a_repair_step_resumes_with_the_same_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = fresh_db();
+    db.make_legacy_baselined(1000);
+    let r = db.run(&["apply", "--yes"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    // The old application issued a campaign meanwhile: both counters have work after the gate.
+    db.client()
+        .batch_execute(
+            "INSERT INTO campaigns (campaign_id, discount_yen, budget_yen, issued_yen) VALUES ('SW-Z', 1000, 100000000, 0);
+             INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen)
+             SELECT gen_random_uuid(), 'SW-Z', 'm' || lpad(g::text, 7, '0'), '2026-09', 1000
+               FROM generate_series(1, 600) g",
+        )
+        .unwrap();
+    let file = dir.path().join("plan.json");
+    let path = file.to_str().unwrap();
+    let r = db.run(&["plan", "--output", path]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(r.stderr.contains("it covers steps 8–11"), "{}", r.stderr);
+    // A member-month held FOR SHARE: step 10 waits past its lock budget after steps 8 and 9.
+    let mut holder = db.client();
+    holder
+        .batch_execute(
+            "BEGIN; SELECT 1 FROM member_monthly_usage WHERE member_id = 'm0000300' AND month = '2026-09' FOR SHARE",
+        )
+        .unwrap();
+    let again = [
+        "apply",
+        "--plan",
+        path,
+        "--yes",
+        "--confirm",
+        "deploy-new-application",
+    ];
+    let mut first = again.to_vec();
+    first.extend(["--lock-timeout", "100ms", "--lock-retry-for", "1s"]);
+    let r = db.run(&first);
+    assert_eq!(r.code, 1, "{}", r.both());
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM pgmend.release_steps WHERE step IN (9, 10)"),
+        1,
+        "step 9 finished, step 10 did not"
+    );
+    holder.batch_execute("ROLLBACK").unwrap();
+
+    let r = db.run(&again);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(r.stdout.contains("The release is complete"), "{}", r.stdout);
+    assert_eq!(db.history().len(), 5);
+    assert_eq!(db.run(&["verify"]).code, 0, "the counters hold the truth");
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) FROM pgmend.applied_plans WHERE first_step = 8 AND through_step = 11"
+        ),
+        1
+    );
+}

@@ -10,6 +10,10 @@
 //! `repair::preview::render_diff` and its `render_summary`, a gate's explanation and the commands
 //! that stop at it and pass it. JSON: the `StepPlan`s and the `blockers` (the migration plan's and
 //! the privileges `preflight::privileges::missing` reports). Blockers exit 2 after the output.
+//! `--format markdown` renders the same plan with `release::markdown::render` (the change ticket);
+//! `--compare FILE` reads the staging plan before connecting (`release::compare::open`, exit 2
+//! when it is not one) and renders `release::compare::compare` of it and the plan made here
+//! instead of the plan.
 //!
 //! `apply` resolves the release and checks `--confirm` against its gates before connecting, opens
 //! the session (`open_checked`), checks it is writable, takes the runner lock, checks the history
@@ -34,9 +38,23 @@ use crate::release::dry_run::{self, DryRun, StepPlan};
 use crate::release::engine::{self, Applied, Release, Settings};
 use crate::release::fingerprint::{self, Fingerprint, Limits};
 use crate::release::{self, Step};
+use crate::release::{compare, markdown};
 use crate::repair::preview;
 
 pub fn plan(args: &ReleasePlanArgs, format: Format) -> Result<Outcome> {
+    // The staging plan is read, and refused when it is not one, before connecting.
+    let staging = match &args.compare {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| {
+                format!(
+                    "reading the staging plan {} (--compare takes the file `pgmend plan --output` wrote on staging)",
+                    path.display()
+                )
+            })?;
+            Some(compare::open(path, &text)?)
+        }
+        None => None,
+    };
     let files = load(&args.migrations)?;
     let repairs = source(&args.repairs).load()?;
     let steps = release::steps()?;
@@ -63,7 +81,7 @@ pub fn plan(args: &ReleasePlanArgs, format: Format) -> Result<Outcome> {
         &migrations,
         args.sample,
     )?;
-    if format != Format::Json {
+    if format == Format::Human && staging.is_none() {
         let mut out = crate::output::stdout();
         writeln!(
             out,
@@ -91,21 +109,48 @@ pub fn plan(args: &ReleasePlanArgs, format: Format) -> Result<Outcome> {
     );
     #[derive(Serialize)]
     struct Doc<'a> {
-        steps: Vec<StepPlan<'a>>,
+        steps: &'a [StepPlan<'a>],
         blockers: &'a [String],
         unreleased_migrations: &'a [String],
         applied_plans: &'a [crate::store::records::AppliedPlan],
         fingerprint: &'a Fingerprint,
     }
     let (document, digest) = fingerprint::seal(&Doc {
-        steps: plans,
+        steps: &plans,
         blockers: &blockers,
         unreleased_migrations: &unreleased,
         applied_plans: &applied_plans,
         fingerprint: &print,
     })?;
-    if format == Format::Json {
+    if let Some(staging) = &staging {
+        let here = compare::open(std::path::Path::new("(the plan made here)"), &document)?;
+        let comparison = compare::compare(staging, &here);
+        let file = args
+            .compare
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        let mut out = crate::output::stdout();
+        match format {
+            Format::Json => print_json(&comparison)?,
+            Format::Markdown => compare::render_markdown(&mut out, &comparison, &file)?,
+            _ => compare::render_human(&mut out, &comparison, &file)?,
+        }
+    } else if format == Format::Json {
         crate::output::stdout().write_all(document.as_bytes())?;
+    } else if format == Format::Markdown {
+        let ticket = markdown::Ticket {
+            target: session.params.to_string(),
+            made_at: &print.made_at,
+            steps: &plans,
+            blockers: &blockers,
+            saved: args
+                .output
+                .as_ref()
+                .filter(|_| blockers.is_empty())
+                .map(|p| (p.display().to_string(), digest.clone())),
+        };
+        markdown::render(&mut crate::output::stdout(), &ticket)?;
     }
     if !blockers.is_empty() {
         bail!(
@@ -142,6 +187,9 @@ fn render_step(plan: &StepPlan, colour: bool, out: &mut impl Write) -> Result<()
     )?;
     if plan.done {
         return Ok(());
+    }
+    if let Some(e) = &plan.estimate {
+        writeln!(out, "(estimated {}: {})", e.shown(), e.from)?;
     }
     match plan.what {
         Step::Migrate { retry_with, .. } => {
@@ -205,7 +253,7 @@ fn check_saved_plan(
         max_age: args.saved.max_plan_age,
         max_drift: args.saved.max_drift,
     };
-    let moved = fingerprint::check(&saved.fingerprint, &now, &limits)?;
+    let moved = fingerprint::check(&saved.fingerprint, &now, release.steps, &limits)?;
     let Some(&through) = saved.fingerprint.covers.last() else {
         bail!(
             "the plan {} covers no step: the release was complete when it was made; nothing was changed",

@@ -15,6 +15,7 @@ use anyhow::Result;
 use serde::Serialize;
 
 use super::engine::Release;
+use super::estimate::{self, Estimate};
 use super::fingerprint::{self, Fingerprint, Inputs};
 use super::{Progress, Step};
 use crate::db::conninfo::ConnParams;
@@ -48,6 +49,9 @@ pub struct StepPlan<'a> {
     /// For a pending repair: what its preview was computed on, and where it cannot be exact.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub predicted_on: Option<String>,
+    /// For a pending step: how long it should take, and where the figure comes from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub estimate: Option<Estimate>,
 }
 
 /// The repair steps before which a pending gate lets an application write as well.
@@ -75,7 +79,7 @@ pub fn run<'a>(
     let mut tx = crate::db::connect::read_only(client)?;
     let applied: Vec<i32> = history::read(&mut tx)?.iter().map(|a| a.version).collect();
     let progress = super::progress(&mut tx, applied)?;
-    let plans = steps(
+    let mut plans = steps(
         &mut tx,
         release.steps,
         &progress,
@@ -84,6 +88,7 @@ pub fn run<'a>(
         release.repairs,
         sample,
     )?;
+    estimate_steps(&mut tx, &mut plans, release.repairs)?;
     let inputs = Inputs {
         steps: release.steps,
         progress: &progress,
@@ -99,6 +104,30 @@ pub fn run<'a>(
         fingerprint,
         applied_plans,
     })
+}
+
+/// Fills in each pending step's estimate, from the rates of this server's finished runs and
+/// the rows of its tables (read in `tx`).
+fn estimate_steps(
+    tx: &mut postgres::Transaction<'_>,
+    plans: &mut [StepPlan],
+    repairs: &[Repair],
+) -> Result<()> {
+    let rows = estimate::table_rows(tx)?;
+    let rates = store::records::recorded_rates(tx)?;
+    for plan in plans.iter_mut().filter(|p| !p.done) {
+        plan.estimate = match (plan.migration, &plan.repair) {
+            (Some(m), _) => Some(estimate::migration(m, &rows)),
+            (None, Some(p)) => Some(estimate::repair(
+                definition::named(repairs, &p.repair)?,
+                p.changes,
+                &rates,
+                &rows,
+            )),
+            _ => None,
+        };
+    }
+    Ok(())
 }
 
 /// Plans every step: a pending migration from `migrations` (planned from `files`), a pending
@@ -130,6 +159,7 @@ pub fn steps<'a>(
             sample: Vec::new(),
             predicted_censuses: Vec::new(),
             predicted_on: None,
+            estimate: None,
         };
         if !done {
             match step {

@@ -25,6 +25,7 @@ use crate::digest::sha256_hex;
 use crate::error::{PgContext, Stopped};
 use crate::migrate::source::Migration;
 use crate::repair::definition::{Repair, Spec};
+use crate::store::records::Unfinished;
 
 /// The share of a count the next data step may move by between the plan and `apply`; never
 /// less than [`DRIFT_FLOOR_ROWS`]. A live old application keeps adding duplicates.
@@ -53,6 +54,10 @@ pub struct StepFigures {
     pub voided_or_created: i64,
     /// Void: the yen of the coupons voided; counters: the sum of new minus old values.
     pub yen: i64,
+    /// An unfinished run of this repair (a step interrupted): what it has done so far. The
+    /// counts above are what it has left; `apply --plan` compares the sums.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed: Option<Unfinished>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -123,18 +128,44 @@ pub fn take(
         covers: covers(inputs.steps, &done_steps),
         done_steps,
         files,
-        data_steps: plans
-            .iter()
-            .filter_map(|p| p.repair.as_ref().map(|r| (p, r)))
-            .map(|(p, r)| StepFigures {
-                step: p.step,
-                label: p.what.label(),
-                changes: r.changes,
-                voided_or_created: r.voided_or_created,
-                yen: r.amounts.values().sum(),
-            })
-            .collect(),
+        data_steps: data_steps(tx, inputs, plans)?,
     })
+}
+
+/// Each pending repair step's predicted figures; the first pending step of a repair with an
+/// unfinished run also says what that run has done (its counts are then what is left).
+fn data_steps(
+    tx: &mut impl GenericClient,
+    inputs: &Inputs,
+    plans: &[StepPlan],
+) -> Result<Vec<StepFigures>> {
+    let mut out: Vec<StepFigures> = Vec::new();
+    for (p, r) in plans
+        .iter()
+        .filter_map(|p| p.repair.as_ref().map(|r| (p, r)))
+    {
+        let label = p.what.label();
+        let first = !out.iter().any(|s| s.label == label);
+        let resumed = match inputs.repairs.iter().find(|d| d.name == r.repair) {
+            Some(d) if first => {
+                let void = match &d.spec {
+                    Spec::VoidDuplicates(v) => Some(v.void.as_str()),
+                    Spec::RebuildCounter(_) => None,
+                };
+                crate::store::records::unfinished(tx, &d.name, void)?
+            }
+            _ => None,
+        };
+        out.push(StepFigures {
+            step: p.step,
+            label,
+            changes: r.changes,
+            voided_or_created: r.voided_or_created,
+            yen: r.amounts.values().sum(),
+            resumed,
+        });
+    }
+    Ok(out)
 }
 
 /// The pending steps from the first one up to, not including, the next pending gate (a plan
@@ -272,9 +303,14 @@ pub struct Limits {
 /// Steps done since, table shapes that differ, a plan too old, or the next data step's counts
 /// moved past the limit: [`Stopped`] (exit 1). Returns a line for each count that moved within
 /// the limit.
-pub fn check(saved: &Fingerprint, now: &Fingerprint, limits: &Limits) -> Result<Vec<String>> {
+pub fn check(
+    saved: &Fingerprint,
+    now: &Fingerprint,
+    steps: &[Step],
+    limits: &Limits,
+) -> Result<Vec<String>> {
     check_identity(saved, now)?;
-    if saved.done_steps != now.done_steps {
+    if !resumable(saved, now, steps) {
         return Err(Stopped::error(format!(
             "the release moved on since the plan was made (steps done then: {:?}, now: {:?}); nothing was changed. Make a new plan (`pgmend plan --output FILE`), review it, and apply that",
             saved.done_steps, now.done_steps
@@ -301,6 +337,23 @@ pub fn check(saved: &Fingerprint, now: &Fingerprint, limits: &Limits) -> Result<
         )));
     }
     drift(saved, now, limits)
+}
+
+/// The same steps done, or more: the first of the plan's own steps, none a migration (an
+/// interrupted `apply --plan` that finished a gate and repair steps; their tables keep their
+/// shapes, which are still compared).
+fn resumable(saved: &Fingerprint, now: &Fingerprint, steps: &[Step]) -> bool {
+    let since: Vec<usize> = now
+        .done_steps
+        .iter()
+        .filter(|s| !saved.done_steps.contains(s))
+        .copied()
+        .collect();
+    saved.done_steps.iter().all(|s| now.done_steps.contains(s))
+        && saved.covers.starts_with(&since)
+        && since
+            .iter()
+            .all(|n| !matches!(steps.get(n - 1), Some(Step::Migrate { .. })))
 }
 
 fn check_identity(saved: &Fingerprint, now: &Fingerprint) -> Result<()> {
@@ -340,7 +393,10 @@ fn check_identity(saved: &Fingerprint, now: &Fingerprint) -> Result<()> {
 }
 
 /// The names whose digest differs, or that only one side has.
-fn differing(then: &BTreeMap<String, String>, now: &BTreeMap<String, String>) -> Vec<String> {
+pub(crate) fn differing(
+    then: &BTreeMap<String, String>,
+    now: &BTreeMap<String, String>,
+) -> Vec<String> {
     let mut names: Vec<String> = then
         .iter()
         .filter(|(k, v)| now.get(*k) != Some(v))
@@ -362,7 +418,7 @@ fn drift(saved: &Fingerprint, now: &Fingerprint, limits: &Limits) -> Result<Vec<
     let Some(then) = saved
         .data_steps
         .iter()
-        .find(|s| saved.covers.contains(&s.step))
+        .find(|s| saved.covers.contains(&s.step) && !now.done_steps.contains(&s.step))
     else {
         return Ok(Vec::new());
     };
@@ -371,12 +427,25 @@ fn drift(saved: &Fingerprint, now: &Fingerprint, limits: &Limits) -> Result<Vec<
     };
     let mut moved = Vec::new();
     let mut past = false;
-    for (what, a, b) in [
-        ("changes", then.changes, here.changes),
+    // A resumed step is judged by what it has left plus what its run has done.
+    let done = |s: &StepFigures| {
+        s.resumed
+            .clone()
+            .map_or((0, 0), |u| (u.changes, u.voided_or_created))
+    };
+    let (then_done, here_done) = (done(then), done(here));
+    for (what, a, b, by_run) in [
+        (
+            "changes",
+            then.changes + then_done.0,
+            here.changes + here_done.0,
+            here_done.0,
+        ),
         (
             "voided or created",
-            then.voided_or_created,
-            here.voided_or_created,
+            then.voided_or_created + then_done.1,
+            here.voided_or_created + here_done.1,
+            here_done.1,
         ),
     ] {
         if a == b {
@@ -384,8 +453,12 @@ fn drift(saved: &Fingerprint, now: &Fingerprint, limits: &Limits) -> Result<Vec<
         }
         let bound = ((a as f64 * limits.max_drift).ceil() as i64).max(DRIFT_FLOOR_ROWS);
         past |= (b - a).abs() > bound;
+        let resumed = match &here.resumed {
+            Some(u) => format!(" ({by_run} done by run {}, {} left)", u.run_id, b - by_run),
+            None => String::new(),
+        };
         moved.push(format!(
-            "step {} ({}) {what}: {a} in the plan, {b} now ({:+}, limit ±{bound})",
+            "step {} ({}) {what}: {a} in the plan, {b} now{resumed} ({:+}, limit ±{bound})",
             then.step,
             then.label,
             b - a
@@ -435,8 +508,13 @@ mod tests {
                 changes,
                 voided_or_created: changes,
                 yen: 0,
+                resumed: None,
             }],
         }
+    }
+
+    fn steps() -> Vec<Step> {
+        super::super::steps().unwrap()
     }
 
     const LIMITS: Limits = Limits {
@@ -451,18 +529,81 @@ mod tests {
     #[test]
     fn drift_is_bounded_by_a_share_and_never_less_than_100_rows() {
         let plan = print(4000);
-        assert!(check(&plan, &print(4000), &LIMITS).unwrap().is_empty());
-        let moved = check(&plan, &print(4200), &LIMITS).unwrap();
+        assert!(check(&plan, &print(4000), &steps(), &LIMITS)
+            .unwrap()
+            .is_empty());
+        let moved = check(&plan, &print(4200), &steps(), &LIMITS).unwrap();
         assert_eq!(moved.len(), 2);
         assert!(
             moved[0].contains("4000 in the plan, 4200 now (+200, limit ±200)"),
             "{moved:?}"
         );
-        let past = check(&plan, &print(4201), &LIMITS).unwrap_err();
+        let past = check(&plan, &print(4201), &steps(), &LIMITS).unwrap_err();
         assert_eq!(exit_code(past), 1);
         // A small count may move by 100 rows.
-        assert!(check(&print(10), &print(110), &LIMITS).is_ok());
-        assert!(check(&print(10), &print(111), &LIMITS).is_err());
+        assert!(check(&print(10), &print(110), &steps(), &LIMITS).is_ok());
+        assert!(check(&print(10), &print(111), &steps(), &LIMITS).is_err());
+    }
+
+    #[test]
+    fn a_resumed_step_is_judged_by_what_it_has_left_plus_what_its_run_did() {
+        let plan = print(4000);
+        let resumed = |left: i64, done: i64| {
+            let mut now = print(left);
+            now.data_steps[0].resumed = Some(Unfinished {
+                run_id: 7,
+                changes: done,
+                voided_or_created: done,
+            });
+            now
+        };
+        assert!(check(&plan, &resumed(1000, 3000), &steps(), &LIMITS)
+            .unwrap()
+            .is_empty());
+        let moved = check(&plan, &resumed(1010, 3000), &steps(), &LIMITS).unwrap();
+        assert!(
+            moved[0].contains(
+                "4000 in the plan, 4010 now (3000 done by run 7, 1010 left) (+10, limit ±200)"
+            ),
+            "{moved:?}"
+        );
+        // Without the run's part, what is left looks like 3,000 rows gone.
+        assert_eq!(
+            exit_code(check(&plan, &print(1000), &steps(), &LIMITS).unwrap_err()),
+            1
+        );
+        assert_eq!(
+            exit_code(check(&plan, &resumed(1000, 2000), &steps(), &LIMITS).unwrap_err()),
+            1
+        );
+    }
+
+    #[test]
+    fn a_plan_whose_walk_finished_its_gate_and_repair_steps_may_go_on_but_not_past_a_migration() {
+        let after_gate = |done: &[usize]| {
+            let mut p = print(10);
+            p.done_steps = done.to_vec();
+            p.covers = vec![8, 9, 10, 11];
+            p.data_steps[0].step = 10;
+            p
+        };
+        let plan = after_gate(&[1, 2, 3, 4, 5, 6, 7]);
+        for (done, ok) in [
+            (&[1, 2, 3, 4, 5, 6, 7, 8][..], true),
+            (&[1, 2, 3, 4, 5, 6, 7, 8, 9], true),
+            // Not the plan's first steps, or a migration among them, or a step undone.
+            (&[1, 2, 3, 4, 5, 6, 7, 9], false),
+            (&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], false),
+            (&[1, 2, 3, 4, 5, 6, 8], false),
+        ] {
+            let r = check(&plan, &after_gate(done), &steps(), &LIMITS);
+            assert_eq!(r.is_ok(), ok, "{done:?}: {r:?}");
+        }
+        // Before the gate, V2 done since the plan is a migration: refused.
+        let mut now = print(10);
+        now.done_steps = vec![1, 2];
+        let e = check(&print(10), &now, &steps(), &LIMITS).unwrap_err();
+        assert!(format!("{e:#}").contains("the release moved on"), "{e:#}");
     }
 
     #[test]
@@ -470,17 +611,17 @@ mod tests {
         let plan = print(10);
         let mut other = print(10);
         other.server.database_oid = 1;
-        let e = check(&plan, &other, &LIMITS).unwrap_err();
+        let e = check(&plan, &other, &steps(), &LIMITS).unwrap_err();
         assert!(format!("{e:#}").contains("database OID 1 (the plan's: 16384)"));
         assert_eq!(exit_code(e), 2);
         let mut other = print(10);
         other.files.insert("repairs/new.toml".into(), "c".into());
-        let e = check(&plan, &other, &LIMITS).unwrap_err();
+        let e = check(&plan, &other, &steps(), &LIMITS).unwrap_err();
         assert!(format!("{e:#}").contains("repairs/new.toml (new)"));
         assert_eq!(exit_code(e), 2);
         let mut other = print(10);
         other.tables.insert("campaigns".into(), "changed".into());
-        let e = check(&plan, &other, &LIMITS).unwrap_err();
+        let e = check(&plan, &other, &steps(), &LIMITS).unwrap_err();
         assert!(format!("{e:#}").contains("the shape of campaigns differs"));
         assert_eq!(exit_code(e), 1);
     }

@@ -13,9 +13,12 @@
 //! answers per step: migrations by version, repair steps by position, gates by name. A unit test
 //! pins the step order.
 
+pub mod compare;
 pub mod dry_run;
 pub mod engine;
+pub mod estimate;
 pub mod fingerprint;
+pub mod markdown;
 
 use anyhow::{bail, Context, Result};
 use postgres::GenericClient;

@@ -43,7 +43,7 @@ pub use csv_sections::{neutralise, Csv, Section};
 pub use html::Html;
 pub use lang::Lang;
 pub use legacy_counter::Source as LegacyCounterSource;
-pub use render::{Json, Render, Text, TextStyle};
+pub use render::{markdown_text, Json, Render, Text, TextStyle};
 pub use xlsx::{Xlsx, EXCEL_ROWS};
 
 /// How far the release has got, read from the catalog.

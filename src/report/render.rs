@@ -417,7 +417,7 @@ impl<W: Write> Render for Text<W> {
 /// Text from the data, safe in a Markdown table cell: HTML becomes entities (a renderer would
 /// pass `<script>` through), the characters Markdown would read as formatting or as a cell
 /// break are backslash-escaped, and control characters become spaces.
-fn markdown_text(text: &str) -> String {
+pub fn markdown_text(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {

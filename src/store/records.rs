@@ -229,3 +229,84 @@ pub fn applied_plans(client: &mut impl GenericClient) -> Result<Vec<AppliedPlan>
         })
         .collect())
 }
+
+/// A finished repair run's rate, for the plan's duration estimates: how many rows it changed
+/// and how long it took from its freeze (`as_of`) to `finished_at`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct RecordedRate {
+    pub run_id: i64,
+    pub repair: String,
+    pub kind: String,
+    pub changed: i64,
+    pub processed: i64,
+    pub seconds: f64,
+}
+
+/// The finished runs (undo runs aside) that changed rows, newest first; none when pgmend's
+/// schema does not exist.
+pub fn recorded_rates(client: &mut impl GenericClient) -> Result<Vec<RecordedRate>> {
+    if !super::exists(client)? {
+        return Ok(Vec::new());
+    }
+    Ok(client
+        .query(
+            "SELECT run_id, repair, kind, changed, processed,
+                    extract(epoch FROM finished_at - as_of)::float8
+               FROM pgmend.repair_runs
+              WHERE state = 'finished' AND undoes_run IS NULL AND changed > 0
+                AND finished_at > as_of
+              ORDER BY finished_at DESC, run_id DESC",
+            &[],
+        )
+        .doing("reading the rates of the finished repair runs")?
+        .iter()
+        .map(|r| RecordedRate {
+            run_id: r.get(0),
+            repair: r.get(1),
+            kind: r.get(2),
+            changed: r.get(3),
+            processed: r.get(4),
+            seconds: r.get(5),
+        })
+        .collect())
+}
+
+/// What the unfinished run of a repair has done so far: a resumed step is judged by what it
+/// has left, plus this.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Unfinished {
+    pub run_id: i64,
+    pub changes: i64,
+    /// Rows it voided (its ledger records whose `void_column` went from null to a value), or
+    /// counter rows it created (`insert` records).
+    pub voided_or_created: i64,
+}
+
+/// The unfinished run of `repair`, if any (none when pgmend's schema does not exist).
+pub fn unfinished(
+    client: &mut impl GenericClient,
+    repair: &str,
+    void_column: Option<&str>,
+) -> Result<Option<Unfinished>> {
+    if !super::exists(client)? {
+        return Ok(None);
+    }
+    let void_column = void_column.unwrap_or_default();
+    Ok(client
+        .query_opt(
+            "SELECT r.run_id, r.changed,
+                    (SELECT count(*) FROM pgmend.repair_ledger l
+                      WHERE l.run_id = r.run_id
+                        AND (l.action = 'insert'
+                             OR ($2 <> '' AND l.before ->> $2 IS NULL AND l.after ->> $2 IS NOT NULL)))
+               FROM pgmend.repair_runs r
+              WHERE r.repair = $1 AND r.state = 'running'",
+            &[&repair, &void_column],
+        )
+        .doing(format!("reading the unfinished run of repair {repair}"))?
+        .map(|r| Unfinished {
+            run_id: r.get(0),
+            changes: r.get(1),
+            voided_or_created: r.get(2),
+        }))
+}
