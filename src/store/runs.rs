@@ -101,10 +101,13 @@ pub struct Run {
     pub target_ranges: bool,
 }
 
+/// Over `pgmend.repair_runs r`. `target_ranges` (version 4) is read through the row's JSON:
+/// read-only commands never upgrade the schema, and an older one lacks the column.
 const RUN_COLUMNS: &str = "run_id, repair, kind, definition_checksum, state,
     to_char(as_of AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), targets, checkpoint, processed, changed,
     skipped::text, started_by, to_char(finished_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),
-    undoes_run, undone_by_run, repass_from, target_ranges";
+    undoes_run, undone_by_run, repass_from,
+    coalesce((to_jsonb(r) ->> 'target_ranges')::boolean, false)";
 
 fn run_from_row(r: &postgres::Row) -> Run {
     Run {
@@ -135,7 +138,7 @@ pub fn all(client: &mut impl GenericClient) -> Result<Vec<Run>> {
     }
     Ok(client
         .query(
-            &format!("SELECT {RUN_COLUMNS} FROM pgmend.repair_runs ORDER BY run_id"),
+            &format!("SELECT {RUN_COLUMNS} FROM pgmend.repair_runs r ORDER BY run_id"),
             &[],
         )
         .doing("reading the repair runs")?
@@ -150,7 +153,7 @@ pub fn run(client: &mut impl GenericClient, run_id: i64) -> Result<Option<Run>> 
     }
     Ok(client
         .query_opt(
-            &format!("SELECT {RUN_COLUMNS} FROM pgmend.repair_runs WHERE run_id = $1"),
+            &format!("SELECT {RUN_COLUMNS} FROM pgmend.repair_runs r WHERE run_id = $1"),
             &[&run_id],
         )
         .doing("reading the repair run")?
@@ -162,7 +165,7 @@ pub fn run(client: &mut impl GenericClient, run_id: i64) -> Result<Option<Run>> 
 pub fn unfinished(client: &mut impl GenericClient, repair: &str) -> Result<Option<Run>> {
     Ok(client
         .query_opt(
-            &format!("SELECT {RUN_COLUMNS} FROM pgmend.repair_runs WHERE repair = $1 AND state = 'running'"),
+            &format!("SELECT {RUN_COLUMNS} FROM pgmend.repair_runs r WHERE repair = $1 AND state = 'running'"),
             &[&repair],
         )
         .doing("looking for an unfinished run")?
