@@ -2,6 +2,10 @@
 //! OFFSET), one short transaction per batch that changes the rows, writes the ledger and
 //! advances the checkpoint together. Resumes an unfinished run from its checkpoint.
 //!
+//! A target is a group or key, or (a run with `target_ranges`: a void run whose groups an
+//! index covers, a counter run before the deploy gate) a range of values of one column, whose
+//! bounds `store::runs::range_bounds` reads before each batch (`in_ranges`, `Bounds`).
+//!
 //! `apply` prepares the engine, calls `store::ensure` (which creates or upgrades pgmend's
 //! schema), then resumes the repair's
 //! `running` run when its `definition_checksum` equals the definition's (a different one is

@@ -12,7 +12,10 @@
 //! reconciliation reports its group. `preview_sql`: the same ranking over every group that would be
 //! frozen now, for the dry run. `reconcile_sql`: frozen groups that again hold more than one
 //! unmarked row. The batch's groups are the frozen keys with `seq` in `($2, $3]`, reconciliation's
-//! all of them: both from `store::runs::frozen_keys_sql`.
+//! all of them: both from `store::runs::frozen_keys_sql`. A run in ranges (`range_by`, the first
+//! column of an index on exactly the group columns) freezes ranges of that column instead
+//! (`freeze_ranges_sql`); its batch finds its groups in its range (`range_batch_sql`) and its
+//! reconciliation counts every group with duplicates (`range_reconcile_sql`).
 
 use anyhow::Result;
 
