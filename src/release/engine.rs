@@ -242,6 +242,9 @@ pub fn migration(
     version: i32,
     retry_with: Option<&str>,
 ) -> Result<()> {
+    if let Some(name) = retry_with {
+        resume_unfinished(client, release, settings, name, version)?;
+    }
     let mut passes = 0;
     let mut guarded = false;
     let outcome = loop {
@@ -276,6 +279,26 @@ pub fn migration(
         drop_guard(client, settings.policy, outcome.is_ok())?;
     }
     outcome
+}
+
+/// Resumes the run of `retry_with` that a stop left unfinished (a pass the census sent back,
+/// stopped by a signal or a lost session) before the migration's census: a run in ranges can
+/// stop with nothing left to void in its later ranges, so the census would find nothing, the
+/// migration would run, and the run would stay `running` for good.
+fn resume_unfinished(
+    client: &mut postgres::Client,
+    release: &Release,
+    settings: &Settings,
+    name: &str,
+    version: i32,
+) -> Result<()> {
+    let repair = definition::named(release.repairs, name)?;
+    if !store::exists(client)? || store::runs::unfinished(client, &repair.name)?.is_none() {
+        return Ok(());
+    }
+    crate::say!("finishing the unfinished run of {name} before migration V{version}");
+    let run = verdict::run_repair(client, repair, settings.options)?;
+    stop_if_unfinished(&run, repair)
 }
 
 /// One more pass of the repair a census sent back, with its guard installed first.
