@@ -30,37 +30,6 @@ use pgmend::localpg::LocalPg;
 #[allow(dead_code)]
 mod support;
 
-const ONE_SHOT: &str = "
-BEGIN;
-ALTER TABLE issued_coupons
-  ADD COLUMN voided_at timestamptz,
-  ADD COLUMN legacy_duplicate boolean NOT NULL DEFAULT false;
-WITH ranked AS (
-  SELECT coupon_id, redeemed_at,
-         row_number() OVER (PARTITION BY campaign_id, member_id
-                            ORDER BY redeemed_at IS NULL, issued_at, coupon_id) AS rn
-    FROM issued_coupons)
-UPDATE issued_coupons i
-   SET voided_at        = CASE WHEN r.redeemed_at IS NULL THEN now() END,
-       legacy_duplicate = true
-  FROM ranked r
- WHERE i.coupon_id = r.coupon_id AND r.rn > 1;
-CREATE UNIQUE INDEX one_coupon_per_member ON issued_coupons (campaign_id, member_id)
-  WHERE NOT legacy_duplicate;
-CREATE TABLE campaign_budgets AS
-SELECT c.campaign_id, c.discount_yen, c.budget_yen,
-       COALESCE(SUM(i.amount_yen) FILTER (WHERE i.voided_at IS NULL), 0)::int AS issued_yen
-  FROM campaigns c LEFT JOIN issued_coupons i USING (campaign_id)
- GROUP BY 1, 2, 3;
-ALTER TABLE campaign_budgets ADD PRIMARY KEY (campaign_id);
-ALTER TABLE campaign_budgets
-  ADD CONSTRAINT issued_within_budget CHECK (issued_yen BETWEEN 0 AND budget_yen) NOT VALID;
-CREATE TABLE member_monthly_usage AS
-SELECT member_id, month, SUM(amount_yen)::int AS used_yen
-  FROM issued_coupons WHERE voided_at IS NULL GROUP BY 1, 2;
-ALTER TABLE member_monthly_usage ADD PRIMARY KEY (member_id, month);
-COMMIT;";
-
 /// The two ledgers the floor is measured with: today's, and a compact typed record.
 #[derive(Clone, Copy, PartialEq)]
 enum Ledger {
@@ -262,7 +231,7 @@ fn main() -> Result<()> {
         admin.batch_execute("CHECKPOINT")?;
         let w0 = wal(&mut one)?;
         let t = Instant::now();
-        one.batch_execute(ONE_SHOT)?;
+        one.batch_execute(support::ONE_SHOT)?;
         let one_time = t.elapsed().as_secs_f64();
         let w1 = wal(&mut one)?;
         let reference: String = one.query_one(DIGEST, &[])?.get(0);

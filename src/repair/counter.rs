@@ -72,6 +72,18 @@ pub struct Drift {
 /// [`CounterEngine::freeze_ranges_sql`]): a member-month batch starts at one range.
 pub const KEYS_PER_RANGE: i64 = 100;
 
+impl Drift {
+    /// A row of (key as text[], counter, true value, has source).
+    fn from_row(r: &postgres::Row) -> Drift {
+        Drift {
+            key: r.get(0),
+            counter: r.get(1),
+            truth: r.get(2),
+            has_source: r.get(3),
+        }
+    }
+}
+
 /// A value a batch proposes for one key: (key, counter now, true value).
 type Proposed = (Vec<String>, i64, i64);
 
@@ -337,12 +349,7 @@ impl CounterEngine {
         Ok(client
             .query(&sql, &params)?
             .iter()
-            .map(|r| Drift {
-                key: r.get(0),
-                counter: r.get(1),
-                truth: r.get(2),
-                has_source: r.get(3),
-            })
+            .map(Drift::from_row)
             .collect())
     }
 
@@ -422,12 +429,7 @@ impl CounterEngine {
         Ok(client
             .query(&sql, &[&run_id, &lo, &hi, &min_key, &max_key])?
             .iter()
-            .map(|r| Drift {
-                key: r.get(0),
-                counter: r.get(1),
-                truth: r.get(2),
-                has_source: r.get(3),
-            })
+            .map(Drift::from_row)
             .collect())
     }
 
