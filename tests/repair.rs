@@ -1457,13 +1457,12 @@ fn a_void_run_in_ranges_voids_the_duplicates_that_arrive_ahead_of_its_checkpoint
         0,
         "no group holds two live coupons"
     );
-    assert_eq!(
+    assert!(
         db.scalar_i64(
             "SELECT count(*) FROM pgmend.repair_ledger l JOIN issued_coupons i ON i.coupon_id = (l.row_key->>'coupon_id')::uuid
               WHERE l.run_id = 1 AND i.member_id IN ('zz-new-member', (SELECT max(member_id) FROM issued_coupons WHERE member_id LIKE 'm%'))
                 AND i.legacy_duplicate"
         ) > 0,
-        true,
         "the run's ledger records the late duplicates it voided"
     );
     let mut c = db.client();
