@@ -1,7 +1,8 @@
 //! Reviewed plans (issue 18): what `pgmend plan` predicts equals what `pgmend apply` then
 //! writes, counted in the tables afterwards; a plan saved with `plan --output` is applied by
-//! `apply --plan` only while the database and the files are those it was made from, and each
-//! refusal changes nothing (a snapshot of every schema and table, pgmend's included).
+//! `apply --plan` only while the database and the files are those it was made from (or, after
+//! an interrupted apply of it, the tables are as its own steps left them), and each refusal
+//! changes nothing (a snapshot of every schema and table, pgmend's included).
 
 mod common;
 
@@ -124,34 +125,13 @@ fn plan_json(db: &common::TestDb) -> Value {
     serde_json::from_str(&r.stdout).unwrap()
 }
 
-fn step(doc: &Value, n: usize) -> &Value {
-    &doc["steps"][n - 1]
-}
-
-#[test]
-fn on_a_quiet_database_apply_writes_what_the_plan_predicts() {
-    let db = fresh_db();
-    db.make_legacy_baselined(300);
-    let doc = plan_json(&db);
-    let void = &step(&doc, 4)["repair"];
-    let budgets = &step(&doc, 6)["repair"];
-    let usage = &step(&doc, 7)["repair"];
-    assert!(void["changes"].as_i64().unwrap() > 0, "{void}");
-    // V4's unique-index census, counted now, finds the groups step 4 voids; predicted after
-    // it, none: the step's index builds at once.
-    let v4 = step(&doc, 5);
-    assert!(
-        v4["migration"]["censuses"][0]["violators"]
-            .as_i64()
-            .unwrap()
-            > 0,
-        "{v4}"
+/// Steps 4, 6 and 7 wrote what the plan `doc` predicted, counted in the tables.
+fn written_as_predicted(db: &TestDb, doc: &Value) {
+    let (void, budgets, usage) = (
+        &step(doc, 4)["repair"],
+        &step(doc, 6)["repair"],
+        &step(doc, 7)["repair"],
     );
-    assert_eq!(v4["predicted_censuses"][0]["violators"], 0, "{v4}");
-
-    let r = db.run(&["apply", "--yes"]);
-    assert_eq!(r.code, 0, "{}", r.both());
-
     // The void: rows marked, rows voided.
     assert_eq!(
         db.scalar_i64("SELECT count(*) FROM issued_coupons WHERE legacy_duplicate"),
@@ -175,19 +155,49 @@ fn on_a_quiet_database_apply_writes_what_the_plan_predicts() {
         let (id, yen): (String, i64) = (row.get(0), row.get(1));
         assert_eq!(budgets["amounts"][&id].as_i64(), Some(yen), "campaign {id}");
     }
-    assert_eq!(
-        db.scalar_i64("SELECT count(*) FROM member_monthly_usage"),
-        usage["changes"].as_i64().unwrap()
-    );
-    assert_eq!(
-        db.scalar_i64("SELECT coalesce(sum(used_yen), 0)::bigint FROM member_monthly_usage"),
-        usage["amounts"]
-            .as_object()
+    // Every member-month the plan lists (its first 1,000 keys): created with that value.
+    let used: std::collections::BTreeMap<String, i64> = c
+        .query(
+            "SELECT member_id || '/' || month, used_yen::bigint FROM member_monthly_usage",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(used.len() as i64, usage["changes"].as_i64().unwrap());
+    for (key, yen) in usage["amounts"].as_object().unwrap() {
+        assert_eq!(used.get(key).copied(), yen.as_i64(), "member-month {key}");
+    }
+}
+
+fn step(doc: &Value, n: usize) -> &Value {
+    &doc["steps"][n - 1]
+}
+
+#[test]
+fn on_a_quiet_database_apply_writes_what_the_plan_predicts() {
+    let db = fresh_db();
+    db.make_legacy_baselined(300);
+    let doc = plan_json(&db);
+    let void = &step(&doc, 4)["repair"];
+    assert!(void["changes"].as_i64().unwrap() > 0, "{void}");
+    // V4's unique-index census, counted now, finds the groups step 4 voids; predicted after
+    // it, none: the step's index builds at once.
+    let v4 = step(&doc, 5);
+    assert!(
+        v4["migration"]["censuses"][0]["violators"]
+            .as_i64()
             .unwrap()
-            .values()
-            .map(|v| v.as_i64().unwrap())
-            .sum::<i64>()
+            > 0,
+        "{v4}"
     );
+    assert_eq!(v4["predicted_censuses"][0]["violators"], 0, "{v4}");
+
+    let r = db.run(&["apply", "--yes"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+
+    written_as_predicted(&db, &doc);
     // The passes after the gate: nothing left on a quiet database, in the plan and in apply.
     for n in [9, 10] {
         assert_eq!(step(&doc, n)["repair"]["changes"], 0, "step {n}");
@@ -625,28 +635,7 @@ fn a_saved_plan_stopped_after_its_own_migrations_resumes_and_writes_what_it_pred
     assert_eq!(r.code, 0, "{}", r.both());
     assert!(r.stdout.contains("Applied the saved plan"), "{}", r.stdout);
     assert_eq!(db.history().len(), 4, "V4 applied, the gate not passed");
-    let void = &step(&doc, 4)["repair"];
-    assert_eq!(
-        db.scalar_i64("SELECT count(*) FROM issued_coupons WHERE legacy_duplicate"),
-        void["changes"].as_i64().unwrap()
-    );
-    assert_eq!(
-        db.scalar_i64("SELECT count(*) FROM issued_coupons WHERE voided_at IS NOT NULL"),
-        void["voided_or_created"].as_i64().unwrap()
-    );
-    let mut c = db.client();
-    let budgets = &step(&doc, 6)["repair"];
-    let rows = c
-        .query(
-            "SELECT campaign_id, issued_yen::bigint FROM campaign_budgets",
-            &[],
-        )
-        .unwrap();
-    assert_eq!(rows.len() as i64, budgets["changes"].as_i64().unwrap());
-    for row in rows {
-        let (id, yen): (String, i64) = (row.get(0), row.get(1));
-        assert_eq!(budgets["amounts"][&id].as_i64(), Some(yen), "campaign {id}");
-    }
+    written_as_predicted(&db, &doc);
     assert_eq!(
         db.scalar_i64(&format!(
             "SELECT count(*) FROM pgmend.applied_plans WHERE plan_sha256 = '{digest}' AND through_step = 7"
