@@ -17,7 +17,9 @@
 //!
 //! `apply` resolves the release and checks `--confirm` against its gates before connecting, opens
 //! the session (`open_checked`), checks it is writable, takes the runner lock, checks the history
-//! against the files and the privileges the pending steps need, asks once, installs the signal
+//! against the files and the privileges the pending steps need, with `--plan` checks the saved
+//! plan (`check_saved_plan`: `fingerprint::check` against a fingerprint taken now and the shapes
+//! its own earlier steps recorded, `store::records::plan_steps`), asks once, installs the signal
 //! handler (`signals::install`), and calls `release::engine::apply`. It renders the `Walk` it gets
 //! back: the gate it stopped at with the command that passes it (exit 0), or `The release is
 //! complete on host=... port=... dbname=... user=.... Check it with: pgmend verify`. JSON: `steps`

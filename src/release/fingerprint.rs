@@ -555,6 +555,11 @@ mod tests {
         max_drift: DEFAULT_MAX_DRIFT,
     };
 
+    /// `check` with no step recorded by an apply of the plan.
+    fn unrecorded(saved: &Fingerprint, now: &Fingerprint) -> Result<Vec<String>> {
+        check(saved, now, &steps(), &BTreeMap::new(), &LIMITS)
+    }
+
     fn exit_code(e: anyhow::Error) -> u8 {
         crate::error::exit_code_for(&e)
     }
@@ -562,22 +567,18 @@ mod tests {
     #[test]
     fn drift_is_bounded_by_a_share_and_never_less_than_100_rows() {
         let plan = print(4000);
-        assert!(
-            check(&plan, &print(4000), &steps(), &BTreeMap::new(), &LIMITS)
-                .unwrap()
-                .is_empty()
-        );
-        let moved = check(&plan, &print(4200), &steps(), &BTreeMap::new(), &LIMITS).unwrap();
+        assert!(unrecorded(&plan, &print(4000)).unwrap().is_empty());
+        let moved = unrecorded(&plan, &print(4200)).unwrap();
         assert_eq!(moved.len(), 2);
         assert!(
             moved[0].contains("4000 in the plan, 4200 now (+200, limit ±200)"),
             "{moved:?}"
         );
-        let past = check(&plan, &print(4201), &steps(), &BTreeMap::new(), &LIMITS).unwrap_err();
+        let past = unrecorded(&plan, &print(4201)).unwrap_err();
         assert_eq!(exit_code(past), 1);
         // A small count may move by 100 rows.
-        assert!(check(&print(10), &print(110), &steps(), &BTreeMap::new(), &LIMITS).is_ok());
-        assert!(check(&print(10), &print(111), &steps(), &BTreeMap::new(), &LIMITS).is_err());
+        assert!(unrecorded(&print(10), &print(110)).is_ok());
+        assert!(unrecorded(&print(10), &print(111)).is_err());
     }
 
     #[test]
@@ -592,23 +593,8 @@ mod tests {
             });
             now
         };
-        assert!(check(
-            &plan,
-            &resumed(1000, 3000),
-            &steps(),
-            &BTreeMap::new(),
-            &LIMITS
-        )
-        .unwrap()
-        .is_empty());
-        let moved = check(
-            &plan,
-            &resumed(1010, 3000),
-            &steps(),
-            &BTreeMap::new(),
-            &LIMITS,
-        )
-        .unwrap();
+        assert!(unrecorded(&plan, &resumed(1000, 3000)).unwrap().is_empty());
+        let moved = unrecorded(&plan, &resumed(1010, 3000)).unwrap();
         assert!(
             moved[0].contains(
                 "4000 in the plan, 4010 now (3000 done by run 7, 1010 left) (+10, limit ±200)"
@@ -616,21 +602,9 @@ mod tests {
             "{moved:?}"
         );
         // Without the run's part, what is left looks like 3,000 rows gone.
+        assert_eq!(exit_code(unrecorded(&plan, &print(1000)).unwrap_err()), 1);
         assert_eq!(
-            exit_code(check(&plan, &print(1000), &steps(), &BTreeMap::new(), &LIMITS).unwrap_err()),
-            1
-        );
-        assert_eq!(
-            exit_code(
-                check(
-                    &plan,
-                    &resumed(1000, 2000),
-                    &steps(),
-                    &BTreeMap::new(),
-                    &LIMITS
-                )
-                .unwrap_err()
-            ),
+            exit_code(unrecorded(&plan, &resumed(1000, 2000)).unwrap_err()),
             1
         );
     }
@@ -653,19 +627,13 @@ mod tests {
             (&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], false),
             (&[1, 2, 3, 4, 5, 6, 8], false),
         ] {
-            let r = check(
-                &plan,
-                &after_gate(done),
-                &steps(),
-                &BTreeMap::new(),
-                &LIMITS,
-            );
+            let r = unrecorded(&plan, &after_gate(done));
             assert_eq!(r.is_ok(), ok, "{done:?}: {r:?}");
         }
         // Before the gate, V2 done since the plan is a migration: refused.
         let mut now = print(10);
         now.done_steps = vec![1, 2];
-        let e = check(&print(10), &now, &steps(), &BTreeMap::new(), &LIMITS).unwrap_err();
+        let e = unrecorded(&print(10), &now).unwrap_err();
         assert!(format!("{e:#}").contains("the release moved on"), "{e:#}");
     }
 
@@ -700,17 +668,17 @@ mod tests {
         let plan = print(10);
         let mut other = print(10);
         other.server.database_oid = 1;
-        let e = check(&plan, &other, &steps(), &BTreeMap::new(), &LIMITS).unwrap_err();
+        let e = unrecorded(&plan, &other).unwrap_err();
         assert!(format!("{e:#}").contains("database OID 1 (the plan's: 16384)"));
         assert_eq!(exit_code(e), 2);
         let mut other = print(10);
         other.files.insert("repairs/new.toml".into(), "c".into());
-        let e = check(&plan, &other, &steps(), &BTreeMap::new(), &LIMITS).unwrap_err();
+        let e = unrecorded(&plan, &other).unwrap_err();
         assert!(format!("{e:#}").contains("repairs/new.toml (new)"));
         assert_eq!(exit_code(e), 2);
         let mut other = print(10);
         other.tables.insert("campaigns".into(), "changed".into());
-        let e = check(&plan, &other, &steps(), &BTreeMap::new(), &LIMITS).unwrap_err();
+        let e = unrecorded(&plan, &other).unwrap_err();
         assert!(format!("{e:#}").contains("the shape of campaigns differs"));
         assert_eq!(exit_code(e), 1);
     }
