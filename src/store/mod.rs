@@ -1,9 +1,9 @@
 //! pgmend's own tables, in schema `pgmend`, and the one module that reads and writes them:
 //! repair runs, their frozen targets, the audit ledger, confirmed gates, finished release
-//! steps, the saved plans applied and the table shapes their steps left, the released schema, the legacy counter recorded at the deploy gate, and the
-//! schema's version ([`schema`]). Other modules call these functions; the engines, whose
-//! batch statements write the ledger inside their own CTEs, take the table names and the
-//! ledger's column list from here.
+//! steps, the saved plans applied and the table shapes their steps left, the released schema,
+//! the legacy counter recorded at the deploy gate, and the schema's version ([`schema`]).
+//! Other modules call these functions; the engines, whose batch statements write the ledger
+//! inside their own CTEs, take the table names and the ledger's column list from here.
 //!
 //! `table` and `ledger` name the tables as `sql_text::Ident`s; `ledger_insert` and `targets_insert`
 //! are the column lists the engines' CTEs insert with; `exists` says whether the schema exists
