@@ -1,7 +1,8 @@
 //! Reviewed plans (issue 18): what `pgmend plan` predicts equals what `pgmend apply` then
 //! writes, counted in the tables afterwards; a plan saved with `plan --output` is applied by
-//! `apply --plan` only while the database and the files are those it was made from, and each
-//! refusal changes nothing (a snapshot of every schema and table, pgmend's included).
+//! `apply --plan` only while the database and the files are those it was made from (or, after
+//! an interrupted apply of it, the tables are as its own steps left them), and each refusal
+//! changes nothing (a snapshot of every schema and table, pgmend's included).
 
 mod common;
 
@@ -14,6 +15,12 @@ use serde_json::Value;
 fn planned(dir: &Path, extra: &[&str]) -> (TestDb, PathBuf, String) {
     let db = fresh_db();
     db.make_legacy_baselined(200);
+    let (file, digest) = save_plan(&db, dir, extra);
+    (db, file, digest)
+}
+
+/// `plan --output DIR/plan.json EXTRA` on `db`: the file and its digest.
+fn save_plan(db: &TestDb, dir: &Path, extra: &[&str]) -> (PathBuf, String) {
     let file = dir.join("plan.json");
     let mut args = vec!["plan", "--output", file.to_str().unwrap()];
     args.extend_from_slice(extra);
@@ -22,7 +29,7 @@ fn planned(dir: &Path, extra: &[&str]) -> (TestDb, PathBuf, String) {
     assert!(r.stderr.contains("wrote the plan to"), "{}", r.stderr);
     let doc: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
     let digest = doc["plan_sha256"].as_str().unwrap().to_string();
-    (db, file, digest)
+    (file, digest)
 }
 
 /// `apply --plan FILE --yes ARGS` on `db` exits with `code`, says `says`, and changes nothing.
@@ -39,6 +46,65 @@ fn refused(db: &TestDb, file: &Path, args: &[&str], code: i32, says: &str) {
     );
     assert!(r.stderr.contains("nothing was changed"), "{}", r.stderr);
     assert_eq!(snapshot(db), before, "a refused plan changed something");
+}
+
+/// Takes a coupon of the middle duplicate group FOR SHARE, in a transaction left open.
+const HOLD_THE_MIDDLE_GROUP: &str =
+    "BEGIN; SELECT 1 FROM issued_coupons WHERE (campaign_id, member_id) =
+       (SELECT campaign_id, member_id FROM issued_coupons GROUP BY 1, 2 HAVING count(*) > 1
+         ORDER BY 1, 2 LIMIT 1 OFFSET (SELECT count(*) / 2 FROM (SELECT 1 FROM issued_coupons
+                                        GROUP BY campaign_id, member_id HAVING count(*) > 1) g)) FOR SHARE";
+
+/// Runs `ARGS` (an apply) on `db`, adopted at V1, and stops it in step 4 after V2 and V3,
+/// without depending on timing: a reader's REPEATABLE READ transaction holds V3's concurrent
+/// build while a coupon of the middle duplicate group is taken FOR SHARE, then ends. The
+/// void's batch that reaches the coupon waits past its lock budget: exit 1, the run half done.
+fn apply_stopped_in_the_void(db: &TestDb, args: &[&str]) {
+    let mut reader = db.client();
+    reader
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM campaigns")
+        .unwrap();
+    let mut command = db.pgmend();
+    command.args(args).args([
+        "--batch-target",
+        "5ms",
+        "--lock-timeout",
+        "100ms",
+        "--lock-retry-for",
+        "1s",
+    ]);
+    let password = db.password();
+    let apply = std::thread::spawn(move || common::run(&mut command, &password));
+    let mut watch = db.client();
+    let started = std::time::Instant::now();
+    while watch
+        .query_opt(
+            "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'pgmend'
+                AND query ILIKE 'CREATE INDEX CONCURRENTLY%' AND wait_event_type = 'Lock'",
+            &[],
+        )
+        .unwrap()
+        .is_none()
+    {
+        assert!(
+            started.elapsed().as_secs() < 60,
+            "V3's build never waited for the reader"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let mut holder = db.client();
+    holder.batch_execute(HOLD_THE_MIDDLE_GROUP).unwrap();
+    reader.batch_execute("COMMIT").unwrap();
+    let r = apply.join().unwrap();
+    holder.batch_execute("ROLLBACK").unwrap();
+    assert_eq!(r.code, 1, "{}", r.both());
+    assert_eq!(db.history().len(), 3, "V1 to V3 applied");
+    assert!(
+        db.scalar_i64(
+            "SELECT changed FROM pgmend.repair_runs WHERE repair = 'void-duplicate-coupons' AND state = 'running'"
+        ) > 0,
+        "the void stopped half done"
+    );
 }
 
 fn add_duplicates(db: &TestDb, n: i64) {
@@ -59,34 +125,13 @@ fn plan_json(db: &common::TestDb) -> Value {
     serde_json::from_str(&r.stdout).unwrap()
 }
 
-fn step(doc: &Value, n: usize) -> &Value {
-    &doc["steps"][n - 1]
-}
-
-#[test]
-fn on_a_quiet_database_apply_writes_what_the_plan_predicts() {
-    let db = fresh_db();
-    db.make_legacy_baselined(300);
-    let doc = plan_json(&db);
-    let void = &step(&doc, 4)["repair"];
-    let budgets = &step(&doc, 6)["repair"];
-    let usage = &step(&doc, 7)["repair"];
-    assert!(void["changes"].as_i64().unwrap() > 0, "{void}");
-    // V4's unique-index census, counted now, finds the groups step 4 voids; predicted after
-    // it, none: the step's index builds at once.
-    let v4 = step(&doc, 5);
-    assert!(
-        v4["migration"]["censuses"][0]["violators"]
-            .as_i64()
-            .unwrap()
-            > 0,
-        "{v4}"
+/// Steps 4, 6 and 7 wrote what the plan `doc` predicted, counted in the tables.
+fn written_as_predicted(db: &TestDb, doc: &Value) {
+    let (void, budgets, usage) = (
+        &step(doc, 4)["repair"],
+        &step(doc, 6)["repair"],
+        &step(doc, 7)["repair"],
     );
-    assert_eq!(v4["predicted_censuses"][0]["violators"], 0, "{v4}");
-
-    let r = db.run(&["apply", "--yes"]);
-    assert_eq!(r.code, 0, "{}", r.both());
-
     // The void: rows marked, rows voided.
     assert_eq!(
         db.scalar_i64("SELECT count(*) FROM issued_coupons WHERE legacy_duplicate"),
@@ -110,19 +155,49 @@ fn on_a_quiet_database_apply_writes_what_the_plan_predicts() {
         let (id, yen): (String, i64) = (row.get(0), row.get(1));
         assert_eq!(budgets["amounts"][&id].as_i64(), Some(yen), "campaign {id}");
     }
-    assert_eq!(
-        db.scalar_i64("SELECT count(*) FROM member_monthly_usage"),
-        usage["changes"].as_i64().unwrap()
-    );
-    assert_eq!(
-        db.scalar_i64("SELECT coalesce(sum(used_yen), 0)::bigint FROM member_monthly_usage"),
-        usage["amounts"]
-            .as_object()
+    // Every member-month the plan lists (its first 1,000 keys): created with that value.
+    let used: std::collections::BTreeMap<String, i64> = c
+        .query(
+            "SELECT member_id || '/' || month, used_yen::bigint FROM member_monthly_usage",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(used.len() as i64, usage["changes"].as_i64().unwrap());
+    for (key, yen) in usage["amounts"].as_object().unwrap() {
+        assert_eq!(used.get(key).copied(), yen.as_i64(), "member-month {key}");
+    }
+}
+
+fn step(doc: &Value, n: usize) -> &Value {
+    &doc["steps"][n - 1]
+}
+
+#[test]
+fn on_a_quiet_database_apply_writes_what_the_plan_predicts() {
+    let db = fresh_db();
+    db.make_legacy_baselined(300);
+    let doc = plan_json(&db);
+    let void = &step(&doc, 4)["repair"];
+    assert!(void["changes"].as_i64().unwrap() > 0, "{void}");
+    // V4's unique-index census, counted now, finds the groups step 4 voids; predicted after
+    // it, none: the step's index builds at once.
+    let v4 = step(&doc, 5);
+    assert!(
+        v4["migration"]["censuses"][0]["violators"]
+            .as_i64()
             .unwrap()
-            .values()
-            .map(|v| v.as_i64().unwrap())
-            .sum::<i64>()
+            > 0,
+        "{v4}"
     );
+    assert_eq!(v4["predicted_censuses"][0]["violators"], 0, "{v4}");
+
+    let r = db.run(&["apply", "--yes"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+
+    written_as_predicted(&db, &doc);
     // The passes after the gate: nothing left on a quiet database, in the plan and in apply.
     for n in [9, 10] {
         assert_eq!(step(&doc, n)["repair"]["changes"], 0, "step {n}");
@@ -431,14 +506,7 @@ fn an_interrupted_apply_of_a_saved_plan_resumes_with_the_same_plan() {
     // A coupon of the middle duplicate group held FOR SHARE: the void's batch that reaches it
     // waits past its lock budget, and the walk stops (exit 1) with half the step done.
     let mut holder = db.client();
-    holder
-        .batch_execute(
-            "BEGIN; SELECT 1 FROM issued_coupons WHERE (campaign_id, member_id) =
-               (SELECT campaign_id, member_id FROM issued_coupons GROUP BY 1, 2 HAVING count(*) > 1
-                 ORDER BY 1, 2 LIMIT 1 OFFSET (SELECT count(*) / 2 FROM (SELECT 1 FROM issued_coupons
-                                                GROUP BY campaign_id, member_id HAVING count(*) > 1) g)) FOR SHARE",
-        )
-        .unwrap();
+    holder.batch_execute(HOLD_THE_MIDDLE_GROUP).unwrap();
     let r = db.run(&[
         "apply",
         "--plan",
@@ -543,5 +611,70 @@ fn a_plan_past_the_gate_stopped_after_its_gate_and_a_repair_step_resumes_with_th
             "SELECT count(*) FROM pgmend.applied_plans WHERE first_step = 8 AND through_step = 11"
         ),
         1
+    );
+}
+
+#[test]
+fn a_saved_plan_stopped_after_its_own_migrations_resumes_and_writes_what_it_predicted() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = fresh_db();
+    db.make_legacy_baselined(2000);
+    let (file, digest) = save_plan(&db, dir.path(), &[]);
+    let path = file.to_str().unwrap();
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    apply_stopped_in_the_void(&db, &["apply", "--plan", path, "--yes"]);
+    assert_eq!(
+        db.scalar_i64(&format!(
+            "SELECT count(*) FROM pgmend.plan_steps WHERE plan_sha256 = '{digest}' AND step IN (2, 3)"
+        )),
+        2,
+        "the shapes V2 and V3 left are recorded"
+    );
+
+    let r = db.run(&["apply", "--plan", path, "--yes"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(r.stdout.contains("Applied the saved plan"), "{}", r.stdout);
+    assert_eq!(db.history().len(), 4, "V4 applied, the gate not passed");
+    written_as_predicted(&db, &doc);
+    assert_eq!(
+        db.scalar_i64(&format!(
+            "SELECT count(*) FROM pgmend.applied_plans WHERE plan_sha256 = '{digest}' AND through_step = 7"
+        )),
+        1
+    );
+}
+
+#[test]
+fn a_column_added_after_a_saved_plan_stopped_past_its_migrations_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = fresh_db();
+    db.make_legacy_baselined(2000);
+    let (file, _) = save_plan(&db, dir.path(), &[]);
+    apply_stopped_in_the_void(&db, &["apply", "--plan", file.to_str().unwrap(), "--yes"]);
+    db.client()
+        .batch_execute("ALTER TABLE issued_coupons ADD COLUMN note text")
+        .unwrap();
+    refused(
+        &db,
+        &file,
+        &[],
+        1,
+        "the shape of issued_coupons differs from what step 3, the last an apply of this plan ran, left",
+    );
+}
+
+#[test]
+fn migrations_done_since_the_plan_by_a_plain_apply_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = fresh_db();
+    db.make_legacy_baselined(2000);
+    let (file, _) = save_plan(&db, dir.path(), &[]);
+    apply_stopped_in_the_void(&db, &["apply", "--yes"]);
+    refused(
+        &db,
+        &file,
+        &[],
+        1,
+        "the release moved on since the plan was made",
     );
 }

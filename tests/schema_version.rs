@@ -266,7 +266,7 @@ fn a_schema_from_a_newer_pgmend_is_refused_before_any_change() {
 }
 
 #[test]
-fn a_schema_at_version_2_gains_the_applied_plans_table() {
+fn a_schema_at_version_2_gains_the_applied_plans_and_plan_steps_tables() {
     let db = at_v2();
     db.client()
         .batch_execute(&format!(
@@ -282,9 +282,11 @@ fn a_schema_at_version_2_gains_the_applied_plans_table() {
     let r = db.run(&["plan", "--format", "json"]);
     assert_eq!(r.code, 0, "{}", r.both());
     assert!(!db.exists("pgmend.applied_plans"));
+    assert!(!db.exists("pgmend.plan_steps"));
     let r = db.run(&["repair", "apply", "rebuild-campaign-budgets", "--yes"]);
     assert_eq!(r.code, 0, "{}", r.both());
     assert!(db.exists("pgmend.applied_plans"));
+    assert!(db.exists("pgmend.plan_steps"));
     assert_eq!(
         db.scalar_i64("SELECT version::int8 FROM pgmend.schema_version"),
         CURRENT

@@ -17,7 +17,9 @@
 //!
 //! `apply` resolves the release and checks `--confirm` against its gates before connecting, opens
 //! the session (`open_checked`), checks it is writable, takes the runner lock, checks the history
-//! against the files and the privileges the pending steps need, asks once, installs the signal
+//! against the files and the privileges the pending steps need, with `--plan` checks the saved
+//! plan (`check_saved_plan`: `fingerprint::check` against a fingerprint taken now and the shapes
+//! its own earlier steps recorded, `store::records::plan_steps`), asks once, installs the signal
 //! handler (`signals::install`), and calls `release::engine::apply`. It renders the `Walk` it gets
 //! back: the gate it stopped at with the command that passes it (exit 0), or `The release is
 //! complete on host=... port=... dbname=... user=.... Check it with: pgmend verify`. JSON: `steps`
@@ -35,7 +37,7 @@ use crate::error::Outcome;
 use crate::migrate::{history, plan as migrate_plan};
 use crate::preflight::privileges;
 use crate::release::dry_run::{self, DryRun, StepPlan};
-use crate::release::engine::{self, Applied, Release, Settings};
+use crate::release::engine::{self, Applied, Following, Release, Settings};
 use crate::release::fingerprint::{self, Fingerprint, Limits};
 use crate::release::{self, Step};
 use crate::release::{compare, markdown};
@@ -253,7 +255,8 @@ fn check_saved_plan(
         max_age: args.saved.max_plan_age,
         max_drift: args.saved.max_drift,
     };
-    let moved = fingerprint::check(&saved.fingerprint, &now, release.steps, &limits)?;
+    let recorded = crate::store::records::plan_steps(&mut session.client, &saved.digest)?;
+    let moved = fingerprint::check(&saved.fingerprint, &now, release.steps, &recorded, &limits)?;
     let Some(&through) = saved.fingerprint.covers.last() else {
         bail!(
             "the plan {} covers no step: the release was complete when it was made; nothing was changed",
@@ -337,7 +340,10 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
             .intermediary
             .is_some()
             .then_some(session.backend_pid),
-        through_step: saved.as_ref().map(|s| s.1),
+        plan: saved.as_ref().map(|(plan, through, _)| Following {
+            digest: &plan.digest,
+            through_step: *through,
+        }),
     };
     let walk = engine::apply(&mut session.client, &release, &settings)?;
     let plan_record = match &saved {

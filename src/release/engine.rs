@@ -31,6 +31,12 @@
 //!   legacy counter (for `deploy-new-application` only), and is recorded
 //!   (`store::records::confirm_gate`) as `os_user()@hostname()` with the role.
 //!
+//! With `--plan` (`Settings::plan`), each step finished also records the table shapes it left
+//! (`record_shapes`: `fingerprint::table_shapes` under the plan's digest, what
+//! `fingerprint::check` compares a resumed plan with): a repair step and a gate in the
+//! transaction that records them; a migration right after its history row, which `migrate`
+//! commits (a crash between the two leaves the step unrecorded, and the plan is then refused).
+//!
 //! Any other error inside a step gets context (`step_failed`): the step, that the steps before it
 //! are complete and what it committed stays, and the command that continues (`continue_command`,
 //! with the gates this run was given).
@@ -38,9 +44,10 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
+use postgres::GenericClient;
 use serde::Serialize;
 
-use super::{progress, Step};
+use super::{fingerprint, progress, Step};
 use crate::db::conninfo::ConnParams;
 use crate::db::retry::LockPolicy;
 use crate::error::{PgContext, Stopped, Violators};
@@ -72,8 +79,17 @@ pub struct Settings<'a> {
     pub confirm: &'a [String],
     /// With `--pooler session`: the server backend, checked before every step.
     pub keep_backend: Option<i32>,
-    /// With `--plan`: the last step the saved plan covers; the walk ends before the next.
-    pub through_step: Option<usize>,
+    /// With `--plan`: the saved plan being applied.
+    pub plan: Option<Following<'a>>,
+}
+
+/// The saved plan an `apply --plan` follows.
+#[derive(Clone, Copy)]
+pub struct Following<'a> {
+    /// Its `plan_sha256`, under which each step finished records the table shapes it left.
+    pub digest: &'a str,
+    /// The last step it covers; the walk ends before the next.
+    pub through_step: usize,
 }
 
 /// One step as `apply` left it.
@@ -131,7 +147,7 @@ pub fn apply(
             walk.steps.push(applied_step(i, step, "already done", None));
             continue;
         }
-        if settings.through_step.is_some_and(|last| i + 1 > last) {
+        if settings.plan.is_some_and(|p| i + 1 > p.through_step) {
             walk.beyond_plan = Some(i + 1);
             break;
         }
@@ -221,14 +237,35 @@ fn run_step(
                 counters_match(client, release)?;
             }
             migration(client, release, settings, *version, retry_with.as_deref())?;
+            if settings.plan.is_some() {
+                // Right after, not with the history row: `migrate` writes that (an online
+                // migration outside any transaction) and knows nothing of plans.
+                store::ensure(client, settings.policy)?;
+                record_shapes(client, release, settings, i)?;
+            }
             Ok(StepEnd::Done(None))
         }
         Step::Repair { name } => {
             let run = repair(client, release, settings, i, step, name)?;
             Ok(StepEnd::Done(Some(Box::new(run))))
         }
-        Step::Gate { name, .. } => gate(client, settings, name),
+        Step::Gate { name, .. } => gate(client, release, settings, i, name),
     }
+}
+
+/// With `--plan`: records the table shapes step `i` left, under the plan's digest; the same
+/// plan applied again after an interruption compares the tables with them.
+fn record_shapes(
+    client: &mut impl GenericClient,
+    release: &Release,
+    settings: &Settings,
+    i: usize,
+) -> Result<()> {
+    let Some(plan) = settings.plan else {
+        return Ok(());
+    };
+    let shapes = fingerprint::table_shapes(client, release.files, release.repairs)?;
+    store::records::record_plan_step(client, plan.digest, i as i32 + 1, &shapes)
 }
 
 /// A migration step: applies migration `version`. When `retry_with` names a repair and the
@@ -353,7 +390,10 @@ pub fn repair(
     let repair = definition::named(release.repairs, name)?;
     let run = verdict::run_repair(client, repair, settings.options)?;
     stop_if_unfinished(&run, repair)?;
-    store::records::record_step(client, i as i32 + 1, &step.label(), Some(run.run.run_id))?;
+    let mut tx = client.transaction().doing("recording the finished step")?;
+    store::records::record_step(&mut tx, i as i32 + 1, &step.label(), Some(run.run.run_id))?;
+    record_shapes(&mut tx, release, settings, i)?;
+    tx.commit().doing("recording the finished step")?;
     crate::say!(
         "run {}: {} changed",
         run.run.run_id,
@@ -364,14 +404,23 @@ pub fn repair(
 
 /// A gate step: waits (ends the walk) unless `--confirm` names it; when it does, records the
 /// legacy counter's figures and who confirmed it.
-fn gate(client: &mut postgres::Client, settings: &Settings, name: &str) -> Result<StepEnd> {
+fn gate(
+    client: &mut postgres::Client,
+    release: &Release,
+    settings: &Settings,
+    i: usize,
+    name: &str,
+) -> Result<StepEnd> {
     if !settings.confirm.iter().any(|c| c == name) {
         return Ok(StepEnd::WaitingAtGate);
     }
     store::ensure(client, settings.policy)?;
     crate::report::legacy_counter::record_at_gate(client, name)?;
     let who = format!("{}@{}", os_user(), hostname());
-    store::records::confirm_gate(client, name, &who)?;
+    let mut tx = client.transaction().doing("recording the gate")?;
+    store::records::confirm_gate(&mut tx, name, &who)?;
+    record_shapes(&mut tx, release, settings, i)?;
+    tx.commit().doing("recording the gate")?;
     crate::say!("gate {name} confirmed by {who}");
     Ok(StepEnd::Done(None))
 }

@@ -9,6 +9,12 @@
 //! steps done, the pending steps the plan covers (up to the next pending gate) and each pending
 //! repair step's predicted counts and yen. The document's own digest, `plan_sha256`, is the
 //! SHA-256 of the canonical JSON text (serde_json's compact form) of the document without it.
+//!
+//! Each step an `apply --plan` finishes records [`table_shapes`] as the step left them, under
+//! the plan's digest (`store::records::record_plan_step`, from `engine`). When steps were done
+//! since the plan, [`check`] compares the tables with the shapes recorded after the last of
+//! them this plan ran, so the same plan resumes across its own migrations; a migration it did
+//! not run (a plain `apply`, `migrate apply`, or a record lost to a crash) is refused.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -25,7 +31,7 @@ use crate::digest::sha256_hex;
 use crate::error::{PgContext, Stopped};
 use crate::migrate::source::Migration;
 use crate::repair::definition::{Repair, Spec};
-use crate::store::records::Unfinished;
+use crate::store::records::{Shapes, Unfinished};
 
 /// The share of a count the next data step may move by between the plan and `apply`; never
 /// less than [`DRIFT_FLOOR_ROWS`]. A live old application keeps adding duplicates.
@@ -70,7 +76,7 @@ pub struct Fingerprint {
     /// `migrations/FILE`, `repairs/FILE` and `release.toml`, each with its SHA-256.
     pub files: BTreeMap<String, String>,
     /// Each table the release touches, with the SHA-256 of its shape's canonical text.
-    pub tables: BTreeMap<String, String>,
+    pub tables: Shapes,
     pub done_steps: Vec<usize>,
     /// The pending steps `apply --plan` runs: up to the next pending gate.
     pub covers: Vec<usize>,
@@ -124,7 +130,7 @@ pub fn take(
         },
         schema: row.get::<_, Option<String>>(3).unwrap_or_default(),
         pgmend_version: env!("CARGO_PKG_VERSION").into(),
-        tables: table_shapes(tx, inputs)?,
+        tables: table_shapes(tx, inputs.files, inputs.repairs)?,
         covers: covers(inputs.steps, &done_steps),
         done_steps,
         files,
@@ -186,7 +192,11 @@ fn covers(steps: &[Step], done: &[usize]) -> Vec<usize> {
 
 /// The tables the release touches (those its repairs name, and those of the target schema
 /// its migration files name), each with the SHA-256 of its shape's canonical text.
-fn table_shapes(tx: &mut impl GenericClient, inputs: &Inputs) -> Result<BTreeMap<String, String>> {
+pub fn table_shapes(
+    tx: &mut impl GenericClient,
+    files: &[Migration],
+    repairs: &[Repair],
+) -> Result<Shapes> {
     let tables = tx
         .query(
             "SELECT c.oid, c.relname::text FROM pg_class c
@@ -195,13 +205,13 @@ fn table_shapes(tx: &mut impl GenericClient, inputs: &Inputs) -> Result<BTreeMap
             &[],
         )
         .doing("listing the tables of the target schema")?;
-    let named = repair_tables(inputs.repairs);
+    let named = repair_tables(repairs);
     let mut out = BTreeMap::new();
     for t in tables {
         let (oid, name): (u32, String) = (t.get(0), t.get(1));
         let word = regex::Regex::new(&format!(r"(?i)\b{}\b", regex::escape(&name)))
             .context("a table name as a pattern")?;
-        if !named.contains(&name) && !inputs.files.iter().any(|m| word.is_match(&m.sql)) {
+        if !named.contains(&name) && !files.iter().any(|m| word.is_match(&m.sql)) {
             continue;
         }
         let lines: Vec<String> = tx
@@ -298,28 +308,34 @@ pub struct Limits {
     pub max_drift: f64,
 }
 
-/// Compares the plan with the database as it is now (`now`, taken just before). Another
-/// server, database, schema, role or pgmend, or any file that differs: an error (exit 2).
-/// Steps done since, table shapes that differ, a plan too old, or the next data step's counts
-/// moved past the limit: [`Stopped`] (exit 1). Returns a line for each count that moved within
-/// the limit.
+/// Compares the plan with the database as it is now (`now`, taken just before; `recorded`, the
+/// shapes each step an apply of this plan ran left, by step). Another server, database,
+/// schema, role or pgmend, or any file that differs: an error (exit 2). Steps done since that
+/// the plan does not account for, table shapes that differ, a plan too old, or the next data
+/// step's counts moved past the limit: [`Stopped`] (exit 1). Returns a line for each count
+/// that moved within the limit.
 pub fn check(
     saved: &Fingerprint,
     now: &Fingerprint,
     steps: &[Step],
+    recorded: &BTreeMap<usize, Shapes>,
     limits: &Limits,
 ) -> Result<Vec<String>> {
     check_identity(saved, now)?;
-    if !resumable(saved, now, steps) {
+    let Some((expected, after)) = expected_shapes(saved, now, steps, recorded) else {
         return Err(Stopped::error(format!(
-            "the release moved on since the plan was made (steps done then: {:?}, now: {:?}); nothing was changed. Make a new plan (`pgmend plan --output FILE`), review it, and apply that",
+            "the release moved on since the plan was made (steps done then: {:?}, now: {:?}; a step done since is not the plan's next, or is a migration an apply of this plan did not run); nothing was changed. Make a new plan (`pgmend plan --output FILE`), review it, and apply that",
             saved.done_steps, now.done_steps
         )));
-    }
-    let shapes = differing(&saved.tables, &now.tables);
+    };
+    let shapes = differing(expected, &now.tables);
     if !shapes.is_empty() {
+        let whose = match after {
+            Some(n) => format!("what step {n}, the last an apply of this plan ran, left"),
+            None => "the plan's".into(),
+        };
         return Err(Stopped::error(format!(
-            "the shape of {} differs from the plan's (columns, types, constraints, indexes, triggers or row security changed by someone else since the plan was made); nothing was changed. Find out who changed it, then make a new plan and review it",
+            "the shape of {} differs from {whose} (columns, types, constraints, indexes, triggers or row security changed by someone else since); nothing was changed. Find out who changed it, then make a new plan and review it",
             shapes.join(", ")
         )));
     }
@@ -339,21 +355,38 @@ pub fn check(
     drift(saved, now, limits)
 }
 
-/// The same steps done, or more: the first of the plan's own steps, none a migration (an
-/// interrupted `apply --plan` that finished a gate and repair steps; their tables keep their
-/// shapes, which are still compared).
-fn resumable(saved: &Fingerprint, now: &Fingerprint, steps: &[Step]) -> bool {
+/// The shapes the tables should have now, and the step that left them. No step done since the
+/// plan: the plan's. Steps done since that are the plan's own first steps, each migration among
+/// them run by an apply of this plan: those recorded after the last of them it ran (a repair
+/// step or a gate run otherwise leaves the shapes as they were). Otherwise None: the release
+/// moved on.
+fn expected_shapes<'a>(
+    saved: &'a Fingerprint,
+    now: &Fingerprint,
+    steps: &[Step],
+    recorded: &'a BTreeMap<usize, Shapes>,
+) -> Option<(&'a Shapes, Option<usize>)> {
     let since: Vec<usize> = now
         .done_steps
         .iter()
         .filter(|s| !saved.done_steps.contains(s))
         .copied()
         .collect();
-    saved.done_steps.iter().all(|s| now.done_steps.contains(s))
-        && saved.covers.starts_with(&since)
-        && since
-            .iter()
-            .all(|n| !matches!(steps.get(n - 1), Some(Step::Migrate { .. })))
+    let unaccounted = since.iter().any(|n| {
+        matches!(steps.get(n - 1), Some(Step::Migrate { .. })) && !recorded.contains_key(n)
+    });
+    if unaccounted
+        || !saved.covers.starts_with(&since)
+        || !saved.done_steps.iter().all(|s| now.done_steps.contains(s))
+    {
+        return None;
+    }
+    Some(
+        match since.iter().rev().find(|n| recorded.contains_key(n)) {
+            Some(n) => (&recorded[n], Some(*n)),
+            None => (&saved.tables, None),
+        },
+    )
 }
 
 fn check_identity(saved: &Fingerprint, now: &Fingerprint) -> Result<()> {
@@ -522,6 +555,11 @@ mod tests {
         max_drift: DEFAULT_MAX_DRIFT,
     };
 
+    /// `check` with no step recorded by an apply of the plan.
+    fn unrecorded(saved: &Fingerprint, now: &Fingerprint) -> Result<Vec<String>> {
+        check(saved, now, &steps(), &BTreeMap::new(), &LIMITS)
+    }
+
     fn exit_code(e: anyhow::Error) -> u8 {
         crate::error::exit_code_for(&e)
     }
@@ -529,20 +567,18 @@ mod tests {
     #[test]
     fn drift_is_bounded_by_a_share_and_never_less_than_100_rows() {
         let plan = print(4000);
-        assert!(check(&plan, &print(4000), &steps(), &LIMITS)
-            .unwrap()
-            .is_empty());
-        let moved = check(&plan, &print(4200), &steps(), &LIMITS).unwrap();
+        assert!(unrecorded(&plan, &print(4000)).unwrap().is_empty());
+        let moved = unrecorded(&plan, &print(4200)).unwrap();
         assert_eq!(moved.len(), 2);
         assert!(
             moved[0].contains("4000 in the plan, 4200 now (+200, limit ±200)"),
             "{moved:?}"
         );
-        let past = check(&plan, &print(4201), &steps(), &LIMITS).unwrap_err();
+        let past = unrecorded(&plan, &print(4201)).unwrap_err();
         assert_eq!(exit_code(past), 1);
         // A small count may move by 100 rows.
-        assert!(check(&print(10), &print(110), &steps(), &LIMITS).is_ok());
-        assert!(check(&print(10), &print(111), &steps(), &LIMITS).is_err());
+        assert!(unrecorded(&print(10), &print(110)).is_ok());
+        assert!(unrecorded(&print(10), &print(111)).is_err());
     }
 
     #[test]
@@ -557,10 +593,8 @@ mod tests {
             });
             now
         };
-        assert!(check(&plan, &resumed(1000, 3000), &steps(), &LIMITS)
-            .unwrap()
-            .is_empty());
-        let moved = check(&plan, &resumed(1010, 3000), &steps(), &LIMITS).unwrap();
+        assert!(unrecorded(&plan, &resumed(1000, 3000)).unwrap().is_empty());
+        let moved = unrecorded(&plan, &resumed(1010, 3000)).unwrap();
         assert!(
             moved[0].contains(
                 "4000 in the plan, 4010 now (3000 done by run 7, 1010 left) (+10, limit ±200)"
@@ -568,12 +602,9 @@ mod tests {
             "{moved:?}"
         );
         // Without the run's part, what is left looks like 3,000 rows gone.
+        assert_eq!(exit_code(unrecorded(&plan, &print(1000)).unwrap_err()), 1);
         assert_eq!(
-            exit_code(check(&plan, &print(1000), &steps(), &LIMITS).unwrap_err()),
-            1
-        );
-        assert_eq!(
-            exit_code(check(&plan, &resumed(1000, 2000), &steps(), &LIMITS).unwrap_err()),
+            exit_code(unrecorded(&plan, &resumed(1000, 2000)).unwrap_err()),
             1
         );
     }
@@ -596,13 +627,39 @@ mod tests {
             (&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], false),
             (&[1, 2, 3, 4, 5, 6, 8], false),
         ] {
-            let r = check(&plan, &after_gate(done), &steps(), &LIMITS);
+            let r = unrecorded(&plan, &after_gate(done));
             assert_eq!(r.is_ok(), ok, "{done:?}: {r:?}");
         }
         // Before the gate, V2 done since the plan is a migration: refused.
         let mut now = print(10);
         now.done_steps = vec![1, 2];
-        let e = check(&print(10), &now, &steps(), &LIMITS).unwrap_err();
+        let e = unrecorded(&print(10), &now).unwrap_err();
+        assert!(format!("{e:#}").contains("the release moved on"), "{e:#}");
+    }
+
+    #[test]
+    fn past_its_own_migrations_a_plan_is_compared_with_the_shapes_they_left() {
+        let plan = print(10);
+        let mut now = print(10);
+        now.done_steps = vec![1, 2, 3];
+        now.tables.insert("campaigns".into(), "after V2".into());
+        let after = |step: usize, shape: &str| {
+            BTreeMap::from([(step, BTreeMap::from([("campaigns".into(), shape.into())]))])
+        };
+        let mut both = after(2, "after V2");
+        both.extend(after(3, "after V2"));
+        assert!(check(&plan, &now, &steps(), &both, &LIMITS).is_ok());
+        // Someone changed the table after step 3: named, a stop.
+        let mut moved = both.clone();
+        moved.extend(after(3, "after V3"));
+        let e = check(&plan, &now, &steps(), &moved, &LIMITS).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("the shape of campaigns differs from what step 3"),
+            "{e:#}"
+        );
+        assert_eq!(exit_code(e), 1);
+        // V2 not run by this plan: the release moved on.
+        let e = check(&plan, &now, &steps(), &after(3, "after V2"), &LIMITS).unwrap_err();
         assert!(format!("{e:#}").contains("the release moved on"), "{e:#}");
     }
 
@@ -611,17 +668,17 @@ mod tests {
         let plan = print(10);
         let mut other = print(10);
         other.server.database_oid = 1;
-        let e = check(&plan, &other, &steps(), &LIMITS).unwrap_err();
+        let e = unrecorded(&plan, &other).unwrap_err();
         assert!(format!("{e:#}").contains("database OID 1 (the plan's: 16384)"));
         assert_eq!(exit_code(e), 2);
         let mut other = print(10);
         other.files.insert("repairs/new.toml".into(), "c".into());
-        let e = check(&plan, &other, &steps(), &LIMITS).unwrap_err();
+        let e = unrecorded(&plan, &other).unwrap_err();
         assert!(format!("{e:#}").contains("repairs/new.toml (new)"));
         assert_eq!(exit_code(e), 2);
         let mut other = print(10);
         other.tables.insert("campaigns".into(), "changed".into());
-        let e = check(&plan, &other, &steps(), &LIMITS).unwrap_err();
+        let e = unrecorded(&plan, &other).unwrap_err();
         assert!(format!("{e:#}").contains("the shape of campaigns differs"));
         assert_eq!(exit_code(e), 1);
     }

@@ -1,9 +1,9 @@
 //! pgmend's own tables, in schema `pgmend`, and the one module that reads and writes them:
 //! repair runs, their frozen targets, the audit ledger, confirmed gates, finished release
-//! steps, the saved plans applied, the released schema, the legacy counter recorded at the deploy gate, and the
-//! schema's version ([`schema`]). Other modules call these functions; the engines, whose
-//! batch statements write the ledger inside their own CTEs, take the table names and the
-//! ledger's column list from here.
+//! steps, the saved plans applied and the table shapes their steps left, the released schema,
+//! the legacy counter recorded at the deploy gate, and the schema's version ([`schema`]).
+//! Other modules call these functions; the engines, whose batch statements write the ledger
+//! inside their own CTEs, take the table names and the ledger's column list from here.
 //!
 //! `table` and `ledger` name the tables as `sql_text::Ident`s; `ledger_insert` and `targets_insert`
 //! are the column lists the engines' CTEs insert with; `exists` says whether the schema exists
@@ -51,7 +51,7 @@ pub fn targets_insert() -> String {
 }
 
 /// pgmend's tables with the privileges pgmend's role needs on each, for the pre-flight.
-pub const TABLE_PRIVILEGES: [(&str, &[&str]); 8] = [
+pub const TABLE_PRIVILEGES: [(&str, &[&str]); 9] = [
     ("repair_runs", &["SELECT", "INSERT", "UPDATE"]),
     ("repair_targets", &["SELECT", "INSERT"]),
     // UPDATE: a counter row a batch creates and then corrects has its 'insert' record
@@ -62,6 +62,7 @@ pub const TABLE_PRIVILEGES: [(&str, &[&str]); 8] = [
     ("legacy_counter_at_deploy", &["SELECT", "INSERT"]),
     ("schema_version", &["SELECT"]),
     ("applied_plans", &["SELECT", "INSERT"]),
+    ("plan_steps", &["SELECT", "INSERT", "UPDATE"]),
 ];
 
 /// Whether pgmend's schema exists yet (read-only commands must not create it).

@@ -6,7 +6,8 @@
 //! role: `current_user`), `gates_passed`, `gate_confirmed`, `released_schema`, and
 //! `record_legacy_counter`/`legacy_counter` (the figures `report::legacy_counter` computes; a rerun
 //! keeps the first record); `record_plan`/`applied_plans`, the saved plans `apply --plan`
-//! ran (digest, steps, who, when).
+//! ran (digest, steps, who, when); `record_plan_step`/`plan_steps`, the table shapes each step
+//! of an `apply --plan` left.
 
 use anyhow::Result;
 use postgres::{GenericClient, Row};
@@ -228,6 +229,55 @@ pub fn applied_plans(client: &mut impl GenericClient) -> Result<Vec<AppliedPlan>
             applied_at: r.get(5),
         })
         .collect())
+}
+
+/// Table name to the SHA-256 of its shape (`release::fingerprint`).
+pub type Shapes = std::collections::BTreeMap<String, String>;
+
+/// Records the table shapes step `step` of the saved plan `plan_sha256` left; a step run
+/// again replaces them.
+pub fn record_plan_step(
+    client: &mut impl GenericClient,
+    plan_sha256: &str,
+    step: i32,
+    shapes: &Shapes,
+) -> Result<()> {
+    client
+        .execute(
+            "INSERT INTO pgmend.plan_steps (plan_sha256, step, shapes) VALUES ($1, $2, $3::text::jsonb)
+             ON CONFLICT (plan_sha256, step) DO UPDATE SET shapes = excluded.shapes, recorded_at = now()",
+            &[&plan_sha256, &step, &serde_json::to_string(shapes)?],
+        )
+        .doing(format!("recording the table shapes step {step} of the saved plan left"))?;
+    Ok(())
+}
+
+/// The steps an `apply` of the saved plan `plan_sha256` ran, each with the table shapes it
+/// left (none before `pgmend.plan_steps` exists).
+pub fn plan_steps(
+    client: &mut impl GenericClient,
+    plan_sha256: &str,
+) -> Result<std::collections::BTreeMap<usize, Shapes>> {
+    let present: bool = client
+        .query_one("SELECT to_regclass('pgmend.plan_steps') IS NOT NULL", &[])
+        .doing("looking for pgmend.plan_steps")?
+        .get(0);
+    if !present {
+        return Ok(Default::default());
+    }
+    let mut out = std::collections::BTreeMap::new();
+    for r in client
+        .query(
+            "SELECT step, shapes::text FROM pgmend.plan_steps WHERE plan_sha256 = $1",
+            &[&plan_sha256],
+        )
+        .doing("reading the table shapes the saved plan's steps left")?
+    {
+        let step: i32 = r.get(0);
+        let shapes: Shapes = serde_json::from_str(r.get(1))?;
+        out.insert(step as usize, shapes);
+    }
+    Ok(out)
 }
 
 /// A finished repair run's rate, for the plan's duration estimates: how many rows it changed

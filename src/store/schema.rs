@@ -3,7 +3,8 @@
 //! version 2 adds `pgmend.schema_version`, one row holding the version; version 3 adds
 //! `pgmend.applied_plans`, the saved plans `apply --plan` ran; version 4 adds
 //! `repair_runs.target_ranges`, set on a counter run whose targets are ranges of keys rather
-//! than keys (see `repair::counter`). [`ensure`] creates the
+//! than keys (see `repair::counter`), and `pgmend.plan_steps`, the table shapes each step of
+//! an `apply --plan` left (see `release::fingerprint`). [`ensure`] creates the
 //! schema or upgrades it in place, in one transaction serialised by an advisory lock under
 //! the session's bounded lock waits; a schema newer than this binary is refused before any
 //! change.
@@ -141,8 +142,17 @@ CREATE TABLE IF NOT EXISTS pgmend.applied_plans (
 /// Version 3 to 4: a counter run before the deploy gate freezes ranges of keys (each target the
 /// last value of the key's first column in its range; the last range open-ended) instead of
 /// every key that differs. Runs an older pgmend froze keep their keys and resume as they were.
+/// And per saved plan and step it ran, the digests of the release's table shapes the step left
+/// (`shapes`, table name to SHA-256): what the same plan, applied again, compares them with.
 const V4_SQL: &str = "
-ALTER TABLE pgmend.repair_runs ADD COLUMN IF NOT EXISTS target_ranges boolean NOT NULL DEFAULT false;";
+ALTER TABLE pgmend.repair_runs ADD COLUMN IF NOT EXISTS target_ranges boolean NOT NULL DEFAULT false;
+CREATE TABLE IF NOT EXISTS pgmend.plan_steps (
+  plan_sha256 text NOT NULL,
+  step        integer NOT NULL,
+  shapes      jsonb NOT NULL,
+  recorded_at timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (plan_sha256, step)
+);";
 
 /// Each upgrade step, by the version it leads to.
 const STEPS: [(i32, &str); 4] = [(1, V1_SQL), (2, V2_SQL), (3, V3_SQL), (4, V4_SQL)];
