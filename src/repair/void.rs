@@ -106,7 +106,7 @@ impl VoidEngine {
             not_null = all_not_null("d", &s.group_by),
             in_range = range.predicate(&column.of("d"), ty),
         );
-        self.batch_sql_over(&groups, &range.predicate(&column.of("t"), ty))
+        self.batch_sql_over(&groups)
     }
 
     /// After a run in ranges: how many groups hold more than one unmarked row now (those
@@ -198,15 +198,16 @@ impl VoidEngine {
     /// rows by `row_key` as the snapshot saw it: a row whose key changed while the batch
     /// waited is left unchanged, and reconciliation reports its group.
     pub fn batch_sql(&self) -> String {
-        self.batch_sql_over(
-            &self.batch_groups(SeqRange::Between { lo: 2, hi: 3 }),
-            "true",
-        )
+        self.batch_sql_over(&self.batch_groups(SeqRange::Between { lo: 2, hi: 3 }))
     }
 
-    /// [`Self::batch_sql`] over the groups `groups` selects (the group columns), its rows
-    /// also filtered by `rows` (over alias `t`).
-    fn batch_sql_over(&self, groups: &str, rows: &str) -> String {
+    /// [`Self::batch_sql`] over the groups `groups` selects (the group columns). The groups
+    /// are a `MATERIALIZED` CTE, found once, and the rows are joined to them by the group
+    /// columns alone, so each group is an index lookup. With the range's predicate on the rows
+    /// too, a range the planner expected one row in (the last bucket of member_id's histogram
+    /// spans `m0990805` to `m1000000` at 1,000,000 members) was scanned once per group: a
+    /// batch of 43 ranges took 46 s; it takes 0.2 s this way (EXPLAIN ANALYZE, same range).
+    fn batch_sql_over(&self, groups: &str) -> String {
         let s = &self.spec;
         let keep = s
             .keep_when_not_null
@@ -214,9 +215,10 @@ impl VoidEngine {
             .map(|k| format!("l.{}", k))
             .unwrap_or_else(|| "NULL".into());
         format!(
-            "WITH locked AS (
-               SELECT t.* FROM {table} t JOIN ({groups}) g ON {on}
-                WHERE NOT t.{mark} AND {rows}
+            "WITH g AS MATERIALIZED ({groups}),
+             locked AS (
+               SELECT t.* FROM {table} t JOIN g ON {on}
+                WHERE NOT t.{mark}
                 ORDER BY t.{key} FOR UPDATE OF t),
              ranked AS (
                SELECT l.{key} AS k, l.{mark} AS before_mark, l.{void} AS before_void, {keep} AS keep_value,
