@@ -68,10 +68,6 @@ pub struct Drift {
     pub has_source: bool,
 }
 
-/// How many values of a key's first column one range of a run's targets holds (see
-/// [`CounterEngine::freeze_ranges_sql`]): a member-month batch starts at one range.
-pub const KEYS_PER_RANGE: i64 = 100;
-
 impl Drift {
     /// A row of (key as text[], counter, true value, has source).
     fn from_row(r: &postgres::Row) -> Drift {
@@ -306,7 +302,7 @@ impl CounterEngine {
         )
     }
 
-    /// The frozen targets of a run before the deploy gate: ranges of [`KEYS_PER_RANGE`] values
+    /// The frozen targets of a run before the deploy gate: ranges of `store::runs::VALUES_PER_RANGE` values
     /// of the key's first column (over the key set and the counter table's keys; see
     /// `store::runs::range_targets_sql`). Cheaper than freezing every key that differs, which
     /// sums the whole source once more; a batch then reads the drift of every key in its
@@ -319,14 +315,11 @@ impl CounterEngine {
         } else {
             (&s.keys_from, "x")
         };
-        store::runs::range_targets_sql(
-            &format!(
-                "SELECT {alias}.{first} AS k FROM {table} {alias} WHERE {alias}.{first} IS NOT NULL
+        store::runs::range_targets_sql(&format!(
+            "SELECT {alias}.{first} AS k FROM {table} {alias} WHERE {alias}.{first} IS NOT NULL
                  UNION SELECT c.{first} FROM {counter} c",
-                counter = &s.counter_table
-            ),
-            KEYS_PER_RANGE,
-        )
+            counter = &s.counter_table
+        ))
     }
 
     /// What the keys of a range of targets differ by (see [`Self::read_drift`]): every key

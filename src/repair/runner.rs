@@ -28,9 +28,9 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use serde::Serialize;
 
-use super::counter::{BatchResult, CounterEngine, Drift, KEYS_PER_RANGE};
+use super::counter::{BatchResult, CounterEngine, Drift};
 use super::definition::{Repair, Spec};
-use super::void::{VoidEngine, VALUES_PER_RANGE};
+use super::void::VoidEngine;
 use crate::db::retry::{with_lock_retry, LockPolicy};
 use crate::db::sql_text::{Ident, KeyRange};
 use crate::error::{PgContext, Stopped};
@@ -61,10 +61,18 @@ impl Engine {
 
     /// Whether a new run walks ranges of keys rather than frozen keys: a counter run before
     /// the gate (nearly every key differs), a void run where an index covers its groups.
-    fn in_ranges(&self, after_gate: bool) -> bool {
+    fn freezes_ranges(&self, after_gate: bool) -> bool {
         match self {
             Engine::Void(e) => e.range_by.is_some(),
             Engine::Counter(_) => !after_gate,
+        }
+    }
+
+    /// The column a run in ranges cuts its ranges of.
+    fn range_column(&self) -> Option<&Ident> {
+        match self {
+            Engine::Void(e) => e.range_by.as_ref().map(|(column, _)| column),
+            Engine::Counter(e) => e.spec.key.first(),
         }
     }
 
@@ -176,7 +184,7 @@ pub fn apply(
     let after_gate = matches!(engine, Engine::Counter(_)) && store::gates_passed(client)?;
     // Before the gate a counter run goes through every key in ranges (the first pass fills
     // the counters: nearly every key differs); after it, through the few keys that differ.
-    let ranges = engine.in_ranges(after_gate);
+    let ranges = engine.freezes_ranges(after_gate);
     let unfinished = store::runs::unfinished(client, &repair.name)?;
     let (mut run, resumed) = match unfinished {
         Some(run) if run.definition_checksum == repair.checksum => {
@@ -281,9 +289,9 @@ pub fn apply(
             }
             size = next_batch_size(size, options.batch_target, took);
             if in_ranges(&run, run.checkpoint) {
-                // A range holds KEYS_PER_RANGE values of the key's first column: about the
-                // same bound on keys per batch as for frozen keys.
-                size = size.min(MAX_BATCH / KEYS_PER_RANGE);
+                // A range holds VALUES_PER_RANGE values of its column: about the same bound
+                // on keys per batch as for frozen keys.
+                size = size.min(MAX_BATCH / store::runs::VALUES_PER_RANGE);
             }
             if let Some(bar) = &bar {
                 bar.set_position(run.checkpoint as u64);
@@ -500,23 +508,14 @@ fn freeze(
     if run.targets > 0 {
         store::runs::analyze_targets(client)?;
     }
-    let what = match engine {
-        Engine::Counter(e) if ranges => format!(
+    let what = match engine.range_column().filter(|_| ranges) {
+        Some(column) => format!(
             "{}, ranges of {} values of {} each",
             human::count(run.targets, "target"),
-            human::int(KEYS_PER_RANGE),
-            e.spec.key[0].as_str()
-        ),
-        Engine::Void(VoidEngine {
-            range_by: Some((column, _)),
-            ..
-        }) if ranges => format!(
-            "{}, ranges of {} values of {} each",
-            human::count(run.targets, "target"),
-            human::int(VALUES_PER_RANGE),
+            human::int(store::runs::VALUES_PER_RANGE),
             column.as_str()
         ),
-        _ => human::count(run.targets, "target"),
+        None => human::count(run.targets, "target"),
     };
     progress(&format!(
         "run {} of {}: froze {what} as of {} in {}",

@@ -34,10 +34,6 @@ pub struct VoidEngine {
     pub range_by: Option<(Ident, String)>,
 }
 
-/// How many values of the range column one target of a run in ranges holds: a void batch
-/// starts at one range (about 80 groups of the incident's data).
-pub const VALUES_PER_RANGE: i64 = 100;
-
 impl VoidEngine {
     /// For previews on a database that may lack the table's new columns: no catalog checks.
     pub fn preview_only(spec: VoidSpec) -> VoidEngine {
@@ -72,20 +68,17 @@ impl VoidEngine {
     }
 
     /// A run in ranges: the range column's values with an unmarked row, cut every
-    /// [`VALUES_PER_RANGE`] (see `store::runs::range_targets_sql`). One read of the index,
+    /// `store::runs::VALUES_PER_RANGE` (see `store::runs::range_targets_sql`). One read of the index,
     /// where freezing every group sorts and writes them all.
     pub fn freeze_ranges_sql(&self) -> String {
         let (column, _) = self
             .range_by
             .as_ref()
             .expect("a run in ranges has a range column");
-        store::runs::range_targets_sql(
-            &format!(
-                "SELECT DISTINCT t.{column} AS k FROM {table} t WHERE t.{column} IS NOT NULL",
-                table = &self.spec.table
-            ),
-            VALUES_PER_RANGE,
-        )
+        store::runs::range_targets_sql(&format!(
+            "SELECT DISTINCT t.{column} AS k FROM {table} t WHERE t.{column} IS NOT NULL",
+            table = &self.spec.table
+        ))
     }
 
     /// A batch of a run in ranges: [`Self::batch_sql`] over the groups with more than one

@@ -299,15 +299,19 @@ pub fn abandon(client: &mut impl GenericClient, run_id: i64) -> Result<()> {
     Ok(())
 }
 
+/// How many values of its column one range target holds: a batch starts at one range (about
+/// 80 coupon groups, or 100 members' month counters, of the incident's data).
+pub const VALUES_PER_RANGE: i64 = 100;
+
 /// Freezes run $1's targets as ranges: `values` (a `SELECT` of one column `k`, distinct) in
-/// order, cut every `per_range` values; each target holds the last value of its range as text,
-/// and one more target, `ARRAY[NULL]`, the open range after the last. The `INSERT` counts the
-/// targets.
-pub fn range_targets_sql(values: &str, per_range: i64) -> String {
+/// order, cut every [`VALUES_PER_RANGE`] values; each target holds the last value of its range
+/// as text, and one more target, `ARRAY[NULL]`, the open range after the last. The `INSERT`
+/// counts the targets.
+pub fn range_targets_sql(values: &str) -> String {
     format!(
         "WITH b AS (SELECT k, row_number() OVER (ORDER BY k) AS seq
                       FROM (SELECT k, row_number() OVER (ORDER BY k) AS n FROM ({values}) u) x
-                     WHERE n % {per_range} = 0)
+                     WHERE n % {VALUES_PER_RANGE} = 0)
          {targets_insert}
          SELECT $1::bigint, seq, ARRAY[k::text] FROM b
          UNION ALL SELECT $1::bigint, (SELECT count(*) FROM b) + 1, ARRAY[NULL::text]",
