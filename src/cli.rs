@@ -392,6 +392,10 @@ pub struct BatchArgs {
     /// Pause batches while a streaming replica replays later than this.
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub max_replica_lag: Option<Duration>,
+    /// Batch workers for a run whose targets are ranges of keys, each on its own connection
+    /// (N + 2 connections in all); 1 walks the batches on the main session.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64), value_name = "N")]
+    pub jobs: u16,
 }
 
 #[derive(Debug, Args)]

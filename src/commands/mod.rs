@@ -65,7 +65,26 @@ pub fn run_options(safety: &SafetyArgs, batch: &BatchArgs) -> Result<RunOptions>
         policy: policy(safety)?,
         batch_target: batch.batch_target,
         max_replica_lag: batch.max_replica_lag,
+        workers: None,
     })
+}
+
+/// The batch workers `--jobs` asks for, connected as `session` is; with more than one, refuses
+/// (exit 2, before any change) when the server's free connection slots cannot serve them
+/// ([`preflight::connection_slots`]).
+pub fn workers(
+    session: &mut Session,
+    batch: &BatchArgs,
+) -> Result<Option<crate::repair::workers::Workers>> {
+    let jobs = usize::from(batch.jobs);
+    if jobs > 1 {
+        preflight::connection_slots(&mut session.client, jobs)?;
+    }
+    Ok(Some(crate::repair::workers::Workers {
+        jobs,
+        params: session.params.clone(),
+        main_pid: session.backend_pid,
+    }))
 }
 
 /// Opens a session from `--database-url` / `DATABASE_URL` and the PG* variables, in the

@@ -275,7 +275,7 @@ fn gate_names(steps: &[Step]) -> impl Iterator<Item = &str> {
 
 pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
     let policy = policy(&args.safety)?;
-    let options = run_options(&args.safety, &args.batch)?;
+    let mut options = run_options(&args.safety, &args.batch)?;
     let files = load(&args.migrations)?;
     let repairs = source(&args.repairs).load()?;
     let steps = release::steps()?;
@@ -294,6 +294,7 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
     let (mut session, environment) = open_checked(&args.conn)?;
     session.ensure_writable()?;
     let _lock = runner_lock::acquire(&mut session, args.safety.runner_wait)?;
+    options.workers = super::workers(&mut session, &args.batch)?;
     let params = session.params.clone();
     {
         // Before any step: an edited or missing applied migration stops the release here,

@@ -117,10 +117,11 @@ pub fn plan(args: &RepairPlanArgs, format: Format) -> Result<Outcome> {
 
 pub fn apply(args: &RepairApplyArgs, format: Format) -> Result<Outcome> {
     let repair = source(&args.repairs).find(&args.name)?;
-    let options = run_options(&args.safety, &args.batch)?;
+    let mut options = run_options(&args.safety, &args.batch)?;
     let mut session = open(&args.conn)?;
     session.ensure_writable()?;
     let _lock = runner_lock::acquire(&mut session, args.safety.runner_wait)?;
+    options.workers = super::workers(&mut session, &args.batch)?;
     privileges::check(
         &mut session.client,
         &format!("repair {}", repair.name),

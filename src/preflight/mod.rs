@@ -235,3 +235,62 @@ fn check_row_security(session: &mut Session, schema: &str, role: &str) -> Result
         tables.join(", ")
     )
 }
+
+/// `--jobs N`: a run in ranges uses the main session and N worker connections, and an online
+/// build one more: N + 2 in all. Refuses (exit 2, before any change) when the server's free
+/// connection slots, the role's connection limit or the database's cannot serve N + 1 more
+/// beside this session.
+pub fn connection_slots(client: &mut postgres::Client, jobs: usize) -> Result<()> {
+    let row = client
+        .query_one(
+            "SELECT current_setting('max_connections')::int
+                    - current_setting('superuser_reserved_connections')::int
+                    - coalesce(nullif(current_setting('reserved_connections', true), '')::int, 0)
+                    - (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')::int,
+                    (SELECT rolconnlimit FROM pg_roles WHERE rolname = current_user),
+                    (SELECT count(*) FROM pg_stat_activity WHERE usename = current_user AND backend_type = 'client backend')::int,
+                    (SELECT datconnlimit FROM pg_database WHERE datname = current_database()),
+                    (SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND backend_type = 'client backend')::int",
+            &[],
+        )
+        .doing("counting the server's free connection slots for --jobs")?;
+    let (free, role_limit, role_used, db_limit, db_used): (i32, i32, i32, i32, i32) =
+        (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+    let more = jobs as i32 + 1;
+    let mut short = Vec::new();
+    if free < more {
+        short.push(format!("the server has {free} free connection slots (max_connections less the reserved slots and the client connections open now)"));
+    }
+    if role_limit >= 0 && role_limit - role_used < more {
+        short.push(format!(
+            "role {} may open {} more (CONNECTION LIMIT {role_limit}, {role_used} open)",
+            current_user(client)?,
+            (role_limit - role_used).max(0)
+        ));
+    }
+    if db_limit >= 0 && db_limit - db_used < more {
+        short.push(format!(
+            "this database may take {} more (CONNECTION LIMIT {db_limit}, {db_used} open)",
+            (db_limit - db_used).max(0)
+        ));
+    }
+    if !short.is_empty() {
+        bail!(
+            "--jobs {jobs} needs {} connections ({jobs} workers, this session and one for an online build), {more} more than this one, but {}. Lower --jobs, or free connections; nothing was changed",
+            jobs + 2,
+            short.join(", and ")
+        );
+    }
+    crate::say!(
+        "--jobs {jobs}: {} connections to the server ({jobs} batch workers, this session, one for an online build)",
+        jobs + 2
+    );
+    Ok(())
+}
+
+fn current_user(client: &mut postgres::Client) -> Result<String> {
+    Ok(client
+        .query_one("SELECT current_user::text", &[])
+        .doing("reading the role's name")?
+        .get(0))
+}

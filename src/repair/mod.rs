@@ -10,3 +10,4 @@ pub mod runner;
 pub mod undo;
 pub mod verdict;
 pub mod void;
+pub mod workers;

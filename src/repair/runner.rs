@@ -31,19 +31,22 @@ use serde::Serialize;
 use super::counter::{BatchResult, CounterEngine, Drift};
 use super::definition::{Repair, Spec};
 use super::void::VoidEngine;
+use super::workers::{self, Workers};
 use crate::db::retry::{with_lock_retry, LockPolicy};
 use crate::db::sql_text::{Ident, KeyRange};
 use crate::error::{PgContext, Stopped};
 use crate::human;
 use crate::store::{self, Run};
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone)]
 pub struct RunOptions {
     pub policy: LockPolicy,
     /// Aim for batches that take about this long.
     pub batch_target: Duration,
     /// Pause between batches while a streaming replica replays later than this.
     pub max_replica_lag: Option<Duration>,
+    /// Several workers for a run in ranges (`--jobs`); None: one stream on the main session.
+    pub workers: Option<Workers>,
 }
 
 pub enum Engine {
@@ -88,7 +91,7 @@ impl Engine {
     /// What a batch reads before its transaction: for counters, each key's drift (the sum
     /// of a hot campaign's coupons is read without holding its counter row), over the keys
     /// of targets ($lo, $hi], or over the key ranges they bound.
-    fn read(
+    pub(super) fn read(
         &self,
         client: &mut postgres::Client,
         run_id: i64,
@@ -104,7 +107,7 @@ impl Engine {
         }
     }
 
-    fn batch(
+    pub(super) fn batch(
         &self,
         tx: &mut postgres::Transaction<'_>,
         run_id: i64,
@@ -136,7 +139,7 @@ impl Engine {
 
 /// The bounds of a batch of a run in ranges: after the first (None: from the first value) and
 /// up to the second (None: to the last), as text.
-type Bounds = (Option<String>, Option<String>);
+pub(super) type Bounds = (Option<String>, Option<String>);
 
 /// Whether the run's targets from `lo` on are ranges of keys: a run frozen in ranges, up to
 /// the keys a later pass of a counter run appended (`repass_from`).
@@ -230,8 +233,45 @@ pub fn apply(
     let mut interrupted = false;
     let bar = progress_bar(&repair.name, run.targets, run.checkpoint);
     let mut repasses = 0;
+    let parallel = parallel(client, &run, options)?;
+    let mut sessions = Vec::new();
+    if let Some(w) = parallel {
+        for _ in 0..w.jobs {
+            sessions.push(crate::db::connect(&w.params).map_err(|e| {
+                e.context(format!(
+                    "opening a connection for a worker of {} (--jobs {})",
+                    repair.name, w.jobs
+                ))
+            })?);
+        }
+        progress(&format!(
+            "{}: {} workers, each on its own connection, over ranges of the run's targets",
+            repair.name, w.jobs
+        ));
+    }
     let left_over = loop {
-        while run.checkpoint < run.targets {
+        if let Some(w) = parallel {
+            let walked = workers::walk(
+                &engine,
+                &repair.name,
+                &run,
+                options,
+                w,
+                &mut sessions,
+                client,
+                progress,
+            )?;
+            times.extend(walked.times);
+            interrupted = walked.interrupted;
+            run = store::run(client, run.run_id)?.expect("the run exists");
+            if !interrupted && run.checkpoint < run.targets {
+                anyhow::bail!(
+                    "{}: the workers of run {} stopped with {} of {} targets done and no error; check `pgmend repair status` and rerun the command to resume",
+                    repair.name, run.run_id, human::int(run.checkpoint), human::int(run.targets)
+                );
+            }
+        }
+        while parallel.is_none() && run.checkpoint < run.targets {
             if crate::signals::requested().is_some() {
                 interrupted = true;
                 break;
@@ -387,6 +427,26 @@ pub fn apply(
         after_gate,
         run,
     })
+}
+
+/// The workers that walk `run`, or None for one stream on the main session: several for a run
+/// in ranges with `--jobs` above 1, and for any run left in slices by an earlier `--jobs` (which
+/// resumes with any number of workers, 1 included, from its slices' checkpoints).
+fn parallel<'a>(
+    client: &mut postgres::Client,
+    run: &Run,
+    options: &'a RunOptions,
+) -> Result<Option<&'a Workers>> {
+    let sliced = !store::slices::list(client, run.run_id)?.is_empty();
+    let ranges = run.target_ranges && run.repass_from.is_none();
+    match &options.workers {
+        Some(w) if ranges && (w.jobs > 1 || sliced) => Ok(Some(w)),
+        None if sliced => Err(Stopped::error(format!(
+            "run {} of {} was walked in slices by several workers; resume it with `pgmend repair apply {} --yes` (any --jobs)",
+            run.run_id, run.repair, run.repair
+        ))),
+        _ => Ok(None),
+    }
 }
 
 /// How many times a counter run after the gate corrects keys that differ again.
@@ -583,7 +643,7 @@ fn wait_for_replicas(
 /// The size of the next batch: aimed at `target` from how long `size` targets took, changing
 /// by at most 2x at a time, between 1 and 50,000. Rounded up when growing: from one target,
 /// rounding down would never grow again once a batch's fixed cost passes half the target.
-fn next_batch_size(size: i64, target: Duration, took: Duration) -> i64 {
+pub(super) fn next_batch_size(size: i64, target: Duration, took: Duration) -> i64 {
     let ratio = (target.as_secs_f64() / took.as_secs_f64().max(0.001)).clamp(0.5, 2.0);
     let next = size as f64 * ratio;
     let next = if ratio > 1.0 {
@@ -595,7 +655,7 @@ fn next_batch_size(size: i64, target: Duration, took: Duration) -> i64 {
 }
 
 /// The most targets one batch takes.
-const MAX_BATCH: i64 = 50_000;
+pub(super) const MAX_BATCH: i64 = 50_000;
 
 #[cfg(test)]
 mod tests {

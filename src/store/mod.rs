@@ -13,6 +13,7 @@
 pub mod records;
 pub mod runs;
 pub mod schema;
+pub mod slices;
 
 use anyhow::Result;
 use postgres::GenericClient;
@@ -51,7 +52,7 @@ pub fn targets_insert() -> String {
 }
 
 /// pgmend's tables with the privileges pgmend's role needs on each, for the pre-flight.
-pub const TABLE_PRIVILEGES: [(&str, &[&str]); 9] = [
+pub const TABLE_PRIVILEGES: [(&str, &[&str]); 10] = [
     ("repair_runs", &["SELECT", "INSERT", "UPDATE"]),
     ("repair_targets", &["SELECT", "INSERT"]),
     // UPDATE: a counter row a batch creates and then corrects has its 'insert' record
@@ -63,6 +64,7 @@ pub const TABLE_PRIVILEGES: [(&str, &[&str]); 9] = [
     ("schema_version", &["SELECT"]),
     ("applied_plans", &["SELECT", "INSERT"]),
     ("plan_steps", &["SELECT", "INSERT", "UPDATE"]),
+    ("run_slices", &["SELECT", "INSERT", "UPDATE", "DELETE"]),
 ];
 
 /// Whether pgmend's schema exists yet (read-only commands must not create it).

@@ -4,7 +4,8 @@
 //! `pgmend.applied_plans`, the saved plans `apply --plan` ran; version 4 adds
 //! `repair_runs.target_ranges`, set on a counter run whose targets are ranges of keys rather
 //! than keys (see `repair::counter`), and `pgmend.plan_steps`, the table shapes each step of
-//! an `apply --plan` left (see `release::fingerprint`). [`ensure`] creates the
+//! an `apply --plan` left (see `release::fingerprint`); version 5 adds `pgmend.run_slices`, the
+//! slices of a run walked by several workers (`--jobs`, see `store::slices`). [`ensure`] creates the
 //! schema or upgrades it in place, in one transaction serialised by an advisory lock under
 //! the session's bounded lock waits; a schema newer than this binary is refused before any
 //! change.
@@ -31,7 +32,7 @@ use crate::db::retry::{with_lock_retry, LockPolicy};
 use crate::error::PgContext;
 
 /// The version of pgmend's schema this binary creates and works with.
-pub const CURRENT: i32 = 4;
+pub const CURRENT: i32 = 5;
 
 /// The first key of the transaction-level advisory lock upgrades take ("pgmd"), second key
 /// "schm": two pgmends upgrading at once take turns, the second finds the work done.
@@ -154,8 +155,30 @@ CREATE TABLE IF NOT EXISTS pgmend.plan_steps (
   PRIMARY KEY (plan_sha256, step)
 );";
 
+/// Version 4 to 5: the slices of a run walked by several workers (`--jobs`): each an interval
+/// of the run's targets, `(lo, hi]`, with its own checkpoint, and the worker that last walked
+/// it. The run's own checkpoint stays the point below which every target is done.
+const V5_SQL: &str = "
+CREATE TABLE IF NOT EXISTS pgmend.run_slices (
+  run_id     bigint NOT NULL,
+  slice      integer NOT NULL,
+  lo         bigint NOT NULL,
+  hi         bigint NOT NULL,
+  checkpoint bigint NOT NULL,
+  worker     integer,
+  updated_at timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (run_id, slice),
+  CHECK (lo <= checkpoint AND checkpoint <= hi)
+);";
+
 /// Each upgrade step, by the version it leads to.
-const STEPS: [(i32, &str); 4] = [(1, V1_SQL), (2, V2_SQL), (3, V3_SQL), (4, V4_SQL)];
+const STEPS: [(i32, &str); 5] = [
+    (1, V1_SQL),
+    (2, V2_SQL),
+    (3, V3_SQL),
+    (4, V4_SQL),
+    (5, V5_SQL),
+];
 
 /// The version of the schema in the database: None when there is no schema yet; 1 when the
 /// tables exist without a version table (an older pgmend's).

@@ -1,0 +1,207 @@
+//! `--jobs N`: several batch workers for one run. The same end state and the same ledger
+//! records as one worker, an undo that restores what they changed, a run stopped with three
+//! workers resumed with two, and a refusal before any change when the server's connection
+//! slots cannot serve the workers.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::{copy_of, fresh_db, snapshot, TestDb};
+
+/// Each coupon's mark and voidedness by id, and every member-month counter.
+fn end_state(db: &TestDb) -> (String, String) {
+    let mut c = db.client();
+    let row = c
+        .query_one(
+            "SELECT (SELECT md5(string_agg(coupon_id::text || legacy_duplicate::text || (voided_at IS NULL)::text, ',' ORDER BY coupon_id))
+                       FROM issued_coupons),
+                    (SELECT md5(coalesce(string_agg(member_id || month::text || used_yen::text, ',' ORDER BY member_id, month), ''))
+                       FROM member_monthly_usage)",
+            &[],
+        )
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+/// The ledger as a multiset of records (key, action, before, after, reason), with the time a
+/// coupon was voided replaced by whether it was.
+fn ledger(db: &TestDb) -> (i64, String) {
+    let row = db
+        .client()
+        .query_one(
+            "SELECT count(*), md5(coalesce(string_agg(x, '|' ORDER BY x), '')) FROM (
+               SELECT concat_ws(' ', target_table, row_key::text, action, before::text,
+                                (after - 'voided_at')::text, (after ->> 'voided_at') IS NULL, reason) AS x
+                 FROM pgmend.repair_ledger) l",
+            &[],
+        )
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+/// How many workers committed a batch of run `run_id`.
+fn workers_that_committed(db: &TestDb, run_id: i64) -> i64 {
+    db.scalar_i64(&format!(
+        "SELECT count(DISTINCT worker) FROM pgmend.run_slices WHERE run_id = {run_id} AND worker IS NOT NULL"
+    ))
+}
+
+/// A database at V3 with the incident's data, the source of the copies.
+fn source() -> TestDb {
+    let db = fresh_db();
+    db.make_legacy_baselined(3000);
+    let r = db.run(&["migrate", "apply", "--yes", "--target", "3"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    db
+}
+
+fn repairs(db: &TestDb, extra: &[&str]) {
+    for name in ["void-duplicate-coupons", "rebuild-member-monthly-usage"] {
+        let mut args = vec!["repair", "apply", name, "--yes", "--batch-target", "5ms"];
+        args.extend_from_slice(extra);
+        let r = db.run(&args);
+        assert_eq!(r.code, 0, "{name} {extra:?}: {}", r.both());
+    }
+}
+
+#[test]
+fn four_workers_end_as_one_does_row_for_row_and_ledger_for_ledger_and_undo_restores_it() {
+    let src = source();
+    let one = copy_of(&src);
+    let four = copy_of(&src);
+    let coupons_before = end_state(&four).0;
+    repairs(&one, &[]);
+    repairs(&four, &["--jobs", "4"]);
+    assert_eq!(end_state(&one), end_state(&four));
+    let (records, digest) = ledger(&one);
+    assert!(
+        records > 1000,
+        "the runs changed rows: {records} ledger records"
+    );
+    assert_eq!((records, digest), ledger(&four));
+    // The one-worker runs have no slices; the four-worker ones were walked by several workers,
+    // and ended with every target done.
+    assert_eq!(one.scalar_i64("SELECT count(*) FROM pgmend.run_slices"), 0);
+    for run in [1, 2] {
+        assert!(workers_that_committed(&four, run) > 1, "run {run}");
+    }
+    assert_eq!(
+        four.scalar_i64(
+            "SELECT count(*) FROM pgmend.repair_runs WHERE state <> 'finished' OR checkpoint <> targets"
+        ),
+        0
+    );
+    // Undo of the void run made with four workers puts back every coupon as it was.
+    let r = four.run(&["repair", "undo", "1", "--yes"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert_eq!(end_state(&four).0, coupons_before);
+}
+
+#[test]
+fn a_run_stopped_with_three_workers_resumes_with_two_and_ends_as_one_worker_does() {
+    let src = source();
+    let reference = copy_of(&src);
+    let db = copy_of(&src);
+    repairs(&reference, &[]);
+    let child = db
+        .pgmend()
+        .args([
+            "repair",
+            "apply",
+            "void-duplicate-coupons",
+            "--yes",
+            "--batch-target",
+            "1ms",
+            "--jobs",
+            "3",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let mut watch = db.client();
+    while watch
+        .query_one(
+            "SELECT coalesce((SELECT count(*) FROM pgmend.run_slices WHERE checkpoint > lo), 0)",
+            &[],
+        )
+        .map(|r| r.get::<_, i64>(0))
+        .unwrap_or(0)
+        < 2
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no batch committed"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let left = db
+        .scalar_i64("SELECT count(*) FROM pgmend.run_slices WHERE run_id = 1 AND checkpoint < hi");
+    assert!(left > 0, "the run stopped before its end: {stderr}");
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM pgmend.repair_runs WHERE state = 'running'"),
+        1
+    );
+    // Resumed with two workers, from the slices' checkpoints.
+    let r = db.run(&[
+        "repair",
+        "apply",
+        "void-duplicate-coupons",
+        "--yes",
+        "--batch-target",
+        "5ms",
+        "--jobs",
+        "2",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(r.stderr.contains("resuming run 1"), "{}", r.stderr);
+    let r = db.run(&["repair", "apply", "rebuild-member-monthly-usage", "--yes"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert_eq!(end_state(&reference), end_state(&db));
+    assert_eq!(ledger(&reference), ledger(&db));
+}
+
+#[test]
+fn jobs_that_the_connection_limit_cannot_serve_are_refused_before_any_change() {
+    let db = source();
+    db.client()
+        .batch_execute(&format!("ALTER DATABASE {} CONNECTION LIMIT 4", db.name))
+        .unwrap();
+    let before = snapshot(&db);
+    let r = db.run(&[
+        "repair",
+        "apply",
+        "void-duplicate-coupons",
+        "--yes",
+        "--jobs",
+        "4",
+    ]);
+    assert_eq!(r.code, 2, "{}", r.both());
+    assert!(
+        r.stderr.contains("--jobs 4 needs 6 connections")
+            && r.stderr.contains("CONNECTION LIMIT 4"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(snapshot(&db), before);
+    // Two workers fit: 4 connections in all.
+    let r = db.run(&[
+        "repair",
+        "apply",
+        "void-duplicate-coupons",
+        "--yes",
+        "--jobs",
+        "2",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.both());
+}
