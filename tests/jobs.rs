@@ -152,6 +152,20 @@ fn a_run_stopped_with_three_workers_resumes_with_two_and_ends_as_one_worker_does
         db.scalar_i64("SELECT count(*) FROM pgmend.repair_runs WHERE state = 'running'"),
         1
     );
+    // repair status shows each slice's checkpoint and worker, in both formats.
+    let status = db.run(&["repair", "status"]);
+    assert!(
+        status.stdout.contains("run 1 slice 1: targets 0..") && status.stdout.contains("(worker "),
+        "{}",
+        status.stdout
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&db.run(&["repair", "status", "--format", "json"]).stdout).unwrap();
+    let slices = json[0]["slices"].as_array().expect("the run's slices");
+    assert!(slices.len() >= 3, "{json}");
+    assert!(slices
+        .iter()
+        .any(|s| s["checkpoint"].as_i64() > s["lo"].as_i64()));
     // Resumed with two workers, from the slices' checkpoints.
     let r = db.run(&[
         "repair",

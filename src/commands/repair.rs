@@ -230,6 +230,22 @@ pub fn status(args: &RepairStatusArgs, format: Format) -> Result<Outcome> {
             } else {
                 writeln!(out, "{}", Table::new(rows).with(Style::psql()))?;
             }
+            for r in &runs {
+                for s in &r.slices {
+                    writeln!(
+                        out,
+                        "run {} slice {}: targets {}..{}, checkpoint {}{}",
+                        r.run_id,
+                        s.slice,
+                        human::int(s.lo),
+                        human::int(s.hi),
+                        human::int(s.checkpoint),
+                        s.worker
+                            .map(|w| format!(" (worker {w})"))
+                            .unwrap_or_default()
+                    )?;
+                }
+            }
             for p in &plans {
                 writeln!(out, "{p}")?;
             }

@@ -99,6 +99,10 @@ pub struct Run {
     /// holds the last value of the key's first column in its range, the last one none.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub target_ranges: bool,
+    /// A running run walked by several workers (`--jobs`): its slices, each with its
+    /// checkpoint and the worker that walked it last (filled by [`all`] only).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub slices: Vec<super::slices::Slice>,
 }
 
 /// Over `pgmend.repair_runs r`. `target_ranges` (version 4) is read through the row's JSON:
@@ -128,6 +132,7 @@ fn run_from_row(r: &postgres::Row) -> Run {
         undone_by_run: r.get(14),
         repass_from: r.get(15),
         target_ranges: r.get(16),
+        slices: Vec::new(),
     }
 }
 
@@ -136,7 +141,7 @@ pub fn all(client: &mut impl GenericClient) -> Result<Vec<Run>> {
     if !super::exists(client)? {
         return Ok(Vec::new());
     }
-    Ok(client
+    let mut runs = client
         .query(
             &format!("SELECT {RUN_COLUMNS} FROM pgmend.repair_runs r ORDER BY run_id"),
             &[],
@@ -144,7 +149,11 @@ pub fn all(client: &mut impl GenericClient) -> Result<Vec<Run>> {
         .doing("reading the repair runs")?
         .iter()
         .map(run_from_row)
-        .collect())
+        .collect::<Vec<_>>();
+    for run in runs.iter_mut().filter(|r| r.state == RunState::Running) {
+        run.slices = super::slices::list(client, run.run_id)?;
+    }
+    Ok(runs)
 }
 
 pub fn run(client: &mut impl GenericClient, run_id: i64) -> Result<Option<Run>> {
