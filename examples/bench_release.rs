@@ -778,8 +778,11 @@ fn main() -> Result<()> {
                 "json",
             ]
         };
+        // PGMEND_BENCH_JOBS=N: pgmend's batch workers (`--jobs N`; default 1).
+        let jobs = std::env::var("PGMEND_BENCH_JOBS").unwrap_or_else(|_| "1".into());
         let mut child = Command::new(&exe)
             .args(args)
+            .args(["--jobs", &jobs])
             .env("DATABASE_URL", &url)
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(format!(

@@ -219,3 +219,74 @@ fn jobs_that_the_connection_limit_cannot_serve_are_refused_before_any_change() {
     ]);
     assert_eq!(r.code, 0, "{}", r.both());
 }
+
+#[test]
+fn the_workers_stop_when_the_session_holding_the_runner_lock_is_gone() {
+    let src = source();
+    let reference = copy_of(&src);
+    let db = copy_of(&src);
+    repairs(&reference, &[]);
+    let child = db
+        .pgmend()
+        .args([
+            "repair",
+            "apply",
+            "void-duplicate-coupons",
+            "--yes",
+            "--batch-target",
+            "1ms",
+            "--jobs",
+            "2",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let mut watch = db.client();
+    while watch
+        .query_one(
+            "SELECT coalesce((SELECT count(*) FROM pgmend.run_slices WHERE checkpoint > lo), 0)",
+            &[],
+        )
+        .map(|r| r.get::<_, i64>(0))
+        .unwrap_or(0)
+        < 1
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no batch committed"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // The main session is the backend that holds the runner lock.
+    let terminated: bool = watch
+        .query_one(
+            "SELECT pg_terminate_backend(pid) FROM pg_locks
+              WHERE locktype = 'advisory' AND granted AND objid = 1835363940 AND classid = 28775",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(terminated);
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("runner lock") && stderr.contains("is gone"),
+        "{stderr}"
+    );
+    assert!(
+        db.scalar_i64(
+            "SELECT count(*) FROM pgmend.run_slices WHERE run_id = 1 AND checkpoint < hi"
+        ) > 0,
+        "the workers stopped before the end"
+    );
+    // Rerun: the run resumes from its slices and ends as one worker's does.
+    let r = db.run(&["repair", "apply", "void-duplicate-coupons", "--yes"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let r = db.run(&["repair", "apply", "rebuild-member-monthly-usage", "--yes"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert_eq!(end_state(&reference), end_state(&db));
+    assert_eq!(ledger(&reference), ledger(&db));
+}
