@@ -3,7 +3,7 @@
 //!
 //!     cargo build --release && cargo build --release --example kill_campaign
 //!     cargo run --release --example kill_campaign -- --iterations 1000 --members 2000 [--seed S]
-//!         [--batch-target 20ms] [--max-minutes 45] [--exe target/release/pgmend]
+//!         [--batch-target 20ms] [--jobs N] [--max-minutes 45] [--exe target/release/pgmend]
 //!
 //! One throwaway server (`LocalPg`). A source database gets the legacy schema (V1), the demo's
 //! dirty data (`generate_dirty_data`) and `migrate baseline`; every other database is a
@@ -667,6 +667,8 @@ pub struct IterationOptions<'a> {
     pub conninfo: &'a str,
     pub dbname: &'a str,
     pub batch_target: &'a str,
+    /// `--jobs` of the iteration's first run; each later run draws its own from 1 to this.
+    pub jobs: u16,
     /// The reference run's stderr lines over time. Every run is killed at a moment of the
     /// reference drawn anew (within its run time for an iteration's first run, up to 1.2
     /// times it after that), taken as a point of progress: once the run has printed as many
@@ -696,9 +698,15 @@ pub fn kill_until_done(
         }
         let err_path = dir.path().join(format!("stderr-{runs}"));
         let out_path = dir.path().join(format!("stdout-{runs}"));
+        let jobs = if runs == 1 || o.jobs == 1 {
+            o.jobs
+        } else {
+            rng.between(1, u64::from(o.jobs)) as u16
+        };
         let mut child = pgmend(o.exe, o.conninfo)
             .args(CONFIRM)
             .args(["--batch-target", o.batch_target, "--runner-wait", "60s"])
+            .args(["--jobs", &jobs.to_string()])
             .stdout(std::fs::File::create(&out_path)?)
             .stderr(std::fs::File::create(&err_path)?)
             .spawn()
@@ -809,6 +817,9 @@ pub struct CampaignOptions {
     pub members: i32,
     pub seed: u64,
     pub batch_target: String,
+    /// `--jobs` of each iteration's first run (later runs draw 1 to this); the reference
+    /// runs with one worker.
+    pub jobs: u16,
     /// Start no new iteration after this long.
     pub max_time: Option<Duration>,
     /// Prefix of the campaign's database names.
@@ -889,6 +900,7 @@ pub fn campaign(o: &CampaignOptions, conn: Conn, log: &mut dyn FnMut(&str)) -> R
                 conninfo: &conn(&copy),
                 dbname: &copy,
                 batch_target: &o.batch_target,
+                jobs: o.jobs,
                 reference: &timeline,
             },
             &mut monitor,
@@ -962,6 +974,11 @@ fn main() -> Result<()> {
             .unwrap_or(2000),
         seed,
         batch_target: value("--batch-target").unwrap_or_else(|| "20ms".into()),
+        jobs: value("--jobs")
+            .map(|s| s.parse())
+            .transpose()
+            .context("--jobs")?
+            .unwrap_or(1),
         max_time: value("--max-minutes")
             .map(|s| s.parse::<u64>())
             .transpose()

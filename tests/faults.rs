@@ -35,6 +35,7 @@ fn killed_at_random_moments_the_release_ends_as_an_uninterrupted_run_would() {
         members: 500,
         seed,
         batch_target: "20ms".into(),
+        jobs: 1,
         max_time: None,
         prefix: format!("kc{}", std::process::id()),
     };

@@ -59,11 +59,13 @@ pub fn list(client: &mut impl GenericClient, run_id: i64) -> Result<Vec<Slice>> 
 pub fn recut(mut intervals: Vec<(i64, i64)>, pieces: usize) -> Vec<(i64, i64)> {
     intervals.retain(|(lo, hi)| hi > lo);
     while intervals.len() < pieces {
-        let (i, &(lo, hi)) = intervals
+        let Some((i, &(lo, hi))) = intervals
             .iter()
             .enumerate()
             .max_by_key(|(_, (lo, hi))| hi - lo)
-            .expect("at least one interval");
+        else {
+            break;
+        };
         if hi - lo < 2 {
             break;
         }
