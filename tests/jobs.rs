@@ -66,6 +66,49 @@ fn repairs(db: &TestDb, extra: &[&str]) {
     }
 }
 
+/// A void run with `jobs` workers, started in the background and returned once `slices` of its
+/// slices have committed a batch, with a client to watch it.
+fn void_run_under_way(
+    db: &TestDb,
+    jobs: &str,
+    slices: i64,
+) -> (std::process::Child, postgres::Client) {
+    let child = db
+        .pgmend()
+        .args([
+            "repair",
+            "apply",
+            "void-duplicate-coupons",
+            "--yes",
+            "--batch-target",
+            "1ms",
+            "--jobs",
+            jobs,
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let mut watch = db.client();
+    while watch
+        .query_one(
+            "SELECT coalesce((SELECT count(*) FROM pgmend.run_slices WHERE checkpoint > lo), 0)",
+            &[],
+        )
+        .map(|r| r.get::<_, i64>(0))
+        .unwrap_or(0)
+        < slices
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no batch committed"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    (child, watch)
+}
+
 #[test]
 fn four_workers_end_as_one_does_row_for_row_and_ledger_for_ledger_and_undo_restores_it() {
     let src = source();
@@ -105,39 +148,7 @@ fn a_run_stopped_with_three_workers_resumes_with_two_and_ends_as_one_worker_does
     let reference = copy_of(&src);
     let db = copy_of(&src);
     repairs(&reference, &[]);
-    let child = db
-        .pgmend()
-        .args([
-            "repair",
-            "apply",
-            "void-duplicate-coupons",
-            "--yes",
-            "--batch-target",
-            "1ms",
-            "--jobs",
-            "3",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let started = Instant::now();
-    let mut watch = db.client();
-    while watch
-        .query_one(
-            "SELECT coalesce((SELECT count(*) FROM pgmend.run_slices WHERE checkpoint > lo), 0)",
-            &[],
-        )
-        .map(|r| r.get::<_, i64>(0))
-        .unwrap_or(0)
-        < 2
-    {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "no batch committed"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let (child, _watch) = void_run_under_way(&db, "3", 2);
     std::process::Command::new("kill")
         .args(["-INT", &child.id().to_string()])
         .status()
@@ -226,39 +237,7 @@ fn the_workers_stop_when_the_session_holding_the_runner_lock_is_gone() {
     let reference = copy_of(&src);
     let db = copy_of(&src);
     repairs(&reference, &[]);
-    let child = db
-        .pgmend()
-        .args([
-            "repair",
-            "apply",
-            "void-duplicate-coupons",
-            "--yes",
-            "--batch-target",
-            "1ms",
-            "--jobs",
-            "2",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let started = Instant::now();
-    let mut watch = db.client();
-    while watch
-        .query_one(
-            "SELECT coalesce((SELECT count(*) FROM pgmend.run_slices WHERE checkpoint > lo), 0)",
-            &[],
-        )
-        .map(|r| r.get::<_, i64>(0))
-        .unwrap_or(0)
-        < 1
-    {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "no batch committed"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let (child, mut watch) = void_run_under_way(&db, "2", 1);
     // The main session is the backend that holds the runner lock.
     let terminated: bool = watch
         .query_one(
