@@ -396,6 +396,14 @@ pub struct BatchArgs {
     /// (N + 2 connections in all); 1 walks the batches on the main session.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64), value_name = "N")]
     pub jobs: u16,
+    /// Pause this long after each batch (each worker after its own), leaving the server to the
+    /// application.
+    #[arg(long, default_value = "0s", value_parser = parse_duration, value_name = "DURATION")]
+    pub pause: Duration,
+    /// Spend at most this percent of the time in batches: after a batch that took T, pause
+    /// T x (100 - P) / P (50: as long again as the batch took).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u8).range(1..=100), value_name = "PERCENT")]
+    pub duty_cycle: u8,
 }
 
 #[derive(Debug, Args)]

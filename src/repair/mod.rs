@@ -5,6 +5,7 @@ pub mod catalog;
 pub mod counter;
 pub mod definition;
 pub mod guard;
+pub mod neighbour;
 pub mod preview;
 pub mod runner;
 pub mod undo;

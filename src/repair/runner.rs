@@ -30,6 +30,7 @@ use serde::Serialize;
 
 use super::counter::{BatchResult, CounterEngine, Drift};
 use super::definition::{Repair, Spec};
+use super::neighbour::{self, Neighbour};
 use super::void::VoidEngine;
 use super::workers::{self, Workers};
 use crate::db::retry::{with_lock_retry, LockPolicy};
@@ -47,6 +48,8 @@ pub struct RunOptions {
     pub max_replica_lag: Option<Duration>,
     /// Several workers for a run in ranges (`--jobs`); None: one stream on the main session.
     pub workers: Option<Workers>,
+    /// Pauses between batches and the throttle on batches that make sessions wait.
+    pub neighbour: Neighbour,
 }
 
 pub enum Engine {
@@ -158,6 +161,9 @@ pub struct RunReport {
     pub batch_ms_p50: u64,
     pub batch_ms_p99: u64,
     pub batch_ms_max: u64,
+    /// Batches that another session waited for before they committed (each was followed by
+    /// a smaller one and a pause: `neighbour`).
+    pub batches_blocking: u64,
     /// For void: frozen groups that still hold duplicates (new arrivals). For counters:
     /// keys whose counter drifted from the source since their batch.
     pub left_over: i64,
@@ -233,6 +239,7 @@ pub fn apply(
     let mut interrupted = false;
     let bar = progress_bar(&repair.name, run.targets, run.checkpoint);
     let mut repasses = 0;
+    let mut blocking: u64 = 0;
     let parallel = parallel(client, &run, options)?;
     let mut sessions = Vec::new();
     if let Some(w) = parallel {
@@ -262,6 +269,7 @@ pub fn apply(
                 progress,
             )?;
             times.extend(walked.times);
+            blocking += walked.blocking;
             interrupted = walked.interrupted;
             run = store::run(client, run.run_id)?.expect("the run exists");
             if !interrupted && run.checkpoint < run.targets {
@@ -314,11 +322,12 @@ pub fn apply(
                         repair.name, run.run_id
                     )));
                     }
+                    let waiting = neighbour::sessions_waiting_on_me(&mut tx, &[])?;
                     tx.commit()?;
-                    Ok(Ok((r, t.elapsed())))
+                    Ok(Ok((r, t.elapsed(), waiting)))
                 },
             )??;
-            let (result, in_transaction) = result;
+            let (result, in_transaction, waiting) = result;
             let took = t.elapsed();
             times.push(in_transaction.as_millis() as u64);
             run.checkpoint = hi;
@@ -333,6 +342,9 @@ pub fn apply(
                 // on keys per batch as for frozen keys.
                 size = size.min(MAX_BATCH / store::runs::VALUES_PER_RANGE);
             }
+            let (next, pause) = options.neighbour.after_batch(hi - lo, size, took, waiting);
+            size = next;
+            blocking += u64::from(waiting > 0);
             if let Some(bar) = &bar {
                 bar.set_position(run.checkpoint as u64);
                 bar.set_message(format!(
@@ -358,6 +370,9 @@ pub fn apply(
                     human::duration(took)
                 ));
                 last_line = Instant::now();
+            }
+            if run.checkpoint < run.targets {
+                neighbour::sleep(pause);
             }
         }
         // A run that froze nothing found every target agreeing a moment ago; checking again
@@ -422,6 +437,7 @@ pub fn apply(
         batch_ms_p50: pct(0.5),
         batch_ms_p99: pct(0.99),
         batch_ms_max: times.last().copied().unwrap_or(0),
+        batches_blocking: blocking,
         left_over,
         left_over_keys,
         after_gate,

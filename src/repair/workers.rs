@@ -15,12 +15,13 @@
 //! ones to finish are short.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Result};
 
+use super::neighbour;
 use super::runner::{next_batch_size, Engine, RunOptions, MAX_BATCH};
 use crate::db::conninfo::ConnParams;
 use crate::db::retry::with_lock_retry;
@@ -46,6 +47,8 @@ pub struct Walked {
     pub interrupted: bool,
     /// Batch transaction times in milliseconds, every worker's.
     pub times: Vec<u64>,
+    /// Batches that another session waited for (`RunReport::batches_blocking`).
+    pub blocking: u64,
 }
 
 /// Walks what is left of `run` with `workers.jobs` workers, to the end or to a stop.
@@ -76,14 +79,23 @@ pub fn walk(
     let done_before = run.targets - left_at_start;
     let done = AtomicI64::new(done_before);
     let changed = AtomicI64::new(run.changed);
+    let blocking = AtomicU64::new(0);
     let times: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+    // pgmend's own sessions, which wait for each other on the run's row, are no application.
+    let ours: Vec<i32> = sessions.iter().map(|s| s.backend_pid).collect();
     let started = Instant::now();
     let results: Vec<Result<()>> = std::thread::scope(|scope| {
         let handles: Vec<_> = sessions
             .iter_mut()
             .enumerate()
             .map(|(i, session)| {
-                let (queue, stop, done, changed, times) = (&queue, &stop, &done, &changed, &times);
+                let counts = Counts {
+                    done: &done,
+                    changed: &changed,
+                    blocking: &blocking,
+                    times: &times,
+                };
+                let (queue, stop, ours) = (&queue, &stop, &ours);
                 scope.spawn(move || {
                     let worker = Worker {
                         engine,
@@ -91,9 +103,10 @@ pub fn walk(
                         run_id: run.run_id,
                         options,
                         main_pid: workers.main_pid,
+                        ours,
                         number: i as i32 + 1,
                     };
-                    let r = worker.run(&mut session.client, queue, stop, done, changed, times);
+                    let r = worker.run(&mut session.client, queue, stop, counts);
                     if r.is_err() {
                         stop.store(true, Ordering::Relaxed);
                     }
@@ -138,7 +151,18 @@ pub fn walk(
     Ok(Walked {
         interrupted: crate::signals::requested().is_some(),
         times: times.into_inner().expect("times"),
+        blocking: blocking.into_inner(),
     })
+}
+
+/// What every worker adds to: targets done, rows changed, batches that made a session wait,
+/// batch times.
+#[derive(Clone, Copy)]
+struct Counts<'a> {
+    done: &'a AtomicI64,
+    changed: &'a AtomicI64,
+    blocking: &'a AtomicU64,
+    times: &'a Mutex<Vec<u64>>,
 }
 
 struct Worker<'a> {
@@ -147,6 +171,7 @@ struct Worker<'a> {
     run_id: i64,
     options: &'a RunOptions,
     main_pid: i32,
+    ours: &'a [i32],
     number: i32,
 }
 
@@ -156,9 +181,7 @@ impl Worker<'_> {
         client: &mut postgres::Client,
         queue: &Mutex<VecDeque<Slice>>,
         stop: &AtomicBool,
-        done: &AtomicI64,
-        changed: &AtomicI64,
-        times: &Mutex<Vec<u64>>,
+        counts: Counts,
     ) -> Result<()> {
         let mut size: i64 = 1;
         loop {
@@ -172,16 +195,27 @@ impl Worker<'_> {
                 }
                 let (lo, hi) = (checkpoint, (checkpoint + size).min(slice.hi));
                 let t = Instant::now();
-                let (n, in_transaction) = self.batch(client, slice.slice, (lo, hi))??;
-                times
+                let (n, in_transaction, waiting) = self.batch(client, slice.slice, (lo, hi))??;
+                counts
+                    .times
                     .lock()
                     .expect("times")
                     .push(in_transaction.as_millis() as u64);
                 checkpoint = hi;
-                done.fetch_add(hi - lo, Ordering::Relaxed);
-                changed.fetch_add(n, Ordering::Relaxed);
-                size = next_batch_size(size, self.options.batch_target, t.elapsed())
+                counts.done.fetch_add(hi - lo, Ordering::Relaxed);
+                counts.changed.fetch_add(n, Ordering::Relaxed);
+                counts
+                    .blocking
+                    .fetch_add(u64::from(waiting > 0), Ordering::Relaxed);
+                let took = t.elapsed();
+                let planned = next_batch_size(size, self.options.batch_target, took)
                     .min(MAX_BATCH / store::runs::VALUES_PER_RANGE);
+                let (next, pause) =
+                    self.options
+                        .neighbour
+                        .after_batch(hi - lo, planned, took, waiting);
+                size = next;
+                neighbour::sleep(pause);
             }
         }
     }
@@ -192,7 +226,7 @@ impl Worker<'_> {
         client: &mut postgres::Client,
         slice: i32,
         (lo, hi): (i64, i64),
-    ) -> Result<Result<(i64, Duration)>> {
+    ) -> Result<Result<(i64, Duration, i64)>> {
         let policy = &self.options.policy;
         with_lock_retry(
             client,
@@ -234,8 +268,9 @@ impl Worker<'_> {
                         self.name, self.number, self.run_id
                     )));
                 }
+                let waiting = neighbour::sessions_waiting_on_me(&mut tx, self.ours)?;
                 tx.commit()?;
-                Ok(Ok((r.changed, t.elapsed())))
+                Ok(Ok((r.changed, t.elapsed(), waiting)))
             },
         )
     }
