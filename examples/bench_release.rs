@@ -285,6 +285,66 @@ fn compare_end_states(one: &mut postgres::Client, via: &mut postgres::Client) ->
     Ok(summary.join("; "))
 }
 
+/// The release run again with `--jobs jobs` on a copy of `src` (baselined, after a
+/// `CHECKPOINT`): its wall time, and its end state and ledger compared with `viapgmend`'s row
+/// for row. The ledger is compared as a multiset of records (the run's repair, table, key,
+/// action, before, after with a void's time reduced to whether it is set, reason), so that
+/// the order in which workers wrote them does not matter.
+fn jobs_too(
+    pg: &LocalPg,
+    exe: &std::path::Path,
+    args: &[&str],
+    jobs: &str,
+    members: i32,
+) -> Result<(Duration, String)> {
+    let mut admin = postgres::Client::connect(&pg.conninfo("postgres"), postgres::NoTls)?;
+    execute_each(
+        &mut admin,
+        &[
+            "DROP DATABASE IF EXISTS viajobs",
+            "CREATE DATABASE viajobs TEMPLATE src",
+        ],
+    )?;
+    let url = pg.url("viajobs");
+    let status = Command::new(exe)
+        .args(["migrate", "baseline", "--yes"])
+        .env("DATABASE_URL", &url)
+        .stdout(Stdio::null())
+        .status()?;
+    anyhow::ensure!(status.success(), "baseline failed");
+    checkpoint(&mut admin)?;
+    let t = Instant::now();
+    let status = Command::new(exe)
+        .args(args)
+        .args(["--jobs", jobs])
+        .env("DATABASE_URL", &url)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(format!(
+            "/tmp/bench-pgmend-{members}-jobs-{jobs}.log"
+        ))?)
+        .status()?;
+    let time = t.elapsed();
+    anyhow::ensure!(status.success(), "pgmend apply --jobs {jobs} failed");
+    let mut first = postgres::Client::connect(&pg.conninfo("viapgmend"), postgres::NoTls)?;
+    let mut again = postgres::Client::connect(&pg.conninfo("viajobs"), postgres::NoTls)?;
+    let rows = compare_end_states(&mut first, &mut again)?;
+    let ledger = "SELECT x, lpad((row_number() OVER (PARTITION BY x))::text, 12, '0'), '' FROM (
+                    SELECT concat_ws(' ', r.repair, l.target_table, l.row_key::text, l.action, l.before::text,
+                                     (l.after - 'voided_at')::text, (l.after ->> 'voided_at') IS NULL, l.reason) AS x
+                      FROM pgmend.repair_ledger l JOIN pgmend.repair_runs r USING (run_id)) records
+                  ORDER BY 1 COLLATE \"C\", 2";
+    let (records, differing, shown) = compare_rows(&mut first, &mut again, ledger, 2)?;
+    anyhow::ensure!(
+        differing == 0,
+        "--jobs {jobs}: {differing} of {records} ledger records differ from --jobs 1's, the first:\n  {}",
+        shown.join("\n  ")
+    );
+    Ok((
+        time,
+        format!("equal to --jobs 1 row for row ({rows}) and ledger for ledger ({records} records)"),
+    ))
+}
+
 /// "N label time" for each `step N done in X` line of pgmend's stderr, with the step's label
 /// from its JSON report.
 fn step_times(log: &str, doc: &serde_json::Value) -> Vec<String> {
@@ -869,6 +929,18 @@ fn main() -> Result<()> {
             "{members} members, pgmend's steps: {}",
             step_times(&log, &doc).join("; ")
         ));
+        // PGMEND_BENCH_JOBS_TOO=N: the release again on a third copy with `--jobs N`, its end
+        // state and its ledger compared with the first pgmend run's (issue 19).
+        if let Ok(too) = std::env::var("PGMEND_BENCH_JOBS_TOO") {
+            drop(via);
+            let (time, compared) = jobs_too(&pg, &exe, args, &too, members)?;
+            println!(
+                "| {members} | --jobs {too} | {:.1}s | {:.2}x | {compared} |",
+                time.as_secs_f64(),
+                one_time.as_secs_f64() / time.as_secs_f64()
+            );
+            continue;
+        }
         if profile {
             for r in via.query(
                 "SELECT round(total_exec_time)::bigint, calls, left(regexp_replace(query, '\\s+', ' ', 'g'), 160)
