@@ -840,9 +840,12 @@ fn main() -> Result<()> {
         };
         // PGMEND_BENCH_JOBS=N: pgmend's batch workers (`--jobs N`; default 1).
         let jobs = std::env::var("PGMEND_BENCH_JOBS").unwrap_or_else(|_| "1".into());
+        // PGMEND_BENCH_ARGS: more options for pgmend apply, split at blanks (`--duty-cycle 50`).
+        let extra = std::env::var("PGMEND_BENCH_ARGS").unwrap_or_default();
         let mut child = Command::new(&exe)
             .args(args)
             .args(["--jobs", &jobs])
+            .args(extra.split_whitespace())
             .env("DATABASE_URL", &url)
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(format!(
@@ -860,14 +863,26 @@ fn main() -> Result<()> {
                 .flat_map(|h| h.join().unwrap())
                 .collect(),
         );
+        let out = reader.join().unwrap()?;
         if load {
+            // Batches an application session waited for (the throttle's count), over every run.
+            let blocking: u64 = serde_json::from_str::<serde_json::Value>(&out)
+                .ok()
+                .and_then(|doc| {
+                    doc["steps"].as_array().map(|steps| {
+                        steps
+                            .iter()
+                            .filter_map(|s| s["run"]["batches_blocking"].as_u64())
+                            .sum()
+                    })
+                })
+                .unwrap_or(0);
             println!(
-                "| {members} under load | one-shot {:.1}s: {} app ops, p99 {:.0} ms, max {:.0} ms | pgmend to the gate {:.1}s: {} app ops, p99 {:.0} ms, max {:.0} ms |",
+                "| {members} under load | one-shot {:.1}s: {} app ops, p99 {:.0} ms, max {:.0} ms | pgmend to the gate {:.1}s: {} app ops, p99 {:.0} ms, max {:.0} ms, {blocking} batches waited for |",
                 one_time.as_secs_f64(), one_load.0, one_load.1, one_load.2, via_time.as_secs_f64(), via_load.0, via_load.1, via_load.2
             );
             continue;
         }
-        let out = reader.join().unwrap()?;
         let via_wal = wal_lsn(&mut via)? - wal0;
         anyhow::ensure!(
             backends_gone()?,
