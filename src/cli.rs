@@ -261,6 +261,10 @@ pub struct ReleasePlanArgs {
     /// the rehearsal did not exercise. Shows the comparison instead of the plan.
     #[arg(long, value_name = "STAGING-PLAN.json")]
     pub compare: Option<PathBuf>,
+    /// Check that the server can serve `apply --jobs N` now (N + 2 connections): if not, the
+    /// plan has a blocker.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64), value_name = "N")]
+    pub jobs: u16,
 }
 
 #[derive(Debug, Args)]

@@ -197,12 +197,24 @@ fn a_run_stopped_with_three_workers_resumes_with_two_and_ends_as_one_worker_does
 }
 
 #[test]
-fn jobs_that_the_connection_limit_cannot_serve_are_refused_before_any_change() {
+fn jobs_that_the_connection_limit_cannot_serve_are_refused_before_any_change_and_plan_says_so() {
     let db = source();
     db.client()
         .batch_execute(&format!("ALTER DATABASE {} CONNECTION LIMIT 4", db.name))
         .unwrap();
     let before = snapshot(&db);
+    // The plan says so first: a blocker, exit 2; with two workers, how many connections.
+    let r = db.run(&["plan", "--jobs", "4"]);
+    assert_eq!(r.code, 2, "{}", r.both());
+    assert!(
+        r.both()
+            .contains("apply would be refused: --jobs 4 needs 6 connections"),
+        "{}",
+        r.both()
+    );
+    let r = db.run(&["plan", "--jobs", "2"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(r.stdout.contains("--jobs 2: 4 connections"), "{}", r.stdout);
     let r = db.run(&[
         "repair",
         "apply",

@@ -35,7 +35,7 @@ use crate::cli::{Format, ReleaseApplyArgs, ReleasePlanArgs};
 use crate::db::runner_lock;
 use crate::error::Outcome;
 use crate::migrate::{history, plan as migrate_plan};
-use crate::preflight::privileges;
+use crate::preflight::{self, privileges};
 use crate::release::dry_run::{self, DryRun, StepPlan};
 use crate::release::engine::{self, Applied, Following, Release, Settings};
 use crate::release::fingerprint::{self, Fingerprint, Limits};
@@ -65,6 +65,14 @@ pub fn plan(args: &ReleasePlanArgs, format: Format) -> Result<Outcome> {
         crate::say!("note: {note}");
     }
     let (mut session, environment) = open_checked(&args.conn)?;
+    // What `apply --jobs N` would find of the server's connection slots now.
+    let slots = match args.jobs {
+        1 => None,
+        jobs => Some(preflight::connection_slots_for(
+            &mut session.client,
+            usize::from(jobs),
+        )?),
+    };
     let migrations = migrate_plan::build(&mut session.client, files.clone(), None)?;
     let release = Release {
         steps: &steps,
@@ -91,6 +99,9 @@ pub fn plan(args: &ReleasePlanArgs, format: Format) -> Result<Outcome> {
             session.params
         )?;
         writeln!(out, "{environment}")?;
+        if let Some(Ok(line)) = &slots {
+            writeln!(out, "{line}")?;
+        }
         let colour = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
         for plan in &plans {
             render_step(plan, colour, &mut out)?;
@@ -104,6 +115,9 @@ pub fn plan(args: &ReleasePlanArgs, format: Format) -> Result<Outcome> {
     let needs = privileges::for_release(&steps, &progress, &files, &repairs, &gates);
     let (role, lacking) = privileges::missing(&mut session.client, &needs)?;
     let mut blockers = migrations.blockers.clone();
+    if let Some(Err(short)) = slots {
+        blockers.push(format!("apply would be refused: {short}"));
+    }
     blockers.extend(
         lacking
             .iter()

@@ -239,8 +239,24 @@ fn check_row_security(session: &mut Session, schema: &str, role: &str) -> Result
 /// `--jobs N`: a run in ranges uses the main session and N worker connections, and an online
 /// build one more: N + 2 in all. Refuses (exit 2, before any change) when the server's free
 /// connection slots, the role's connection limit or the database's cannot serve N + 1 more
-/// beside this session.
+/// beside this session ([`connection_slots_for`]); says on stderr how many it will use.
 pub fn connection_slots(client: &mut postgres::Client, jobs: usize) -> Result<()> {
+    match connection_slots_for(client, jobs)? {
+        Ok(line) => {
+            crate::say!("{line}");
+            Ok(())
+        }
+        Err(short) => bail!("{short}; nothing was changed"),
+    }
+}
+
+/// What `--jobs jobs` needs against what the server, the role and the database can serve now:
+/// Ok with the line that says how many connections it uses, or Err with what is short (for
+/// `plan`, a blocker; for `apply`, a refusal).
+pub fn connection_slots_for(
+    client: &mut postgres::Client,
+    jobs: usize,
+) -> Result<std::result::Result<String, String>> {
     let row = client
         .query_one(
             "SELECT current_setting('max_connections')::int
@@ -275,17 +291,16 @@ pub fn connection_slots(client: &mut postgres::Client, jobs: usize) -> Result<()
         ));
     }
     if !short.is_empty() {
-        bail!(
-            "--jobs {jobs} needs {} connections ({jobs} workers, this session and one for an online build), {more} more than this one, but {}. Lower --jobs, or free connections; nothing was changed",
+        return Ok(Err(format!(
+            "--jobs {jobs} needs {} connections ({jobs} workers, this session and one for an online build), {more} more than this one, but {}. Lower --jobs, or free connections",
             jobs + 2,
             short.join(", and ")
-        );
+        )));
     }
-    crate::say!(
-        "--jobs {jobs}: {} connections to the server ({jobs} batch workers, this session, one for an online build)",
+    Ok(Ok(format!(
+        "--jobs {jobs}: {} connections to the server ({jobs} batch workers, this session, one for an online build); {free} free slots now",
         jobs + 2
-    );
-    Ok(())
+    )))
 }
 
 fn current_user(client: &mut postgres::Client) -> Result<String> {
