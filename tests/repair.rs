@@ -248,6 +248,44 @@ fn the_release_ends_in_the_expected_state_on_the_edge_cases() {
     assert_eq!(strip_pgmend(&after), strip_pgmend(&before));
 }
 
+/// The ledger as a sorted list of records (repair, table, key, action, before, after with a
+/// void's time reduced to whether it is set, reason): a multiset, whatever order wrote them.
+fn ledger_records(db: &TestDb) -> Vec<String> {
+    db.client()
+        .query(
+            "SELECT concat_ws(' ', r.repair, l.target_table, l.row_key::text, l.action, l.before::text,
+                              (l.after - 'voided_at')::text, (l.after ->> 'voided_at') IS NULL, l.reason)
+               FROM pgmend.repair_ledger l JOIN pgmend.repair_runs r USING (run_id) ORDER BY 1",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+#[test]
+fn with_four_workers_the_edge_cases_end_as_expected_and_as_one_worker_ends_them() {
+    let db = edge_cases();
+    remember_expected(&db);
+    let one = copy_of(&db);
+    for (target, jobs) in [(&db, "4"), (&one, "1")] {
+        for args in [&["apply", "--yes"][..], &CONFIRM[..]] {
+            let mut args = args.to_vec();
+            args.extend(["--jobs", jobs, "--batch-target", "5ms"]);
+            let r = target.run(&args);
+            assert_eq!(r.code, 0, "--jobs {jobs}: {}", r.both());
+        }
+        assert_eq!(differences(target), Vec::<String>::new(), "--jobs {jobs}");
+    }
+    // The four workers' runs went through slices; one worker's did not.
+    assert!(db.scalar_i64("SELECT count(*) FROM pgmend.run_slices") > 0);
+    assert_eq!(one.scalar_i64("SELECT count(*) FROM pgmend.run_slices"), 0);
+    let records = ledger_records(&db);
+    assert!(records.len() >= 6, "{records:#?}");
+    assert_eq!(records, ledger_records(&one));
+}
+
 #[test]
 fn the_ledger_answers_which_coupons_were_voided_and_why() {
     let db = edge_cases();
