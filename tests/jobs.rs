@@ -250,11 +250,13 @@ fn the_workers_stop_when_the_session_holding_the_runner_lock_is_gone() {
     let db = copy_of(&src);
     repairs(&reference, &[]);
     let (child, mut watch) = void_run_under_way(&db, "2", 1);
-    // The main session is the backend that holds the runner lock.
+    // The main session is the backend that holds the runner lock in this database (pg_locks
+    // shows the whole cluster's, and the other tests' run beside this one).
     let terminated: bool = watch
         .query_one(
             "SELECT pg_terminate_backend(pid) FROM pg_locks
-              WHERE locktype = 'advisory' AND granted AND objid = 1835363940 AND classid = 28775",
+              WHERE locktype = 'advisory' AND granted AND objid = 1835363940 AND classid = 28775
+                AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
             &[],
         )
         .unwrap()
