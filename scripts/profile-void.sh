@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# What the void-duplicate-coupons step's guarantees cost, one at a time (issue 16's profile).
+#
+#   scripts/profile-void.sh [MEMBERS] [ROUNDS]        (default 300000 members, 2 rounds)
+#
+# Starts a throwaway PostgreSQL 15 cluster (PGBIN, default /usr/lib/postgresql/15/bin; run as
+# root it runs the server as the postgres user) in a temporary directory, with the settings of
+# examples/bench_release.rs (fsync and synchronous_commit off, full_page_writes on,
+# max_wal_size 4GB, checkpoint_timeout 1h). It loads the benchmark's Silver Week data (90% of
+# members take each campaign, 7% of groups with three coupons and 23% with two), applies V2,
+# builds V3's index, and then, each on a fresh TEMPLATE copy after a CHECKPOINT, times the void
+# as ONE statement over every group, in five variants:
+#
+#   A0  the one-shot's ranked UPDATE, without V3's index
+#   A   the same with V3's index (what pgmend's batches face)
+#   E   A plus a compact ledger record per changed row (key, before/after voided_at, the
+#       redeemed_at that decided, rank, kept key: the reason derived when read)
+#   B   rows locked FOR UPDATE and ranked on the locked versions (pgmend's write-time ranking)
+#   D   B plus the compact ledger record
+#   C   B plus today's jsonb ledger record with its reason string (what pgmend writes now)
+#
+# and prints seconds, WAL in MB and the number of coupons marked (298,826 at 300,000 members:
+# every variant must mark the same rows). Nothing here is a test; see docs/benchmark.md.
+set -euo pipefail
+members=${1:-300000}
+rounds=${2:-2}
+pgbin=${PGBIN:-/usr/lib/postgresql/15/bin}
+port=${PGPORT_PROFILE:-5499}
+here=$(cd "$(dirname "$0")/.." && pwd)
+dir=$(mktemp -d /tmp/pgmend-profile.XXXXXX)
+as_server() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+[ "$(id -u)" = 0 ] && chown postgres "$dir"
+as_server "$pgbin/initdb" -D "$dir/data" -A trust >/dev/null
+as_server "$pgbin/pg_ctl" -D "$dir/data" -l "$dir/log" -w -o "-p $port -k $dir -c fsync=off \
+  -c synchronous_commit=off -c full_page_writes=on -c max_wal_size=4GB -c checkpoint_timeout=1h" \
+  start >/dev/null
+trap 'as_server "$pgbin/pg_ctl" -D "$dir/data" -m immediate stop >/dev/null; rm -rf "$dir"' EXIT
+psql() { PGOPTIONS="-c client_min_messages=warning" "$pgbin/psql" -h "$dir" -p "$port" -U postgres -q -v ON_ERROR_STOP=1 "$@"; }
+
+psql -c "CREATE DATABASE base"
+psql -d base -f "$here/migrations/V1__legacy_baseline.sql"
+psql -d base -v members="$members" <<'SQL'
+INSERT INTO campaigns (campaign_id, discount_yen, budget_yen, issued_yen)
+SELECT id, 1000, (budget::bigint * :members / 300)::int, 0
+  FROM (VALUES ('SW-A', 100000), ('SW-B', 300000), ('SW-C', 300000)) v(id, budget);
+INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen, issued_at, redeemed_at)
+SELECT gen_random_uuid(), c.campaign_id, 'm' || lpad(m::text, 7, '0'), '2026-09', c.discount_yen,
+       timestamptz '2026-09-19 09:00+09' + (h.r % 432000) * interval '1 second' + k * interval '180 milliseconds',
+       CASE WHEN (h.r / 7 + k * 13) % 100 < 35 THEN timestamptz '2026-09-25 12:00+09' + (h.r % 1000) * interval '1 minute' END
+  FROM generate_series(1, :members) m
+ CROSS JOIN campaigns c
+ CROSS JOIN LATERAL (SELECT hashtext(c.campaign_id || ':' || m)::bigint & 2147483647 AS r) h
+ CROSS JOIN LATERAL generate_series(1, CASE WHEN h.r % 100 < 7 THEN 3 WHEN h.r % 100 < 30 THEN 2 ELSE 1 END) k
+ WHERE (h.r / 100) % 100 < 90;
+SQL
+psql -d base -f "$here/migrations/V2__expand_for_repair.sql"
+psql -d base -c "CREATE INDEX issued_coupons_by_member ON issued_coupons (member_id, campaign_id)" \
+  -c "VACUUM ANALYZE"
+echo "coupons, duplicates: $(psql -d base -At -c "SELECT count(*), count(*) - count(DISTINCT (campaign_id, member_id)) FROM issued_coupons")"
+
+rank="PARTITION BY campaign_id, member_id ORDER BY (redeemed_at IS NULL), issued_at, coupon_id"
+returning="RETURNING t.coupon_id AS k, r.before_void, t.voided_at AS after_void, r.rn, r.kept, r.keep_value"
+set_void="SET legacy_duplicate = true, voided_at = CASE WHEN r.keep_value IS NULL THEN coalesce(t.voided_at, now()) ELSE t.voided_at END"
+no_lock="WITH ranked AS (
+  SELECT t.coupon_id AS k, t.voided_at AS before_void, t.redeemed_at AS keep_value,
+         row_number() OVER w AS rn, first_value(t.coupon_id) OVER w AS kept
+    FROM issued_coupons t WHERE NOT t.legacy_duplicate WINDOW w AS ($rank)),
+ changed AS (UPDATE issued_coupons t $set_void FROM ranked r WHERE t.coupon_id = r.k AND r.rn > 1 $returning)"
+locked="WITH g AS MATERIALIZED (
+  SELECT campaign_id, member_id FROM issued_coupons WHERE NOT legacy_duplicate GROUP BY 1, 2 HAVING count(*) > 1),
+ locked AS (SELECT t.* FROM issued_coupons t JOIN g USING (campaign_id, member_id)
+             WHERE NOT t.legacy_duplicate ORDER BY t.coupon_id FOR UPDATE OF t),
+ ranked AS (SELECT l.coupon_id AS k, l.voided_at AS before_void, l.redeemed_at AS keep_value,
+                   row_number() OVER w AS rn, first_value(l.coupon_id) OVER w AS kept
+              FROM locked l WINDOW w AS ($rank)),
+ changed AS (UPDATE issued_coupons t $set_void FROM ranked r WHERE t.coupon_id = r.k AND r.rn > 1 $returning)"
+jsonb_table="CREATE TABLE ledger (ledger_id bigserial, run_id bigint NOT NULL, target_table text NOT NULL,
+  row_key jsonb NOT NULL, action text NOT NULL, before jsonb, after jsonb, reason text NOT NULL,
+  at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (run_id, ledger_id))"
+jsonb_insert="INSERT INTO ledger (run_id, target_table, row_key, action, before, after, reason)
+  SELECT 1, 'issued_coupons', jsonb_build_object('coupon_id', k), 'update',
+         jsonb_build_object('legacy_duplicate', false, 'voided_at', before_void, 'redeemed_at', keep_value),
+         jsonb_build_object('legacy_duplicate', true, 'voided_at', after_void, 'redeemed_at', keep_value),
+         format('rank %s in its group; %s %s is kept', rn, 'coupon_id', kept) FROM changed"
+compact_table="CREATE TABLE ledger (ledger_id bigserial, run_id bigint NOT NULL, row_key text NOT NULL,
+  before_void timestamptz, after_void timestamptz, keep_value timestamptz, rank smallint, kept text,
+  PRIMARY KEY (run_id, ledger_id))"
+compact_insert="INSERT INTO ledger (run_id, row_key, before_void, after_void, keep_value, rank, kept)
+  SELECT 1, k::text, before_void, after_void, keep_value, rn, kept::text FROM changed"
+no_ledger="SELECT count(*) FROM changed"
+
+variant() {
+  local name=$1 setup=$2 statement=$3
+  psql -c "DROP DATABASE IF EXISTS copy" -c "CREATE DATABASE copy TEMPLATE base"
+  [ -n "$setup" ] && psql -d copy -c "$setup"
+  psql -d copy -c CHECKPOINT
+  psql -d copy -At <<SQL | tail -1 | { IFS='|' read -r s mb marked; printf '%-44s %7s s %6s MB WAL %8s marked\n' "$name" "$s" "$mb" "$marked"; }
+SET work_mem = '256MB';
+SELECT pg_current_wal_insert_lsn() AS lsn \gset
+SELECT clock_timestamp() AS t0 \gset
+$statement;
+SELECT round(extract(epoch FROM clock_timestamp() - :'t0'::timestamptz)::numeric, 2),
+       round(pg_wal_lsn_diff(pg_current_wal_insert_lsn(), :'lsn') / 1e6),
+       (SELECT count(*) FROM issued_coupons WHERE legacy_duplicate);
+SQL
+}
+for round in $(seq "$rounds"); do
+  echo "round $round of $rounds, $members members"
+  variant "A0 ranked UPDATE, no V3 index" "DROP INDEX issued_coupons_by_member" "$no_lock $no_ledger"
+  variant "A  ranked UPDATE" "" "$no_lock $no_ledger"
+  variant "E  ranked UPDATE, compact ledger" "$compact_table" "$no_lock $compact_insert"
+  variant "B  locked and ranked" "" "$locked $no_ledger"
+  variant "D  locked and ranked, compact ledger" "$compact_table" "$locked $compact_insert"
+  variant "C  locked and ranked, jsonb ledger (today)" "$jsonb_table" "$locked $jsonb_insert"
+done
