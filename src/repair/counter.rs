@@ -17,10 +17,18 @@
 //! `drift_sql` counts them for the reconciliation, over every key; `differing_keys` lists the first
 //! of them, for the release's check before a migration after the gate.
 //!
-//! Because the targets are in key order, a batch's keys span a narrow range of the leading key
-//! column, and a batch reads the source and the counter table only within that range
-//! (`in_batch_range`), one index range scan each, instead of a lookup per key or a hash of the
-//! whole counter table (which made batches slow down as the table grew). A batch is two parts:
+//! Before the deploy gate a run walks ranges of the key's first column (nearly every key
+//! differs: the first pass fills the counter tables). Such a batch is one statement on the
+//! server, `batch_range`: it reads the range's drift in its snapshot into a CTE that is whole
+//! before the first row is written (a window aggregate over it), then updates, creates and
+//! writes the ledger from it, so no key travels to pgmend and back; the keys it could not
+//! write come back and are explained as below.
+//!
+//! After the gate a run walks the keys that differ, frozen in key order, so a batch's keys span
+//! a narrow range of the leading key column, and a batch reads the source and the counter table
+//! only within that range (`in_batch_range`), one index range scan each, instead of a lookup per
+//! key or a hash of the whole counter table (which made batches slow down as the table grew).
+//! Such a batch is two parts:
 //!
 //! 1. `read_drift`, one statement outside the batch transaction (the runner calls it first): each
 //!    key's counter (None: no row), true value and whether it has source rows. No lock is taken.
@@ -306,7 +314,7 @@ impl CounterEngine {
     /// of the key's first column (over the key set and the counter table's keys; see
     /// `store::runs::range_targets_sql`). Cheaper than freezing every key that differs, which
     /// sums the whole source once more; a batch then reads the drift of every key in its
-    /// ranges ([`Self::read_drift_range`]).
+    /// ranges ([`Self::batch_range`]).
     pub fn freeze_ranges_sql(&self) -> String {
         let s = &self.spec;
         let first = &s.key[0];
@@ -322,28 +330,137 @@ impl CounterEngine {
         ))
     }
 
-    /// What the keys of a range of targets differ by (see [`Self::read_drift`]): every key
-    /// whose first column is after `lo` (from the first when None) and up to `hi` (to the last
-    /// when None) and whose counter differs from its source, in one statement, without locks.
-    pub fn read_drift_range(
+    /// One batch of a run in ranges (the first pass, before the deploy gate, where nearly
+    /// every key differs): the keys whose first column is after `after` (from the first when
+    /// None) and up to `up_to` (to the last when None), read and written by ONE statement on
+    /// the server, so no key travels to pgmend and back. The statement reads each key's drift
+    /// (true value minus counter, `differing_sql_in`) in its snapshot, then adds it to the
+    /// counter row as the row is when the statement writes it, as [`Self::batch`] does with
+    /// a drift read beforehand: a writer that changes counter and source together while it
+    /// runs moves both sides alike (the update re-reads a row changed since the snapshot;
+    /// a row created since gets the drift added). Every sum is finished before the first row
+    /// is written, so no counter row is held while a range is summed: the window aggregate
+    /// over the whole drift (`count(*) OVER ()`) emits nothing until its input has ended.
+    /// The keys not written (a value that does not fit or that a CHECK refuses) come back,
+    /// with their values, and are reported as [`Self::batch`] reports them.
+    pub fn batch_range(
         &self,
-        client: &mut impl postgres::GenericClient,
-        lo: Option<&str>,
-        hi: Option<&str>,
-    ) -> Result<Vec<Drift>, postgres::Error> {
-        let (range, values) = KeyRange::bind(lo, hi, 1);
-        let params: Vec<&(dyn ToSql + Sync)> =
-            values.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
-        let sql = format!(
-            "SELECT {dt}, d.now, d.truth, d.has_source FROM ({differing}) d",
-            dt = self.keys_text("d"),
-            differing = self.differing_sql_in(true, range),
+        tx: &mut postgres::Transaction<'_>,
+        run_id: i64,
+        after: Option<&str>,
+        up_to: Option<&str>,
+    ) -> Result<BatchResult, postgres::Error> {
+        let s = &self.spec;
+        let (range, values) = KeyRange::bind(after, up_to, 2);
+        let keep = if s.when_no_source == WhenNoSource::Keep {
+            " AND d.has_source"
+        } else {
+            ""
+        };
+        let updates = format!(
+            "SELECT {ks}, d.now AS before, d.truth AS after, row_number() OVER () AS i
+               FROM d WHERE d.now IS NOT NULL{keep}",
+            ks = s
+                .key
+                .iter()
+                .enumerate()
+                .map(|(i, k)| format!("d.{k} AS k{i}"))
+                .collect::<Vec<_>>()
+                .join(", "),
         );
-        Ok(client
-            .query(&sql, &params)?
+        // classify: with `when_no_source = "keep"` a key without a counter row gets none.
+        let creates = format!(
+            "SELECT {dk}, d.truth AS value FROM d WHERE d.now IS NULL{none}",
+            dk = self.cols("d"),
+            none = if s.when_no_source == WhenNoSource::Keep {
+                " AND false"
+            } else {
+                ""
+            },
+        );
+        let sql = format!(
+            "WITH d AS MATERIALIZED (SELECT x.*, count(*) OVER () AS whole FROM ({differing}) x),
+                  {write},
+                  {create}
+             SELECT (SELECT count(*) FROM upd) + (SELECT count(*) FROM l2 WHERE l2.created OR l2.added <> 0),
+                    m.keys, m.befores, m.afters, r.keys, r.values
+               FROM (SELECT array_agg(array_to_string(ARRAY[{ut}], chr(31))) AS keys,
+                            array_agg(u.before) AS befores, array_agg(u.after) AS afters
+                       FROM u WHERE u.i NOT IN (SELECT i FROM upd)) m,
+                    (SELECT array_agg(array_to_string(ARRAY[{okt}], chr(31))) AS keys,
+                            array_agg(ok.value::bigint) AS values
+                       FROM ok WHERE NOT ok.ok AND ok.value <> 0) r",
+            differing = self.differing_sql_in(true, range),
+            write = self.write_ctes(&updates, false),
+            create = self.create_ctes(&creates, false),
+            ut = (0..s.key.len())
+                .map(|i| format!("u.k{i}::text"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            okt = self.keys_text_list("ok"),
+        );
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&run_id];
+        params.extend(values.iter().map(|v| v as &(dyn ToSql + Sync)));
+        let row = tx.query_one(&sql, &params)?;
+        let split = |k: &String| -> Vec<String> { k.split('\u{1f}').map(str::to_string).collect() };
+        let list =
+            |i: usize| -> Vec<String> { row.get::<_, Option<Vec<String>>>(i).unwrap_or_default() };
+        let numbers =
+            |i: usize| -> Vec<i64> { row.get::<_, Option<Vec<i64>>>(i).unwrap_or_default() };
+        let mut result = BatchResult {
+            changed: row.get(0),
+            skipped: Vec::new(),
+        };
+        let missed: Vec<Proposed> = list(1)
             .iter()
-            .map(Drift::from_row)
-            .collect())
+            .map(split)
+            .zip(numbers(2))
+            .zip(numbers(3))
+            .map(|((k, now), truth)| (k, now, truth))
+            .collect();
+        self.explain_missed_updates(tx, missed, &mut result.skipped)?;
+        let creates: Vec<Proposed> = list(4)
+            .iter()
+            .map(split)
+            .zip(numbers(5))
+            .map(|(k, truth)| (k, 0, truth))
+            .collect();
+        if !creates.is_empty() {
+            let refused: Vec<Vec<String>> = creates.iter().map(|c| c.0.clone()).collect();
+            self.explain_refused_creates(tx, &creates, &refused, &mut result.skipped)?;
+        }
+        Ok(result)
+    }
+
+    /// Updates a range batch did not write, each with the reason [`Self::batch`] would give:
+    /// the true value does not fit the column, a CHECK refuses it on the row as it is, or
+    /// (neither now) the row as it was when the batch wrote refused it.
+    fn explain_missed_updates(
+        &self,
+        tx: &mut postgres::Transaction<'_>,
+        missed: Vec<Proposed>,
+        skipped: &mut Vec<serde_json::Value>,
+    ) -> Result<(), postgres::Error> {
+        let (min, max) = self.range();
+        let (fits, too_big): (Vec<_>, Vec<_>) =
+            missed.into_iter().partition(|u| u.2 >= min && u.2 <= max);
+        for u in &too_big {
+            skipped.push(json!({
+                "key": u.0, "counter": u.1, "true_value": u.2, "reason": self.does_not_fit(u.2)
+            }));
+        }
+        let fits = if fits.is_empty() || self.checks.is_empty() {
+            fits
+        } else {
+            self.drop_rejected_by_checks(tx, fits, skipped)?
+        };
+        for u in fits {
+            skipped.push(json!({
+                "key": u.0, "counter": u.1, "true_value": u.2,
+                "reason": "when the batch wrote, the corrected value would not fit the column or pass a CHECK of the counter table"
+            }));
+        }
+        Ok(())
     }
 
     fn batch_keys(&self) -> String {
@@ -636,9 +753,7 @@ impl CounterEngine {
         merge: bool,
     ) -> Result<(i64, Vec<Vec<String>>), postgres::Error> {
         let s = &self.spec;
-        let counter = &s.counter_table;
         let (unnest, cols, befores, afters) = self.unnest(creates, 2);
-        let keys_cols = column_list("", &s.key);
         let u_keys = s
             .key
             .iter()
@@ -647,6 +762,38 @@ impl CounterEngine {
             .map(|(i, (k, ty))| format!("u.k{i}::{ty} AS {}", k))
             .collect::<Vec<_>>()
             .join(", ");
+        let sql = format!(
+            "WITH {ctes}
+             SELECT (SELECT count(*) FROM l2 WHERE l2.created OR l2.added <> 0),
+                    coalesce((SELECT array_agg(array_to_string(ARRAY[{okt}], chr(31))) FROM ok WHERE NOT ok.ok AND ok.value <> 0), '{{}}')",
+            ctes = self.create_ctes(&format!("SELECT {u_keys}, u.after AS value FROM {unnest}"), merge),
+            okt = self.keys_text_list("ok"),
+        );
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&run_id];
+        params.extend(cols.iter().map(|c| c as &(dyn ToSql + Sync)));
+        params.push(&befores);
+        params.push(&afters);
+        let row = tx.query_one(&sql, &params)?;
+        let refused: Vec<String> = row.get(1);
+        Ok((
+            row.get(0),
+            refused
+                .iter()
+                .map(|k| k.split('\u{1f}').map(str::to_string).collect())
+                .collect(),
+        ))
+    }
+
+    /// The CTEs that create missing counter rows (see [`Self::create`]) from `input`, a
+    /// `SELECT` of the key columns (native types, named as the key) and `value`, the true
+    /// value; `$1` is the run. They end in `ok` (every proposed row, `ok.ok` false where the
+    /// value would not fit or pass a CHECK and 0 was created instead), `ins` and `l2` (the
+    /// rows written: `created`, or `added` to a row the application made meanwhile) and
+    /// `cledger` (their ledger records).
+    fn create_ctes(&self, input: &str, merge: bool) -> String {
+        let s = &self.spec;
+        let counter = &s.counter_table;
+        let keys_cols = column_list("", &s.key);
         let (copy_to, copy_from, join) = if s.copy_on_create.is_empty() {
             (String::new(), String::new(), String::new())
         } else {
@@ -678,8 +825,8 @@ impl CounterEngine {
                 .join(", ")
         };
         let merged = self.merge_sql(merge, "l2");
-        let sql = format!(
-            "WITH v AS (SELECT {u_keys}, u.after AS value, u.i FROM {unnest}),
+        format!(
+            "v AS ({input}),
                   w AS (SELECT v.*{copy_from} FROM v{join}),
                   ok AS (SELECT w.*, w.value BETWEEN {min} AND {max} AND {passes} AS ok FROM w),
                   ins AS (
@@ -691,7 +838,7 @@ impl CounterEngine {
                     SELECT ins.created, jsonb_build_object({ko}) AS row_key, to_jsonb(ins) - 'created' AS whole,
                            ins.{cn}::bigint AS after, CASE WHEN ok.ok THEN ok.value ELSE 0 END AS added
                       FROM ins JOIN ok ON {im}){merged},
-                  ledger AS (
+                  cledger AS (
                     {ledger_insert}
                     SELECT $1, {tl}, l2.row_key,
                            CASE WHEN l2.created THEN 'insert' ELSE 'update' END,
@@ -700,33 +847,26 @@ impl CounterEngine {
                            CASE WHEN l2.created THEN 'the key had no counter row; created with the sum of its source rows'
                                 ELSE format('the key had no counter row when its drift was read; the new application created it since, and the drift %s was added', l2.added) END
                       FROM l2 WHERE (l2.created OR l2.added <> 0){not_merged}
-                    RETURNING 1)
-             SELECT (SELECT count(*) FROM l2 WHERE l2.created OR l2.added <> 0),
-                    coalesce((SELECT array_agg(array_to_string(ARRAY[{okt}], chr(31))) FROM ok WHERE NOT ok.ok AND ok.value <> 0), '{{}}')",
+                    RETURNING 1)",
             cn = &s.counter,
             passes = self.checks_pass_on_create(),
             ledger_insert = store::ledger_insert(),
-            ok_cols = ok_cols,
             ko = key_obj("ins"),
             im = self.keys_match("ins", "ok"),
             tl = s.counter_table.literal(),
             cl = s.counter.literal(),
             not_merged = if merge { " AND l2.row_key NOT IN (SELECT row_key FROM merged)" } else { "" },
-            okt = s.key.iter().map(|k| format!("ok.{}::text", k)).collect::<Vec<_>>().join(", "),
-        );
-        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&run_id];
-        params.extend(cols.iter().map(|c| c as &(dyn ToSql + Sync)));
-        params.push(&befores);
-        params.push(&afters);
-        let row = tx.query_one(&sql, &params)?;
-        let refused: Vec<String> = row.get(1);
-        Ok((
-            row.get(0),
-            refused
-                .iter()
-                .map(|k| k.split('\u{1f}').map(str::to_string).collect())
-                .collect(),
-        ))
+        )
+    }
+
+    /// `alias`'s key columns as text, comma-separated (for `ARRAY[...]`).
+    fn keys_text_list(&self, alias: &str) -> String {
+        self.spec
+            .key
+            .iter()
+            .map(|k| format!("{alias}.{k}::text"))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     /// With `merge`: a CTE `merged` that gives an existing ledger record of this run for the
@@ -843,40 +983,12 @@ impl CounterEngine {
         updates: &[(Vec<String>, i64, i64)],
         merge: bool,
     ) -> Result<(i64, Vec<Vec<String>>), postgres::Error> {
-        let s = &self.spec;
         let (unnest, cols, befores, afters) = self.unnest(updates, 2);
-        let key_obj = s
-            .key
-            .iter()
-            .zip(&self.key_types)
-            .enumerate()
-            .map(|(i, (k, ty))| format!("{}, u.k{i}::{ty}", k.literal()))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let (min, max) = self.range();
-        let cn = &s.counter;
-        let merged = self.merge_sql(merge, "upd");
         let sql = format!(
-            "WITH u AS (SELECT *, after - before AS drift, jsonb_build_object({key_obj}) AS row_key FROM {unnest}),
-             upd AS (UPDATE {counter} c SET {cn} = c.{cn} + u.drift FROM u
-                      WHERE {m} AND c.{cn}::bigint + u.drift BETWEEN {min} AND {max} AND {passes}
-                     RETURNING u.i, u.row_key, c.{cn}::bigint - u.drift AS before, c.{cn}::bigint AS after){merged},
-             ledger AS (
-               {ledger_insert}
-               SELECT $1, {tl}, u.row_key, 'update',
-                      jsonb_build_object({cl}, u.before), jsonb_build_object({cl}, u.after),
-                      format('counter was %s; the source sums to %s', u.before, u.after)
-                 FROM upd u{not_merged}
-               RETURNING 1)
+            "WITH {ctes}
              SELECT (SELECT count(*) FROM upd),
                     coalesce((SELECT array_agg(u.i) FROM u WHERE u.i NOT IN (SELECT i FROM upd)), '{{}}')",
-            ledger_insert = store::ledger_insert(),
-            counter = s.counter_table,
-            m = self.u_match(),
-            passes = self.checks_pass("c", &format!("c.{cn} + u.drift")),
-            tl = s.counter_table.literal(),
-            cl = s.counter.literal(),
-            not_merged = if merge { " WHERE u.row_key NOT IN (SELECT row_key FROM merged)" } else { "" },
+            ctes = self.write_ctes(&format!("SELECT * FROM {unnest}"), merge),
         );
         let mut params: Vec<&(dyn ToSql + Sync)> = vec![&run_id];
         params.extend(cols.iter().map(|c| c as &(dyn ToSql + Sync)));
@@ -891,6 +1003,47 @@ impl CounterEngine {
                 .map(|i| updates[(*i - 1) as usize].0.clone())
                 .collect(),
         ))
+    }
+
+    /// The CTEs that add each key's drift to its counter row (see [`Self::write`]) from
+    /// `input`, a `SELECT` of `k0`, `k1`, ... (the key columns, as text or native), `before`
+    /// (the counter as read), `after` (the true value as read) and `i` (a number per row);
+    /// `$1` is the run. They end in `u` (every proposed update), `upd` (the rows written,
+    /// with `i`) and `wledger` (their ledger records).
+    fn write_ctes(&self, input: &str, merge: bool) -> String {
+        let s = &self.spec;
+        let key_obj = s
+            .key
+            .iter()
+            .zip(&self.key_types)
+            .enumerate()
+            .map(|(i, (k, ty))| format!("{}, u.k{i}::{ty}", k.literal()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let (min, max) = self.range();
+        let cn = &s.counter;
+        let merged = self.merge_sql(merge, "upd");
+        format!(
+            "u AS (SELECT u.*, u.after - u.before AS drift, jsonb_build_object({key_obj}) AS row_key FROM ({input}) u),
+             upd AS (UPDATE {counter} c SET {cn} = c.{cn} + u.drift FROM u
+                      WHERE {m} AND u.after BETWEEN {min} AND {max}
+                        AND c.{cn}::bigint + u.drift BETWEEN {min} AND {max} AND {passes}
+                     RETURNING u.i, u.row_key, c.{cn}::bigint - u.drift AS before, c.{cn}::bigint AS after){merged},
+             wledger AS (
+               {ledger_insert}
+               SELECT $1, {tl}, u.row_key, 'update',
+                      jsonb_build_object({cl}, u.before), jsonb_build_object({cl}, u.after),
+                      format('counter was %s; the source sums to %s', u.before, u.after)
+                 FROM upd u{not_merged}
+               RETURNING 1)",
+            ledger_insert = store::ledger_insert(),
+            counter = s.counter_table,
+            m = self.u_match(),
+            passes = self.checks_pass("c", &format!("c.{cn} + u.drift")),
+            tl = s.counter_table.literal(),
+            cl = s.counter.literal(),
+            not_merged = if merge { " WHERE u.row_key NOT IN (SELECT row_key FROM merged)" } else { "" },
+        )
     }
 
     /// For the dry run: every key whose counter would change. Columns: key (text), the

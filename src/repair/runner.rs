@@ -102,10 +102,8 @@ impl Engine {
         bounds: Option<&Bounds>,
     ) -> Result<Vec<Drift>, postgres::Error> {
         match (self, bounds) {
-            (Engine::Void(_), _) => Ok(Vec::new()),
-            (Engine::Counter(e), Some((after, up_to))) => {
-                e.read_drift_range(client, after.as_deref(), up_to.as_deref())
-            }
+            // A batch over ranges of keys reads and writes in one statement (`batch_range`).
+            (Engine::Void(_), _) | (Engine::Counter(_), Some(_)) => Ok(Vec::new()),
             (Engine::Counter(e), None) => e.read_drift(client, run_id, lo, hi),
         }
     }
@@ -120,7 +118,10 @@ impl Engine {
         merge: bool,
     ) -> Result<BatchResult, postgres::Error> {
         let changed = match (self, bounds) {
-            (Engine::Counter(e), _) => return e.batch(tx, run_id, drift, merge),
+            (Engine::Counter(e), Some((after, up_to))) => {
+                return e.batch_range(tx, run_id, after.as_deref(), up_to.as_deref())
+            }
+            (Engine::Counter(e), None) => return e.batch(tx, run_id, drift, merge),
             (Engine::Void(e), Some((after, up_to))) => {
                 let (range, values) = KeyRange::bind(after.as_deref(), up_to.as_deref(), 2);
                 let mut params: Vec<&(dyn postgres::types::ToSql + Sync)> = vec![&run_id];
