@@ -331,7 +331,7 @@ fn jobs_too(
     let ledger = "SELECT x, lpad((row_number() OVER (PARTITION BY x))::text, 12, '0'), '' FROM (
                     SELECT concat_ws(' ', r.repair, l.target_table, l.row_key::text, l.action, l.before::text,
                                      (l.after - 'voided_at')::text, (l.after ->> 'voided_at') IS NULL, l.reason) AS x
-                      FROM pgmend.repair_ledger l JOIN pgmend.repair_runs r USING (run_id)) records
+                      FROM pgmend.ledger_records l JOIN pgmend.repair_runs r USING (run_id)) records
                   ORDER BY x COLLATE \"C\", 2";
     let (records, differing, shown) = compare_rows(&mut first, &mut again, ledger, 2)?;
     anyhow::ensure!(

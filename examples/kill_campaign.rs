@@ -240,10 +240,10 @@ pub struct EndState {
 pub const RUNS_OUT_OF_STEP: &str = "
     SELECT format('run %s of %s (%s): changed %s, processed %s, checkpoint %s, %s ledger records',
                   r.run_id, r.repair, r.state, r.changed, r.processed, r.checkpoint,
-                  (SELECT count(*) FROM pgmend.repair_ledger l WHERE l.run_id = r.run_id))
+                  (SELECT count(*) FROM pgmend.ledger_records l WHERE l.run_id = r.run_id))
       FROM pgmend.repair_runs r
      WHERE r.kind <> 'undo' AND r.repass_from IS NULL
-       AND (r.changed <> (SELECT count(*) FROM pgmend.repair_ledger l WHERE l.run_id = r.run_id)
+       AND (r.changed <> (SELECT count(*) FROM pgmend.ledger_records l WHERE l.run_id = r.run_id)
             OR r.processed <> r.checkpoint)
      ORDER BY r.run_id";
 
@@ -279,7 +279,7 @@ pub fn end_state(exe: &Path, conninfo: &str) -> Result<EndState> {
     let mut ledger: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for r in c.query(
         "SELECT r.repair, format('%s %s %s', l.target_table, l.row_key::text, l.action)
-           FROM pgmend.repair_ledger l JOIN pgmend.repair_runs r USING (run_id)
+           FROM pgmend.ledger_records l JOIN pgmend.repair_runs r USING (run_id)
           WHERE r.kind <> 'undo' AND r.undone_by_run IS NULL",
         &[],
     )? {
@@ -310,7 +310,7 @@ pub fn end_state(exe: &Path, conninfo: &str) -> Result<EndState> {
     let void_rows_recorded_twice = strings(
         &mut c,
         "SELECT format('%s %s recorded %s times (runs %s)', l.target_table, l.row_key::text, count(*), string_agg(l.run_id::text, ','))
-           FROM pgmend.repair_ledger l JOIN pgmend.repair_runs r USING (run_id)
+           FROM pgmend.ledger_records l JOIN pgmend.repair_runs r USING (run_id)
           WHERE r.repair = 'void-duplicate-coupons' AND r.undone_by_run IS NULL
           GROUP BY l.target_table, l.row_key HAVING count(*) > 1 ORDER BY 1 LIMIT 20",
     )?;

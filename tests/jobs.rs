@@ -34,7 +34,7 @@ fn ledger(db: &TestDb) -> (i64, String) {
             "SELECT count(*), md5(coalesce(string_agg(x, '|' ORDER BY x), '')) FROM (
                SELECT concat_ws(' ', target_table, row_key::text, action, before::text,
                                 (after - 'voided_at')::text, (after ->> 'voided_at') IS NULL, reason) AS x
-                 FROM pgmend.repair_ledger) l",
+                 FROM pgmend.ledger_records) l",
             &[],
         )
         .unwrap();

@@ -255,7 +255,7 @@ fn ledger_records(db: &TestDb) -> Vec<String> {
         .query(
             "SELECT concat_ws(' ', r.repair, l.target_table, l.row_key::text, l.action, l.before::text,
                               (l.after - 'voided_at')::text, (l.after ->> 'voided_at') IS NULL, l.reason)
-               FROM pgmend.repair_ledger l JOIN pgmend.repair_runs r USING (run_id) ORDER BY 1",
+               FROM pgmend.ledger_records l JOIN pgmend.repair_runs r USING (run_id) ORDER BY 1",
             &[],
         )
         .unwrap()
@@ -315,6 +315,76 @@ fn the_ledger_answers_which_coupons_were_voided_and_why() {
     assert_eq!(doc[0]["targets"], 3);
     assert_eq!(doc[0]["changed"], 6);
     assert_eq!(doc[0]["state"], "finished");
+}
+
+#[test]
+fn compact_ledger_records_read_as_the_full_records_of_the_changes_made() {
+    // The void and the counters' first pass write compact records (schema version 6); the
+    // view must give each one exactly as a full record of that change reads: computed here
+    // from the rows before and after the release, not from pgmend's SQL.
+    let db = edge_cases();
+    let mut c = db.client();
+    c.batch_execute(
+        "CREATE SCHEMA test_before;
+         CREATE TABLE test_before.coupons AS SELECT * FROM issued_coupons;
+         CREATE TABLE test_before.budgets AS SELECT * FROM campaign_budgets;
+         CREATE TABLE test_before.usage AS SELECT * FROM member_monthly_usage;",
+    )
+    .unwrap();
+    let r = db.run(&["apply", "--yes"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(
+        db.scalar_i64("SELECT count(*) FROM pgmend.ledger_compact") > 0,
+        "the batches wrote compact records"
+    );
+    // pgmend's sessions render times in the database's default time zone; so must this one.
+    c.batch_execute("SELECT set_config('TimeZone', (SELECT reset_val FROM pg_settings WHERE name = 'TimeZone'), false)")
+        .unwrap();
+    let mut rows = |sql: &str| -> Vec<String> {
+        let mut v: Vec<String> = c
+            .query(sql, &[])
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        v.sort();
+        v
+    };
+    let ledger = rows(
+        "SELECT concat_ws(' | ', target_table, row_key::text, action, coalesce(before::text, '-'), after::text, reason)
+           FROM pgmend.ledger_records",
+    );
+    let expected = rows(
+        "WITH ranked AS (
+           SELECT b.*, row_number() OVER w AS rn, first_value(b.coupon_id) OVER w AS kept
+             FROM test_before.coupons b
+           WINDOW w AS (PARTITION BY campaign_id, member_id ORDER BY redeemed_at IS NULL, issued_at, coupon_id))
+         SELECT concat_ws(' | ', 'issued_coupons', jsonb_build_object('coupon_id', r.coupon_id)::text, 'update',
+                          jsonb_build_object('legacy_duplicate', false, 'voided_at', r.voided_at, 'redeemed_at', r.redeemed_at)::text,
+                          jsonb_build_object('legacy_duplicate', true, 'voided_at', c.voided_at, 'redeemed_at', c.redeemed_at)::text,
+                          format('rank %s in its group; coupon_id %s is kept', r.rn, r.kept))
+           FROM ranked r JOIN issued_coupons c USING (coupon_id) WHERE r.rn > 1
+         UNION ALL
+         SELECT concat_ws(' | ', 'campaign_budgets', jsonb_build_object('campaign_id', n.campaign_id)::text,
+                          CASE WHEN o.campaign_id IS NULL THEN 'insert' ELSE 'update' END,
+                          CASE WHEN o.campaign_id IS NULL THEN '-' ELSE jsonb_build_object('issued_yen', o.issued_yen)::text END,
+                          CASE WHEN o.campaign_id IS NULL THEN to_jsonb(n) ELSE jsonb_build_object('issued_yen', n.issued_yen) END::text,
+                          CASE WHEN o.campaign_id IS NULL THEN 'the key had no counter row; created with the sum of its source rows'
+                               ELSE format('counter was %s; the source sums to %s', o.issued_yen, n.issued_yen) END)
+           FROM campaign_budgets n LEFT JOIN test_before.budgets o USING (campaign_id)
+          WHERE o.issued_yen IS DISTINCT FROM n.issued_yen
+         UNION ALL
+         SELECT concat_ws(' | ', 'member_monthly_usage', jsonb_build_object('member_id', n.member_id, 'month', n.month)::text,
+                          CASE WHEN o.member_id IS NULL THEN 'insert' ELSE 'update' END,
+                          CASE WHEN o.member_id IS NULL THEN '-' ELSE jsonb_build_object('used_yen', o.used_yen)::text END,
+                          CASE WHEN o.member_id IS NULL THEN to_jsonb(n) ELSE jsonb_build_object('used_yen', n.used_yen) END::text,
+                          CASE WHEN o.member_id IS NULL THEN 'the key had no counter row; created with the sum of its source rows'
+                               ELSE format('counter was %s; the source sums to %s', o.used_yen, n.used_yen) END)
+           FROM member_monthly_usage n LEFT JOIN test_before.usage o USING (member_id, month)
+          WHERE o.used_yen IS DISTINCT FROM n.used_yen",
+    );
+    assert!(expected.len() >= 10, "{expected:#?}");
+    assert_eq!(ledger, expected);
 }
 
 #[test]
@@ -399,7 +469,7 @@ fn a_coupon_redeemed_while_its_batch_waits_for_the_lock_is_the_one_kept() {
     );
     assert_eq!(
         db.scalar_i64(
-            "SELECT count(*) FROM pgmend.repair_ledger
+            "SELECT count(*) FROM pgmend.ledger_records
               WHERE row_key->>'coupon_id' = '00000000-0000-0000-0000-0000000000d2'
                 AND reason LIKE '%00000000-0000-0000-0000-0000000000d3 is kept'"
         ),
@@ -482,7 +552,7 @@ fn an_undo_stopped_part_way_resumes_where_it_stopped() {
     assert_eq!(r.code, 0, "{}", r.both());
     let run_id = db.scalar_i64("SELECT max(run_id) FROM pgmend.repair_runs");
     let changed = db.scalar_i64(&format!(
-        "SELECT count(*) FROM pgmend.repair_ledger WHERE run_id = {run_id}"
+        "SELECT count(*) FROM pgmend.ledger_records WHERE run_id = {run_id}"
     ));
     assert!(
         changed > 1000,
@@ -494,7 +564,7 @@ fn an_undo_stopped_part_way_resumes_where_it_stopped() {
     let mut app = db.client();
     let mut tx = app.transaction().unwrap();
     tx.batch_execute(&format!(
-        "SELECT 1 FROM issued_coupons WHERE coupon_id = (SELECT (row_key->>'coupon_id')::uuid FROM pgmend.repair_ledger
+        "SELECT 1 FROM issued_coupons WHERE coupon_id = (SELECT (row_key->>'coupon_id')::uuid FROM pgmend.ledger_records
            WHERE run_id = {run_id} ORDER BY ledger_id OFFSET 1000 LIMIT 1) FOR UPDATE"
     ))
     .unwrap();
@@ -506,7 +576,7 @@ fn an_undo_stopped_part_way_resumes_where_it_stopped() {
         "SELECT run_id FROM pgmend.repair_runs WHERE undoes_run = {run_id} AND state = 'running'"
     ));
     let restored_first = db.scalar_i64(&format!(
-        "SELECT count(*) FROM pgmend.repair_ledger WHERE run_id = {undo_run}"
+        "SELECT count(*) FROM pgmend.ledger_records WHERE run_id = {undo_run}"
     ));
     assert_eq!(
         restored_first, 1000,
@@ -527,7 +597,7 @@ fn an_undo_stopped_part_way_resumes_where_it_stopped() {
     // One restore record per changed row, none twice.
     assert_eq!(
         db.scalar_i64(&format!(
-            "SELECT count(DISTINCT row_key) FROM pgmend.repair_ledger WHERE run_id = {undo_run}"
+            "SELECT count(DISTINCT row_key) FROM pgmend.ledger_records WHERE run_id = {undo_run}"
         )),
         changed
     );
@@ -722,7 +792,7 @@ fn after_the_gate_the_drift_correction_is_exact_while_the_new_application_writes
     // One ledger record per row a run changed, and each says what it was and became.
     assert_eq!(
         db.scalar_i64(
-            "SELECT count(*) FROM (SELECT run_id, row_key FROM pgmend.repair_ledger GROUP BY 1, 2 HAVING count(*) > 1) d"
+            "SELECT count(*) FROM (SELECT run_id, row_key FROM pgmend.ledger_records GROUP BY 1, 2 HAVING count(*) > 1) d"
         ),
         0
     );
@@ -772,7 +842,7 @@ fn after_the_gate_an_out_of_step_writer_ends_the_counter_pass_with_exit_1_naming
     );
     assert_eq!(
         db.scalar_i64(
-            "SELECT count(*) FROM (SELECT run_id, row_key FROM pgmend.repair_ledger GROUP BY 1, 2 HAVING count(*) > 1) d"
+            "SELECT count(*) FROM (SELECT run_id, row_key FROM pgmend.ledger_records GROUP BY 1, 2 HAVING count(*) > 1) d"
         ),
         0
     );
@@ -1032,13 +1102,13 @@ fn killed_at_random_the_release_resumes_to_the_same_state_and_ledger() {
     // One ledger record per changed coupon, across however many runs it took.
     assert_eq!(
         db.scalar_i64(
-            "SELECT count(*) FROM pgmend.repair_ledger l JOIN pgmend.repair_runs r USING (run_id) WHERE r.repair = 'void-duplicate-coupons'"
+            "SELECT count(*) FROM pgmend.ledger_records l JOIN pgmend.repair_runs r USING (run_id) WHERE r.repair = 'void-duplicate-coupons'"
         ),
         db.scalar_i64("SELECT count(*) FROM issued_coupons WHERE legacy_duplicate")
     );
     assert_eq!(
         db.scalar_i64(
-            "SELECT count(*) - count(DISTINCT row_key) FROM pgmend.repair_ledger l JOIN pgmend.repair_runs r USING (run_id) WHERE r.repair = 'void-duplicate-coupons'"
+            "SELECT count(*) - count(DISTINCT row_key) FROM pgmend.ledger_records l JOIN pgmend.repair_runs r USING (run_id) WHERE r.repair = 'void-duplicate-coupons'"
         ),
         0
     );
@@ -1260,7 +1330,7 @@ fn duplicates_that_keep_arriving_are_marked_by_the_guard_until_the_index_is_vali
     // The guard marked some double taps as they arrived, each with its ledger record; every
     // marked coupon, whoever marked it, has exactly one.
     let guarded = db.scalar_i64(
-        "SELECT count(*) FROM pgmend.repair_ledger l JOIN issued_coupons c ON c.coupon_id = (l.row_key->>'coupon_id')::uuid
+        "SELECT count(*) FROM pgmend.ledger_records l JOIN issued_coupons c ON c.coupon_id = (l.row_key->>'coupon_id')::uuid
           WHERE l.reason LIKE '%(pgmend guard)' AND c.legacy_duplicate AND c.voided_at IS NOT NULL
             AND (l.after->>'voided_at')::timestamptz = c.voided_at",
     );
@@ -1268,7 +1338,7 @@ fn duplicates_that_keep_arriving_are_marked_by_the_guard_until_the_index_is_vali
     assert_eq!(
         db.scalar_i64(
             "SELECT count(*) FROM issued_coupons c WHERE legacy_duplicate AND (
-               SELECT count(*) FROM pgmend.repair_ledger l
+               SELECT count(*) FROM pgmend.ledger_records l
                 WHERE l.target_table = 'issued_coupons' AND l.row_key = jsonb_build_object('coupon_id', c.coupon_id)) <> 1"
         ),
         0
@@ -1339,7 +1409,7 @@ fn ctrl_c_finishes_the_batch_stops_cleanly_and_the_rerun_resumes() {
     );
     // Every committed batch is whole: the ledger holds exactly the rows changed so far.
     assert_eq!(
-        db.scalar_i64("SELECT count(*) FROM pgmend.repair_ledger WHERE run_id = 1"),
+        db.scalar_i64("SELECT count(*) FROM pgmend.ledger_records WHERE run_id = 1"),
         db.scalar_i64("SELECT count(*) FROM issued_coupons WHERE legacy_duplicate")
     );
     let r = db.run(&[
@@ -1479,7 +1549,7 @@ fn a_void_run_in_ranges_voids_the_duplicates_that_arrive_ahead_of_its_checkpoint
     );
     assert_eq!(
         db.scalar_i64(
-            "SELECT count(*) FROM pgmend.repair_ledger l JOIN issued_coupons i ON i.coupon_id = (l.row_key->>'coupon_id')::uuid
+            "SELECT count(*) FROM pgmend.ledger_records l JOIN issued_coupons i ON i.coupon_id = (l.row_key->>'coupon_id')::uuid
               WHERE l.run_id = 1 AND i.member_id = 'zz-new-member' AND i.legacy_duplicate"
         ),
         1,

@@ -168,7 +168,7 @@ fn a_schema_left_by_the_binary_before_versions_is_upgraded_and_its_run_resumes()
     );
     assert_eq!(
         db.scalar_i64(&format!(
-            "SELECT count(*) FROM pgmend.repair_ledger WHERE run_id = {run_id}"
+            "SELECT count(*) FROM pgmend.ledger_records WHERE run_id = {run_id}"
         )),
         to_void
     );
@@ -188,7 +188,7 @@ fn a_schema_left_by_the_binary_before_versions_is_upgraded_and_its_run_resumes()
         1
     );
     assert_eq!(
-        db.scalar_i64("SELECT count(*) FROM pgmend.repair_ledger"),
+        db.scalar_i64("SELECT count(*) FROM pgmend.ledger_records"),
         to_void
     );
 }

@@ -233,7 +233,7 @@ fn signalled_in_the_guard_window(signal: &str) {
     );
     // The void pass's batch committed whole: the late duplicate is marked, with its record.
     assert_eq!(
-        db.scalar_i64("SELECT count(*) FROM pgmend.repair_ledger"),
+        db.scalar_i64("SELECT count(*) FROM pgmend.ledger_records"),
         db.scalar_i64("SELECT count(*) FROM issued_coupons WHERE legacy_duplicate")
     );
     assert_clean_and_rerun_completes(&db, &expected);

@@ -61,8 +61,8 @@ fn on_a_terminal_the_question_is_asked_and_no_changes_nothing() {
     assert!(shown.contains("nothing was changed"), "{shown}");
     assert_eq!(db.scalar_i64("SELECT count(*) FROM campaign_budgets"), 0);
     assert!(
-        !db.exists("pgmend.repair_ledger")
-            || db.scalar_i64("SELECT count(*) FROM pgmend.repair_ledger") == 0
+        !db.exists("pgmend.ledger_records")
+            || db.scalar_i64("SELECT count(*) FROM pgmend.ledger_records") == 0
     );
 }
 

@@ -22,7 +22,9 @@
 //! server, `batch_range`: it reads the range's drift in its snapshot into a CTE that is whole
 //! before the first row is written (a window aggregate over it), then updates, creates and
 //! writes the ledger from it, so no key travels to pgmend and back; the keys it could not
-//! write come back and are explained as below.
+//! write come back and are explained as below. Its ledger records are compact (`ledger_shapes`:
+//! a created row, a corrected counter, a row the application created meanwhile), the records
+//! after the gate full, as before (a second pass merges into them).
 //!
 //! After the gate a run walks the keys that differ, frozen in key order, so a batch's keys span
 //! a narrow range of the leading key column, and a batch reads the source and the counter table
@@ -87,6 +89,15 @@ impl Drift {
         }
     }
 }
+
+/// The ledger shapes of a counter run's compact records (written by its batches before the
+/// deploy gate, `batch_range`), and the reasons full records give for the same changes.
+const SHAPE_CREATED: i16 = 1;
+const SHAPE_CORRECTED: i16 = 2;
+const SHAPE_ADDED: i16 = 3;
+const REASON_CREATED: &str = "the key had no counter row; created with the sum of its source rows";
+const REASON_CORRECTED: &str = "counter was %s; the source sums to %s";
+const REASON_ADDED: &str = "the key had no counter row when its drift was read; the new application created it since, and the drift %s was added";
 
 /// A value a batch proposes for one key: (key, counter now, true value).
 type Proposed = (Vec<String>, i64, i64);
@@ -182,6 +193,37 @@ impl CounterEngine {
             columns,
             checks,
         })
+    }
+
+    /// The shapes of the compact ledger records [`Self::batch_range`] writes: a created row
+    /// (every column after), a corrected counter (before and after), and a row the new
+    /// application created after the drift was read (the drift added).
+    pub fn ledger_shapes(&self) -> Vec<store::runs::LedgerShape> {
+        let s = &self.spec;
+        let names = |cols: &[Ident]| {
+            cols.iter()
+                .map(|c| c.as_str().to_string())
+                .collect::<Vec<_>>()
+        };
+        let shape = |shape, action, columns: Vec<String>, reason: &str| store::runs::LedgerShape {
+            shape,
+            target_table: s.counter_table.as_str().to_string(),
+            action,
+            key_columns: names(&s.key),
+            columns,
+            reason: reason.to_string(),
+        };
+        let counter = names(std::slice::from_ref(&s.counter));
+        vec![
+            shape(
+                SHAPE_CREATED,
+                "insert",
+                names(&self.columns),
+                REASON_CREATED,
+            ),
+            shape(SHAPE_CORRECTED, "update", counter.clone(), REASON_CORRECTED),
+            shape(SHAPE_ADDED, "update", counter, REASON_ADDED),
+        ]
     }
 
     fn keys_text(&self, alias: &str) -> String {
@@ -391,8 +433,8 @@ impl CounterEngine {
                             array_agg(ok.value::bigint) AS values
                        FROM ok WHERE NOT ok.ok AND ok.value <> 0) r",
             differing = self.differing_sql_in(true, range),
-            write = self.write_ctes(&updates, false),
-            create = self.create_ctes(&creates, false),
+            write = self.write_ctes(&updates, false, true),
+            create = self.create_ctes(&creates, false, true),
             ut = (0..s.key.len())
                 .map(|i| format!("u.k{i}::text"))
                 .collect::<Vec<_>>()
@@ -766,7 +808,7 @@ impl CounterEngine {
             "WITH {ctes}
              SELECT (SELECT count(*) FROM l2 WHERE l2.created OR l2.added <> 0),
                     coalesce((SELECT array_agg(array_to_string(ARRAY[{okt}], chr(31))) FROM ok WHERE NOT ok.ok AND ok.value <> 0), '{{}}')",
-            ctes = self.create_ctes(&format!("SELECT {u_keys}, u.after AS value FROM {unnest}"), merge),
+            ctes = self.create_ctes(&format!("SELECT {u_keys}, u.after AS value FROM {unnest}"), merge, false),
             okt = self.keys_text_list("ok"),
         );
         let mut params: Vec<&(dyn ToSql + Sync)> = vec![&run_id];
@@ -790,7 +832,7 @@ impl CounterEngine {
     /// value would not fit or pass a CHECK and 0 was created instead), `ins` and `l2` (the
     /// rows written: `created`, or `added` to a row the application made meanwhile) and
     /// `cledger` (their ledger records).
-    fn create_ctes(&self, input: &str, merge: bool) -> String {
+    fn create_ctes(&self, input: &str, merge: bool, compact: bool) -> String {
         let s = &self.spec;
         let counter = &s.counter_table;
         let keys_cols = column_list("", &s.key);
@@ -835,26 +877,44 @@ impl CounterEngine {
                     ON CONFLICT ({keys_cols}) DO UPDATE SET {cn} = t.{cn} + excluded.{cn}
                     RETURNING t.*, t.xmax = 0 AS created),
                   l2 AS (
-                    SELECT ins.created, jsonb_build_object({ko}) AS row_key, to_jsonb(ins) - 'created' AS whole,
+                    SELECT ins.created, {row_key} AS row_key, {whole} AS whole,
                            ins.{cn}::bigint AS after, CASE WHEN ok.ok THEN ok.value ELSE 0 END AS added
                       FROM ins JOIN ok ON {im}){merged},
                   cledger AS (
-                    {ledger_insert}
+                    {records}
+                      FROM l2 WHERE (l2.created OR l2.added <> 0){not_merged}
+                    RETURNING 1)",
+            row_key = if compact { format!("jsonb_build_array({})", column_list("ins", &s.key)) } else { format!("jsonb_build_object({})", key_obj("ins")) },
+            whole = if compact { format!("jsonb_build_array({})", column_list("ins", &self.columns)) } else { "to_jsonb(ins) - 'created'".to_string() },
+            records = if compact {
+                format!(
+                    "{compact_insert}
+                    SELECT $1, CASE WHEN l2.created THEN {created} ELSE {added} END, l2.row_key,
+                           CASE WHEN l2.created THEN NULL ELSE jsonb_build_array(l2.after - l2.added) END,
+                           CASE WHEN l2.created THEN l2.whole ELSE jsonb_build_array(l2.after) END,
+                           CASE WHEN l2.created THEN NULL ELSE jsonb_build_array(l2.added) END",
+                    compact_insert = store::ledger_compact_insert(),
+                    created = SHAPE_CREATED,
+                    added = SHAPE_ADDED,
+                )
+            } else {
+                format!(
+                    "{ledger_insert}
                     SELECT $1, {tl}, l2.row_key,
                            CASE WHEN l2.created THEN 'insert' ELSE 'update' END,
                            CASE WHEN l2.created THEN NULL ELSE jsonb_build_object({cl}, l2.after - l2.added) END,
                            CASE WHEN l2.created THEN l2.whole ELSE jsonb_build_object({cl}, l2.after) END,
-                           CASE WHEN l2.created THEN 'the key had no counter row; created with the sum of its source rows'
-                                ELSE format('the key had no counter row when its drift was read; the new application created it since, and the drift %s was added', l2.added) END
-                      FROM l2 WHERE (l2.created OR l2.added <> 0){not_merged}
-                    RETURNING 1)",
+                           CASE WHEN l2.created THEN '{created}' ELSE format('{added}', l2.added) END",
+                    ledger_insert = store::ledger_insert(),
+                    tl = s.counter_table.literal(),
+                    cl = s.counter.literal(),
+                    created = REASON_CREATED,
+                    added = REASON_ADDED,
+                )
+            },
             cn = &s.counter,
             passes = self.checks_pass_on_create(),
-            ledger_insert = store::ledger_insert(),
-            ko = key_obj("ins"),
             im = self.keys_match("ins", "ok"),
-            tl = s.counter_table.literal(),
-            cl = s.counter.literal(),
             not_merged = if merge { " AND l2.row_key NOT IN (SELECT row_key FROM merged)" } else { "" },
         )
     }
@@ -884,7 +944,7 @@ impl CounterEngine {
                       FROM {from} m
                      WHERE l.run_id = $1 AND l.target_table = {tl} AND l.row_key = m.row_key
                     RETURNING l.row_key)",
-            ledger = store::ledger(),
+            ledger = store::ledger_full(),
             cl = self.spec.counter.literal(),
             tl = self.spec.counter_table.literal(),
         )
@@ -988,7 +1048,7 @@ impl CounterEngine {
             "WITH {ctes}
              SELECT (SELECT count(*) FROM upd),
                     coalesce((SELECT array_agg(u.i) FROM u WHERE u.i NOT IN (SELECT i FROM upd)), '{{}}')",
-            ctes = self.write_ctes(&format!("SELECT * FROM {unnest}"), merge),
+            ctes = self.write_ctes(&format!("SELECT * FROM {unnest}"), merge, false),
         );
         let mut params: Vec<&(dyn ToSql + Sync)> = vec![&run_id];
         params.extend(cols.iter().map(|c| c as &(dyn ToSql + Sync)));
@@ -1010,38 +1070,59 @@ impl CounterEngine {
     /// (the counter as read), `after` (the true value as read) and `i` (a number per row);
     /// `$1` is the run. They end in `u` (every proposed update), `upd` (the rows written,
     /// with `i`) and `wledger` (their ledger records).
-    fn write_ctes(&self, input: &str, merge: bool) -> String {
+    fn write_ctes(&self, input: &str, merge: bool, compact: bool) -> String {
         let s = &self.spec;
-        let key_obj = s
-            .key
-            .iter()
-            .zip(&self.key_types)
-            .enumerate()
-            .map(|(i, (k, ty))| format!("{}, u.k{i}::{ty}", k.literal()))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let typed = |i: usize, ty: &String| format!("u.k{i}::{ty}");
+        let row_key = if compact {
+            let values: Vec<String> = self
+                .key_types
+                .iter()
+                .enumerate()
+                .map(|(i, ty)| typed(i, ty))
+                .collect();
+            format!("jsonb_build_array({})", values.join(", "))
+        } else {
+            let pairs: Vec<String> = s
+                .key
+                .iter()
+                .zip(&self.key_types)
+                .enumerate()
+                .map(|(i, (k, ty))| format!("{}, {}", k.literal(), typed(i, ty)))
+                .collect();
+            format!("jsonb_build_object({})", pairs.join(", "))
+        };
+        let records = if compact {
+            format!(
+                "{} SELECT $1, {SHAPE_CORRECTED}, u.row_key, jsonb_build_array(u.before), jsonb_build_array(u.after),
+                           jsonb_build_array(u.before, u.after)",
+                store::ledger_compact_insert()
+            )
+        } else {
+            format!(
+                "{} SELECT $1, {}, u.row_key, 'update',
+                      jsonb_build_object({cl}, u.before), jsonb_build_object({cl}, u.after),
+                      format('{REASON_CORRECTED}', u.before, u.after)",
+                store::ledger_insert(),
+                s.counter_table.literal(),
+                cl = s.counter.literal(),
+            )
+        };
         let (min, max) = self.range();
         let cn = &s.counter;
         let merged = self.merge_sql(merge, "upd");
         format!(
-            "u AS (SELECT u.*, u.after - u.before AS drift, jsonb_build_object({key_obj}) AS row_key FROM ({input}) u),
+            "u AS (SELECT u.*, u.after - u.before AS drift, {row_key} AS row_key FROM ({input}) u),
              upd AS (UPDATE {counter} c SET {cn} = c.{cn} + u.drift FROM u
                       WHERE {m} AND u.after BETWEEN {min} AND {max}
                         AND c.{cn}::bigint + u.drift BETWEEN {min} AND {max} AND {passes}
                      RETURNING u.i, u.row_key, c.{cn}::bigint - u.drift AS before, c.{cn}::bigint AS after){merged},
              wledger AS (
-               {ledger_insert}
-               SELECT $1, {tl}, u.row_key, 'update',
-                      jsonb_build_object({cl}, u.before), jsonb_build_object({cl}, u.after),
-                      format('counter was %s; the source sums to %s', u.before, u.after)
+               {records}
                  FROM upd u{not_merged}
                RETURNING 1)",
-            ledger_insert = store::ledger_insert(),
             counter = s.counter_table,
             m = self.u_match(),
             passes = self.checks_pass("c", &format!("c.{cn} + u.drift")),
-            tl = s.counter_table.literal(),
-            cl = s.counter.literal(),
             not_merged = if merge { " WHERE u.row_key NOT IN (SELECT row_key FROM merged)" } else { "" },
         )
     }

@@ -65,6 +65,14 @@ impl Engine {
         })
     }
 
+    /// The shapes of the compact ledger records the engine's batches write.
+    fn ledger_shapes(&self) -> Vec<store::runs::LedgerShape> {
+        match self {
+            Engine::Void(e) => e.ledger_shapes(),
+            Engine::Counter(e) => e.ledger_shapes(),
+        }
+    }
+
     /// Whether a new run walks ranges of keys rather than frozen keys: a counter run before
     /// the gate (nearly every key differs), a void run where an index covers its groups.
     fn freezes_ranges(&self, after_gate: bool) -> bool {
@@ -229,6 +237,10 @@ pub fn apply(
             )));
         }
     }
+
+    // Before the first batch (of a new run, or of one resumed, also one an older pgmend began):
+    // what the run's compact ledger records leave out, which the ledger's view reads them with.
+    store::runs::record_shapes(client, run.run_id, &engine.ledger_shapes())?;
 
     // The first batch is one target: what one target costs is unknown until then (a
     // campaign's counter sums 370,000 coupons where a member-month's sums four), and a

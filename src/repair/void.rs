@@ -25,6 +25,9 @@ use crate::db::sql_text::{all_not_null, column_list, key_match, Ident, KeyRange,
 use crate::error::PgContext;
 use crate::store;
 
+/// The ledger shape of a void run's records.
+const VOID_SHAPE: i16 = 1;
+
 pub struct VoidEngine {
     pub spec: VoidSpec,
     group_types: Vec<String>,
@@ -180,8 +183,8 @@ impl VoidEngine {
     }
 
     /// One batch, in one statement: lock every unmarked row of the batch's groups, rank
-    /// them by the values the locks return, mark and void, write the ledger. Returns the
-    /// number of rows changed.
+    /// them by the values the locks return, mark and void, write the ledger (a compact record
+    /// per changed row, [`Self::ledger_shapes`]). Returns the number of rows changed.
     ///
     /// In READ COMMITTED, `FOR UPDATE` returns a row's latest committed version after
     /// waiting for its lock (a coupon redeemed meanwhile is ranked as redeemed), and the
@@ -224,12 +227,11 @@ impl VoidEngine {
                  FROM ranked r WHERE t.{key} = r.k AND r.rn > 1
                RETURNING t.{key} AS k, r.before_mark, r.before_void, t.{mark} AS after_mark, t.{void} AS after_void, r.rn, r.kept, r.keep_value)
              {ledger_insert}
-             SELECT $1, {table_lit}, jsonb_build_object({key_lit}, k), 'update',
-                    jsonb_build_object({mark_lit}, before_mark, {void_lit}, before_void{keep_obj}),
-                    jsonb_build_object({mark_lit}, after_mark, {void_lit}, after_void{keep_obj}),
-                    format('rank %s in its group; %s %s is kept', rn, {key_lit}, kept)
+             SELECT $1, {shape}, jsonb_build_array(k), jsonb_build_array(before_mark, before_void{keep_arr}),
+                    jsonb_build_array(after_mark, after_void{keep_arr}), jsonb_build_array(rn, kept)
                FROM changed",
-            ledger_insert = store::ledger_insert(),
+            ledger_insert = store::ledger_compact_insert(),
+            shape = VOID_SHAPE,
             on = self.join_on(),
             lcols = self.group_cols("l"),
             lorder = rank_order(s, "l"),
@@ -237,14 +239,29 @@ impl VoidEngine {
             mark = &s.mark,
             void = &s.void,
             key = &s.row_key,
-            table_lit = s.table.literal(),
-            key_lit = s.row_key.literal(),
-            mark_lit = s.mark.literal(),
-            void_lit = s.void.literal(),
             // The column that keeps a row from being voided (redeemed_at) is recorded too, so
             // undo can see a coupon redeemed after it was voided.
-            keep_obj = s.keep_when_not_null.as_ref().map(|k| format!(", {}, keep_value", k.literal())).unwrap_or_default(),
+            keep_arr = if s.keep_when_not_null.is_some() { ", keep_value" } else { "" },
         )
+    }
+
+    /// The shape of the compact ledger records a batch writes (one per changed row): the
+    /// key, mark, void and keep columns before and after, and the reason `rank 2 in its
+    /// group; coupon_id ... is kept` from the rank and the kept row's key.
+    pub fn ledger_shapes(&self) -> Vec<store::runs::LedgerShape> {
+        let s = &self.spec;
+        vec![store::runs::LedgerShape {
+            shape: VOID_SHAPE,
+            target_table: s.table.as_str().to_string(),
+            action: "update",
+            key_columns: vec![s.row_key.as_str().to_string()],
+            columns: [Some(&s.mark), Some(&s.void), s.keep_when_not_null.as_ref()]
+                .into_iter()
+                .flatten()
+                .map(|c| c.as_str().to_string())
+                .collect(),
+            reason: format!("rank %s in its group; {} %s is kept", s.row_key.as_str()),
+        }]
     }
 
     /// For the dry run: every row that would change, with its before and after, over all

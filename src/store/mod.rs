@@ -5,8 +5,9 @@
 //! Other modules call these functions; the engines, whose batch statements write the ledger
 //! inside their own CTEs, take the table names and the ledger's column list from here.
 //!
-//! `table` and `ledger` name the tables as `sql_text::Ident`s; `ledger_insert` and `targets_insert`
-//! are the column lists the engines' CTEs insert with; `exists` says whether the schema exists
+//! `table` and `ledger` name the tables as `sql_text::Ident`s (`ledger` is the view over the full
+//! and the compact records, `ledger_full` the full records' table); `ledger_insert`, `ledger_compact_insert` and `targets_insert` are
+//! the column lists the engines' CTEs insert with; `exists` says whether the schema exists
 //! (refusing a newer one), for read-only callers. `runs.rs` owns runs, targets, checkpoints and the
 //! ledger's reads; `records.rs` the release's records.
 
@@ -19,6 +20,7 @@ use anyhow::Result;
 use postgres::GenericClient;
 
 use crate::db::sql_text::Ident;
+use crate::error::PgContext;
 
 pub use records::gates_passed;
 pub use runs::{run, Run, RunKind, RunState};
@@ -32,17 +34,48 @@ pub fn table(name: &str) -> Ident {
     Ident::qualified(SCHEMA, name)
 }
 
-/// The audit ledger.
+/// The audit ledger, every record of it: the view over the full records and the compact ones
+/// rendered as full (schema version 6). Read it; write with [`ledger_insert`] or
+/// [`ledger_compact_insert`].
 pub fn ledger() -> Ident {
+    table("ledger_records")
+}
+
+/// The ledger for a reader that may find a schema older than version 6 (a read-only command
+/// does not upgrade it): [`ledger`], or before the view existed the one table of records.
+pub fn ledger_to_read(client: &mut impl GenericClient) -> Result<Ident> {
+    let view = client
+        .query_one(
+            "SELECT to_regclass('pgmend.ledger_records') IS NOT NULL",
+            &[],
+        )
+        .doing("looking for pgmend.ledger_records")?
+        .get(0);
+    Ok(if view { ledger() } else { ledger_full() })
+}
+
+/// The table of the ledger's records written in full (every record before schema version 6,
+/// and since then the rare kinds: a counter corrected after the gate, the guard's, undo's).
+pub fn ledger_full() -> Ident {
     table("repair_ledger")
 }
 
-/// `INSERT INTO <ledger> (<columns>)`: the head of a statement that writes ledger records
+/// `INSERT INTO <ledger> (<columns>)`: the head of a statement that writes full ledger records
 /// (an engine's batch writes them in the CTE that changes the rows).
 pub fn ledger_insert() -> String {
     format!(
         "INSERT INTO {} (run_id, target_table, row_key, action, before, after, reason)",
-        ledger()
+        ledger_full()
+    )
+}
+
+/// `INSERT INTO <compact ledger> (<columns>)`: the head of a statement that writes compact
+/// ledger records: `(run_id, shape, row_key, before, after, args)`, the last four `jsonb`
+/// arrays of values in the order of the run's shape ([`runs::LedgerShape`]).
+pub fn ledger_compact_insert() -> String {
+    format!(
+        "INSERT INTO {} (run_id, shape, row_key, before, after, args)",
+        table("ledger_compact")
     )
 }
 
@@ -52,12 +85,16 @@ pub fn targets_insert() -> String {
 }
 
 /// pgmend's tables with the privileges pgmend's role needs on each, for the pre-flight.
-pub const TABLE_PRIVILEGES: [(&str, &[&str]); 10] = [
+pub const TABLE_PRIVILEGES: [(&str, &[&str]); 13] = [
     ("repair_runs", &["SELECT", "INSERT", "UPDATE"]),
     ("repair_targets", &["SELECT", "INSERT"]),
     // UPDATE: a counter row a batch creates and then corrects has its 'insert' record
     // updated (the server checks the privilege even when no record is).
     ("repair_ledger", &["SELECT", "INSERT", "UPDATE"]),
+    // The view over repair_ledger and ledger_compact (schema version 6).
+    ("ledger_records", &["SELECT"]),
+    ("ledger_compact", &["SELECT", "INSERT"]),
+    ("ledger_shapes", &["SELECT", "INSERT"]),
     ("gates", &["SELECT", "INSERT"]),
     ("release_steps", &["SELECT", "INSERT"]),
     ("legacy_counter_at_deploy", &["SELECT", "INSERT"]),

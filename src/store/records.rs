@@ -342,15 +342,16 @@ pub fn unfinished(
         return Ok(None);
     }
     let void_column = void_column.unwrap_or_default();
+    let ledger = super::ledger_to_read(client)?;
     Ok(client
         .query_opt(
-            "SELECT r.run_id, r.changed,
-                    (SELECT count(*) FROM pgmend.repair_ledger l
+            &format!("SELECT r.run_id, r.changed,
+                    (SELECT count(*) FROM {ledger} l
                       WHERE l.run_id = r.run_id
                         AND (l.action = 'insert'
                              OR ($2 <> '' AND l.before ->> $2 IS NULL AND l.after ->> $2 IS NOT NULL)))
                FROM pgmend.repair_runs r
-              WHERE r.repair = $1 AND r.state = 'running'",
+              WHERE r.repair = $1 AND r.state = 'running'"),
             &[&repair, &void_column],
         )
         .doing(format!("reading the unfinished run of repair {repair}"))?

@@ -344,17 +344,52 @@ pub fn frozen_keys_sql(columns: &[Ident], types: &[String], range: SeqRange) -> 
     )
 }
 
+/// What every compact ledger record of one kind in a run repeats (schema version 6): the
+/// table, the action, the names of the key's columns and of the changed columns (the record's
+/// `row_key`, `before` and `after` are arrays of values in this order), and the reason as a
+/// `format` template of the record's `args`. Plain names only (checked identifiers), so the
+/// template holds no `%` but its own.
+#[derive(Debug, Clone)]
+pub struct LedgerShape {
+    pub shape: i16,
+    pub target_table: String,
+    pub action: &'static str,
+    pub key_columns: Vec<String>,
+    pub columns: Vec<String>,
+    pub reason: String,
+}
+
+/// Records a run's ledger shapes, before its first batch (idempotent: a resumed run, also one
+/// an older pgmend began, gets them too).
+pub fn record_shapes(
+    client: &mut impl GenericClient,
+    run_id: i64,
+    shapes: &[LedgerShape],
+) -> Result<()> {
+    for s in shapes {
+        client
+            .execute(
+                "INSERT INTO pgmend.ledger_shapes (run_id, shape, target_table, action, key_columns, columns, reason)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (run_id, shape) DO NOTHING",
+                &[&run_id, &s.shape, &s.target_table, &s.action, &s.key_columns, &s.columns, &s.reason],
+            )
+            .doing("recording the run's ledger shapes")?;
+    }
+    Ok(())
+}
+
 /// A run's ledger records in order, for `repair log`: id, table, row key, action, before,
 /// after (text, '' for none), reason, time.
 pub fn ledger_records<'a>(
     client: &'a mut impl GenericClient,
     run_id: &'a i64,
 ) -> Result<postgres::RowIter<'a>> {
+    let ledger = super::ledger_to_read(client)?;
     client
         .query_raw(
-            "SELECT ledger_id, target_table, row_key::text, action, coalesce(before::text, ''), coalesce(after::text, ''), reason,
+            &format!("SELECT ledger_id, target_table, row_key::text, action, coalesce(before::text, ''), coalesce(after::text, ''), reason,
                     to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')
-               FROM pgmend.repair_ledger WHERE run_id = $1 ORDER BY ledger_id",
+               FROM {ledger} WHERE run_id = $1 ORDER BY ledger_id"),
             [run_id],
         )
         .doing("reading the ledger")
@@ -377,7 +412,7 @@ pub fn create_undo(client: &mut impl GenericClient, run_id: i64) -> Result<i64> 
         .query_one(
             "INSERT INTO pgmend.repair_runs (repair, kind, definition_checksum, state, undoes_run, targets)
              SELECT 'undo:' || repair, 'undo', definition_checksum, 'running', run_id,
-                    (SELECT count(*) FROM pgmend.repair_ledger WHERE run_id = $1)
+                    (SELECT count(*) FROM pgmend.ledger_records WHERE run_id = $1)
                FROM pgmend.repair_runs WHERE run_id = $1 RETURNING run_id",
             &[&run_id],
         )
@@ -390,7 +425,7 @@ pub fn undo_counts(client: &mut impl GenericClient, undo_run: i64) -> Result<(i6
     client
         .query_one(
             "SELECT count(*) FILTER (WHERE action = 'restore'), count(*) FILTER (WHERE action = 'delete')
-               FROM pgmend.repair_ledger WHERE run_id = $1",
+               FROM pgmend.ledger_records WHERE run_id = $1",
             &[&undo_run],
         )
         .map(|r| (r.get(0), r.get(1)))
@@ -405,7 +440,7 @@ pub fn ledger_page(
 ) -> Result<Vec<i64>, postgres::Error> {
     Ok(tx
         .query(
-            "SELECT ledger_id FROM pgmend.repair_ledger WHERE run_id = $1 AND ledger_id > $2 ORDER BY ledger_id LIMIT 1000",
+            "SELECT ledger_id FROM pgmend.ledger_records WHERE run_id = $1 AND ledger_id > $2 ORDER BY ledger_id LIMIT 1000",
             &[&run_id, &after],
         )?
         .iter()

@@ -5,7 +5,10 @@
 //! `repair_runs.target_ranges`, set on a counter run whose targets are ranges of keys rather
 //! than keys (see `repair::counter`), and `pgmend.plan_steps`, the table shapes each step of
 //! an `apply --plan` left (see `release::fingerprint`); version 5 adds `pgmend.run_slices`, the
-//! slices of a run walked by several workers (`--jobs`, see `store::slices`). [`ensure`] creates the
+//! slices of a run walked by several workers (`--jobs`, see `store::slices`); version 6 the compact
+//! ledger (`ledger_compact` and `ledger_shapes`, read with `repair_ledger` through the view
+//! `ledger_records`, see
+//! `V6_SQL`). [`ensure`] creates the
 //! schema or upgrades it in place, in one transaction serialised by an advisory lock under
 //! the session's bounded lock waits; a schema newer than this binary is refused before any
 //! change.
@@ -32,7 +35,7 @@ use crate::db::retry::{with_lock_retry, LockPolicy};
 use crate::error::PgContext;
 
 /// The version of pgmend's schema this binary creates and works with.
-pub const CURRENT: i32 = 5;
+pub const CURRENT: i32 = 6;
 
 /// The first key of the transaction-level advisory lock upgrades take ("pgmd"), second key
 /// "schm": two pgmends upgrading at once take turns, the second finds the work done.
@@ -171,13 +174,63 @@ CREATE TABLE IF NOT EXISTS pgmend.run_slices (
   CHECK (lo <= checkpoint AND checkpoint <= hi)
 );";
 
+/// Version 5 to 6: the compact ledger. The batches that change many rows (a void run's, a
+/// counter run's before the deploy gate) write `ledger_compact` records: the key, the changed
+/// columns before and after and the reason's arguments as `jsonb` arrays of values, against a
+/// per-run `ledger_shapes` row that holds what every record of that kind repeats (the table,
+/// the action, the column names, the reason as a `format` template). The records written in
+/// full until now, and the rare kinds (a counter corrected after the gate, the guard's, undo's),
+/// stay in `repair_ledger`, unchanged (a guard trigger an older pgmend left still writes there);
+/// the view `ledger_records` is both, a compact record rendered exactly as it would have been
+/// written in full, and every reader reads it. Both tables take their `ledger_id`s from the one
+/// sequence, so the view's order is the order of writing.
+const V6_SQL: &str = "
+CREATE TABLE pgmend.ledger_shapes (
+  run_id       bigint NOT NULL,
+  shape        smallint NOT NULL,
+  target_table text NOT NULL,
+  action       text NOT NULL CHECK (action IN ('update', 'insert')),
+  key_columns  text[] NOT NULL,
+  columns      text[] NOT NULL,
+  reason       text NOT NULL,
+  PRIMARY KEY (run_id, shape)
+);
+CREATE TABLE pgmend.ledger_compact (
+  ledger_id bigint NOT NULL DEFAULT nextval('pgmend.repair_ledger_ledger_id_seq'),
+  run_id    bigint NOT NULL,
+  shape     smallint NOT NULL,
+  row_key   jsonb NOT NULL,
+  before    jsonb,
+  after     jsonb,
+  args      jsonb,
+  at        timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (run_id, ledger_id)
+);
+-- names[i] -> vals[i], an object as jsonb_build_object makes it (jsonb orders its keys itself).
+CREATE FUNCTION pgmend.ledger_object(names text[], vals jsonb) RETURNS jsonb
+  LANGUAGE sql IMMUTABLE PARALLEL SAFE
+  AS $$ SELECT CASE WHEN vals IS NOT NULL THEN
+                 (SELECT jsonb_object_agg(n, vals -> (i::int - 1)) FROM unnest(names) WITH ORDINALITY u(n, i))
+               END $$;
+CREATE VIEW pgmend.ledger_records AS
+  SELECT ledger_id, run_id, target_table, row_key, action, before, after, reason, at
+    FROM pgmend.repair_ledger
+  UNION ALL
+  SELECT c.ledger_id, c.run_id, s.target_table, pgmend.ledger_object(s.key_columns, c.row_key),
+         s.action, pgmend.ledger_object(s.columns, c.before), pgmend.ledger_object(s.columns, c.after),
+         format(s.reason, VARIADIC coalesce((SELECT array_agg(a.e ORDER BY a.i)
+                                               FROM jsonb_array_elements_text(c.args) WITH ORDINALITY a(e, i)), '{}')),
+         c.at
+    FROM pgmend.ledger_compact c JOIN pgmend.ledger_shapes s ON s.run_id = c.run_id AND s.shape = c.shape;";
+
 /// Each upgrade step, by the version it leads to.
-const STEPS: [(i32, &str); 5] = [
+const STEPS: [(i32, &str); 6] = [
     (1, V1_SQL),
     (2, V2_SQL),
     (3, V3_SQL),
     (4, V4_SQL),
     (5, V5_SQL),
+    (6, V6_SQL),
 ];
 
 /// The version of the schema in the database: None when there is no schema yet; 1 when the

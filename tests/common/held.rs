@@ -187,7 +187,7 @@ pub fn assert_whole_batches(conninfo: &str, run_id: i64, checkpoint: i64, exact:
     let mut c = kill_campaign::connect(conninfo).unwrap();
     let row = c
         .query_one(
-            "SELECT state, checkpoint, (SELECT count(*) FROM pgmend.repair_ledger WHERE run_id = $1),
+            "SELECT state, checkpoint, (SELECT count(*) FROM pgmend.ledger_records WHERE run_id = $1),
                     (SELECT count(*) FROM issued_coupons WHERE legacy_duplicate)
                FROM pgmend.repair_runs WHERE run_id = $1",
             &[&run_id],
@@ -237,8 +237,8 @@ pub fn assert_checkpoint_in_step(c: &mut postgres::Client, run_id: i64) {
                                     count(*) FILTER (WHERE NOT legacy_duplicate) AS live
                                FROM issued_coupons GROUP BY campaign_id, member_id)
              SELECT r.checkpoint, r.processed, r.changed,
-                    (SELECT count(*) FROM pgmend.repair_ledger l WHERE l.run_id = r.run_id),
-                    (SELECT count(*) FROM pgmend.repair_ledger l
+                    (SELECT count(*) FROM pgmend.ledger_records l WHERE l.run_id = r.run_id),
+                    (SELECT count(*) FROM pgmend.ledger_records l
                        JOIN issued_coupons i ON i.coupon_id = (l.row_key->>'coupon_id')::uuid
                        JOIN pgmend.repair_targets t ON t.run_id = l.run_id AND t.key = ARRAY[i.campaign_id, i.member_id]
                       WHERE l.run_id = r.run_id AND t.seq > r.checkpoint),
@@ -292,8 +292,8 @@ fn assert_range_checkpoint_in_step(c: &mut postgres::Client, run_id: i64) {
                                     b.started AND (b.up_to IS NULL OR member_id <= b.up_to) AS done
                                FROM issued_coupons, b GROUP BY campaign_id, member_id, b.started, b.up_to)
              SELECT r.checkpoint, r.processed, r.changed,
-                    (SELECT count(*) FROM pgmend.repair_ledger l WHERE l.run_id = r.run_id),
-                    (SELECT count(*) FROM pgmend.repair_ledger l
+                    (SELECT count(*) FROM pgmend.ledger_records l WHERE l.run_id = r.run_id),
+                    (SELECT count(*) FROM pgmend.ledger_records l
                        JOIN issued_coupons i ON i.coupon_id = (l.row_key->>'coupon_id')::uuid
                        JOIN groups g USING (campaign_id, member_id)
                       WHERE l.run_id = r.run_id AND NOT g.done),
