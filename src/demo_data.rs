@@ -3,13 +3,13 @@
 
 use anyhow::{Context, Result};
 
-/// Silver Week: three 1,000-yen campaigns, budgets of the seed (100,000 / 300,000 /
-/// 300,000 yen for 300 members) scaled to the member count, double taps that left
+/// Silver Week: three 1,000-yen campaigns (`Shape::discount_yen`), budgets of the seed (100,000 /
+/// 300,000 / 300,000 yen for 300 members) scaled to the member count and the discount, double taps that left
 /// duplicates (some redeemed), and a campaigns.issued_yen that lost updates. Deterministic:
 /// the same --members gives the same rows (coupon ids aside).
 const DIRTY_DATA_SQL: &str = "
 INSERT INTO campaigns (campaign_id, discount_yen, budget_yen, issued_yen)
-SELECT id, 1000, (budget::bigint * $1::int / 300)::int, 0
+SELECT id, $2::int, (budget::bigint * $1::int / 300 * $2::int / 1000)::int, 0
   FROM (VALUES ('SW-A', 100000), ('SW-B', 300000), ('SW-C', 300000)) v(id, budget);
 INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen, issued_at, redeemed_at)
 SELECT gen_random_uuid(), c.campaign_id, 'm' || lpad(m::text, 7, '0'), '2026-09', c.discount_yen,
@@ -38,6 +38,9 @@ pub struct Shape {
     /// Percent of (campaign, member) groups with three coupons, and with two.
     pub triples: i32,
     pub doubles: i32,
+    /// Each coupon's yen: the seed's 1,000. The legacy yen columns are `integer`, so above about
+    /// 1.5 million members a campaign's total no longer fits at 1,000 yen a coupon.
+    pub discount_yen: i32,
 }
 
 impl Shape {
@@ -47,6 +50,7 @@ impl Shape {
         takes_b_c: 75,
         triples: 5,
         doubles: 10,
+        discount_yen: 1000,
     };
 }
 
@@ -55,24 +59,24 @@ pub fn generate_dirty_data_shaped(
     members: i32,
     shape: &Shape,
 ) -> Result<()> {
-    for statement in DIRTY_DATA_SQL.split(';').filter(|s| !s.trim().is_empty()) {
-        if statement.contains("$2") {
-            client.execute(
-                statement,
-                &[
-                    &members,
-                    &shape.takes_a,
-                    &shape.takes_b_c,
-                    &shape.triples,
-                    &shape.doubles,
-                ],
-            )
-        } else if statement.contains("$1") {
-            client.execute(statement, &[&members])
-        } else {
-            client.execute(statement, &[])
-        }
-        .context("generating the dirty data")?;
+    let campaigns: [&(dyn postgres::types::ToSql + Sync); 2] = [&members, &shape.discount_yen];
+    let coupons: [&(dyn postgres::types::ToSql + Sync); 5] = [
+        &members,
+        &shape.takes_a,
+        &shape.takes_b_c,
+        &shape.triples,
+        &shape.doubles,
+    ];
+    let statements = DIRTY_DATA_SQL.split(';').filter(|s| !s.trim().is_empty());
+    for (n, statement) in statements.enumerate() {
+        let params: &[&(dyn postgres::types::ToSql + Sync)] = match n {
+            0 => &campaigns,
+            1 => &coupons,
+            _ => &[],
+        };
+        client
+            .execute(statement, params)
+            .context("generating the dirty data")?;
     }
     Ok(())
 }

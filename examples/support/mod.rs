@@ -64,6 +64,9 @@ pub fn make_legacy(c: &mut postgres::Client, members: i32) -> anyhow::Result<()>
             takes_b_c: 90,
             triples: 7,
             doubles: 23,
+            // 100 yen a coupon above 1,000,000 members, so that a campaign's total fits the
+            // legacy `integer` columns (3,000,000 members issue about 3.7 billion yen at 1,000).
+            discount_yen: if members > 1_000_000 { 100 } else { 1000 },
         },
     )
 }

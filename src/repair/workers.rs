@@ -253,6 +253,9 @@ impl Worker<'_> {
                         self.name, self.number, self.main_pid
                     )));
                 }
+                // Counted before the run's row is updated: every worker's batch updates that
+                // row, so from then to the commit the other workers wait for this one.
+                let waiting = neighbour::sessions_waiting_on_me(&mut tx, self.ours)?;
                 let advanced = slices::advance(
                     &mut tx,
                     self.run_id,
@@ -268,7 +271,6 @@ impl Worker<'_> {
                         self.name, self.number, self.run_id
                     )));
                 }
-                let waiting = neighbour::sessions_waiting_on_me(&mut tx, self.ours)?;
                 tx.commit()?;
                 Ok(Ok((r.changed, t.elapsed(), waiting)))
             },
