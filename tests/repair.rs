@@ -388,6 +388,55 @@ fn compact_ledger_records_read_as_the_full_records_of_the_changes_made() {
 }
 
 #[test]
+fn a_run_whose_first_records_an_earlier_pgmend_wrote_in_full_is_logged_and_undone_whole() {
+    // A run started by a pgmend before schema version 6 and finished by this one has its first
+    // records in repair_ledger (full) and the rest in ledger_compact: `repair log` and undo must
+    // read both, in ledger_id order. Simulated by moving the first half of a run's compact
+    // records into repair_ledger as the view renders them.
+    let db = edge_cases();
+    let coupons = |db: &TestDb| {
+        db.scalar_i64("SELECT hashtext(string_agg(x::text, ',' ORDER BY coupon_id))::bigint FROM issued_coupons x")
+    };
+    let original = coupons(&db);
+    let r = db.run(&["repair", "apply", "void-duplicate-coupons", "--yes"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let log_before = db.run(&["--format", "csv", "repair", "log", "1"]);
+    assert_eq!(log_before.code, 0, "{}", log_before.both());
+    let mut c = db.client();
+    let copied = c
+        .execute(
+            "INSERT INTO pgmend.repair_ledger (ledger_id, run_id, target_table, row_key, action, before, after, reason, at)
+             SELECT ledger_id, run_id, target_table, row_key, action, before, after, reason, at
+               FROM pgmend.ledger_records WHERE run_id = 1
+              ORDER BY ledger_id LIMIT (SELECT count(*) / 2 FROM pgmend.ledger_compact WHERE run_id = 1)",
+            &[],
+        )
+        .unwrap();
+    assert!(copied >= 2, "{copied} records copied");
+    let deleted = c
+        .execute(
+            "DELETE FROM pgmend.ledger_compact c USING pgmend.repair_ledger f
+              WHERE c.run_id = 1 AND f.run_id = 1 AND f.ledger_id = c.ledger_id",
+            &[],
+        )
+        .unwrap();
+    assert_eq!(deleted, copied);
+    assert!(db.scalar_i64("SELECT count(*) FROM pgmend.ledger_compact WHERE run_id = 1") >= 2);
+    let log_after = db.run(&["--format", "csv", "repair", "log", "1"]);
+    assert_eq!(log_after.code, 0, "{}", log_after.both());
+    assert_eq!(
+        log_after.stdout, log_before.stdout,
+        "the same log, record for record"
+    );
+
+    let r = db.run(&["repair", "undo", "1", "--yes", "--format", "json"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(doc["restored"], 6);
+    assert_eq!(coupons(&db), original, "every coupon is back as it was");
+}
+
+#[test]
 fn a_coupon_redeemed_after_planning_is_the_one_kept() {
     let db = edge_cases();
     let r = db.run(&["repair", "plan", "void-duplicate-coupons", "--all"]);
