@@ -9,7 +9,7 @@
 # max_wal_size 4GB, checkpoint_timeout 1h). It loads the benchmark's Silver Week data (90% of
 # members take each campaign, 7% of groups with three coupons and 23% with two), applies V2,
 # builds V3's index, and then, each on a fresh TEMPLATE copy after a CHECKPOINT, times the void
-# as ONE statement over every group, in five variants:
+# as ONE statement over every group, in these variants:
 #
 #   A0  the one-shot's ranked UPDATE, without V3's index
 #   A   the same with V3's index (what pgmend's batches face)
@@ -17,7 +17,11 @@
 #       redeemed_at that decided, rank, kept key: the reason derived when read)
 #   B   rows locked FOR UPDATE and ranked on the locked versions (pgmend's write-time ranking)
 #   D   B plus the compact ledger record
-#   C   B plus today's jsonb ledger record with its reason string (what pgmend writes now)
+#   C   B plus a jsonb ledger record with its reason string (what pgmend wrote until schema 6)
+#   D6  B plus pgmend's ledger_compact record since schema 6 (jsonb arrays against a shape)
+#   F   B plus one record per 5,000 changed rows: the same values as D, as typed arrays
+#   G   D6 with V3's index partial (WHERE voided_at IS NULL): a voided row's new version
+#       is not inserted into it
 #
 # and prints seconds, WAL in MB and the number of coupons marked (298,826 at 300,000 members:
 # every variant must mark the same rows). Nothing here is a test; see docs/benchmark.md.
@@ -88,6 +92,22 @@ compact_table="CREATE TABLE ledger (ledger_id bigserial, run_id bigint NOT NULL,
 compact_insert="INSERT INTO ledger (run_id, row_key, before_void, after_void, keep_value, rank, kept)
   SELECT 1, k::text, before_void, after_void, keep_value, rn, kept::text FROM changed"
 no_ledger="SELECT count(*) FROM changed"
+v6_table="CREATE TABLE ledger (ledger_id bigserial, run_id bigint NOT NULL, shape smallint NOT NULL,
+  row_key jsonb NOT NULL, before jsonb, after jsonb, args jsonb, at timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (run_id, ledger_id))"
+v6_insert="INSERT INTO ledger (run_id, shape, row_key, before, after, args)
+  SELECT 1, 1, jsonb_build_array(k), jsonb_build_array(false, before_void, keep_value),
+         jsonb_build_array(true, after_void, keep_value), jsonb_build_array(rn, kept) FROM changed"
+array_table="CREATE TABLE ledger (run_id bigint NOT NULL, chunk bigint NOT NULL, row_key text[] NOT NULL,
+  before_void timestamptz[], after_void timestamptz[], keep_value timestamptz[], rank smallint[], kept text[],
+  PRIMARY KEY (run_id, chunk))"
+array_insert="INSERT INTO ledger (run_id, chunk, row_key, before_void, after_void, keep_value, rank, kept)
+  SELECT 1, n / 5000, array_agg(k::text), array_agg(before_void), array_agg(after_void), array_agg(keep_value),
+         array_agg(rn::smallint), array_agg(kept::text)
+    FROM (SELECT c.*, row_number() OVER () AS n FROM changed c) c GROUP BY n / 5000"
+partial_v3="DROP INDEX issued_coupons_by_member;
+  CREATE INDEX issued_coupons_by_member ON issued_coupons (member_id, campaign_id) WHERE voided_at IS NULL;
+  $v6_table"
 
 variant() {
   local name=$1 setup=$2 statement=$3
@@ -111,5 +131,8 @@ for round in $(seq "$rounds"); do
   variant "E  ranked UPDATE, compact ledger" "$compact_table" "$no_lock $compact_insert"
   variant "B  locked and ranked" "" "$locked $no_ledger"
   variant "D  locked and ranked, compact ledger" "$compact_table" "$locked $compact_insert"
-  variant "C  locked and ranked, jsonb ledger (today)" "$jsonb_table" "$locked $jsonb_insert"
+  variant "C  locked and ranked, jsonb ledger (schema 5)" "$jsonb_table" "$locked $jsonb_insert"
+  variant "D6 locked and ranked, ledger_compact" "$v6_table" "$locked $v6_insert"
+  variant "F  locked and ranked, array per 5,000" "$array_table" "$locked $array_insert"
+  variant "G  D6, V3 partial (voided_at IS NULL)" "$partial_v3" "$locked $v6_insert"
 done
