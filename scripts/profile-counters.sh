@@ -21,18 +21,10 @@
 set -euo pipefail
 members=${1:-300000}
 rounds=${2:-1}
-pgbin=${PGBIN:-/usr/lib/postgresql/15/bin}
 port=${PGPORT_PROFILE:-5498}
 here=$(cd "$(dirname "$0")/.." && pwd)
-dir=$(mktemp -d /tmp/pgmend-profile.XXXXXX)
-as_server() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
-[ "$(id -u)" = 0 ] && chown postgres "$dir"
-as_server "$pgbin/initdb" -D "$dir/data" -A trust >/dev/null
-as_server "$pgbin/pg_ctl" -D "$dir/data" -l "$dir/log" -w -o "-p $port -k $dir -c fsync=off \
-  -c synchronous_commit=off -c full_page_writes=on -c max_wal_size=4GB -c checkpoint_timeout=1h" \
-  start >/dev/null
-trap 'as_server "$pgbin/pg_ctl" -D "$dir/data" -m immediate stop >/dev/null; rm -rf "$dir"' EXIT
-psql() { PGOPTIONS="-c client_min_messages=warning" "$pgbin/psql" -h "$dir" -p "$port" -U postgres -q -v ON_ERROR_STOP=1 "$@"; }
+# shellcheck source=scripts/profile-cluster.sh
+. "$here/scripts/profile-cluster.sh"
 
 psql -c "CREATE DATABASE base"
 psql -d base -f "$here/migrations/V1__legacy_baseline.sql"
