@@ -29,7 +29,7 @@ mod support;
 /// starts right after a `CHECKPOINT`; one the WAL volume forces is reported).
 const SPEED_SETTINGS: [(&str, &str); 3] = [
     ("full_page_writes", "on"),
-    ("max_wal_size", "4GB"),
+    ("max_wal_size", "32GB"),
     ("checkpoint_timeout", "1h"),
 ];
 
@@ -44,6 +44,57 @@ fn wal_lsn(c: &mut postgres::Client) -> Result<i64> {
         &[],
     )?
     .get(0))
+}
+
+/// Where the next WAL record goes, as a `pg_lsn` literal (for `pg_walinspect`).
+fn wal_lsn_text(c: &mut postgres::Client) -> Result<String> {
+    Ok(c.query_one("SELECT pg_current_wal_insert_lsn()::text", &[])?
+        .get(0))
+}
+
+/// PGMEND_BENCH_WAL=1: the WAL between `from` and now by record kind, and the full-page
+/// images by relation (`pg_walinspect`, PostgreSQL 15+; only the first block of each record
+/// is attributed), to tell what writes it. `c` is connected to the database whose relations
+/// the images are named by.
+fn wal_breakdown(c: &mut postgres::Client, side: &str, from: &str) -> Result<()> {
+    std::thread::sleep(Duration::from_millis(500));
+    let to: String = c
+        .query_one("SELECT pg_current_wal_flush_lsn()::text", &[])?
+        .get(0);
+    for r in c.query(
+        // The first column is "resource_manager/record_type" in 15, two columns from 16 on.
+        "SELECT * FROM pg_get_wal_stats($1::text::pg_lsn, $2::text::pg_lsn, true) s
+          WHERE s.combined_size > 1000000 ORDER BY s.combined_size DESC",
+        &[&from, &to],
+    )? {
+        let kind: String = (0..r.len())
+            .take_while(|&i| r.columns()[i].type_() == &postgres::types::Type::TEXT)
+            .map(|i| r.get::<_, String>(i))
+            .collect::<Vec<_>>()
+            .join("/");
+        let (n, fpi, all): (i64, i64, i64) = (r.get("count"), r.get("fpi_size"), r.get("combined_size"));
+        eprintln!(
+            "  {side}: {kind:<28} {n:>10} records {:>8.1} MB (full-page images {:.1} MB)",
+            all as f64 / 1e6,
+            fpi as f64 / 1e6
+        );
+    }
+    for r in c.query(
+        "SELECT coalesce(c.relname, w.rel::text), w.images, w.bytes
+           FROM (SELECT substring(block_ref from 'rel \\d+/\\d+/(\\d+)')::oid AS rel, count(*) AS images, sum(fpi_length) AS bytes
+                   FROM pg_get_wal_records_info($1::text::pg_lsn, $2::text::pg_lsn)
+                  WHERE fpi_length > 0 GROUP BY 1) w
+           LEFT JOIN pg_class c ON c.relfilenode = w.rel
+          ORDER BY w.bytes DESC LIMIT 12",
+        &[&from, &to],
+    )? {
+        let (rel, n, bytes): (String, i64, i64) = (r.get(0), r.get(1), r.get::<_, Option<i64>>(2).unwrap_or(0));
+        eprintln!(
+            "  {side}: full-page images of {rel:<40} {n:>8} ({:.1} MB)",
+            bytes as f64 / 1e6
+        );
+    }
+    Ok(())
 }
 
 /// The whole cluster's full-page images and WAL bytes so far (`pg_stat_wal`): only what the
@@ -685,6 +736,7 @@ fn main() -> Result<()> {
     // PGMEND_BENCH_PROFILE=1: load pg_stat_statements and print where pgmend's server time
     // went, statement by statement (for finding what to make faster, not for the figures).
     let profile = std::env::var_os("PGMEND_BENCH_PROFILE").is_some();
+    let wal_kinds = std::env::var_os("PGMEND_BENCH_WAL").is_some();
     let pg = if gate {
         // Lock waits and slow statements in the server log, to tell what held the hot row.
         let pg = LocalPg::start_with(
@@ -772,10 +824,14 @@ fn main() -> Result<()> {
         let coupons: i64 = one
             .query_one("SELECT count(*) FROM issued_coupons", &[])?
             .get(0);
+        if wal_kinds {
+            one.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")?;
+        }
         // The count may have pruned pages: its WAL goes before the window, in figures and in time.
         flush_stats(&mut one)?;
         let ckpt0 = checkpoint(&mut admin)?;
         let wal0 = wal_lsn(&mut one)?;
+        let lsn0 = wal_lsn_text(&mut one)?;
         let stats0 = wal_stats(&mut admin)?;
         let (stop, load_threads) = start_legacy_load(load, pg.conninfo("oneshot"), members);
         let t = Instant::now();
@@ -793,6 +849,9 @@ fn main() -> Result<()> {
                 .collect(),
         );
         let one_wal = wal_lsn(&mut one)? - wal0;
+        if wal_kinds {
+            wal_breakdown(&mut one, "one-shot", &lsn0)?;
+        }
         let one_state = state(&mut one)?;
 
         let url = pg.url("viapgmend");
@@ -819,9 +878,13 @@ fn main() -> Result<()> {
                 "CREATE EXTENSION IF NOT EXISTS pg_stat_statements; SELECT pg_stat_statements_reset()",
             )?;
         }
+        if wal_kinds {
+            via.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")?;
+        }
         flush_stats(&mut via)?;
         let ckpt0 = checkpoint(&mut admin)?;
         let wal0 = wal_lsn(&mut via)?;
+        let lsn0_via = wal_lsn_text(&mut via)?;
         let stats0_via = wal_stats(&mut admin)?;
         let (stop, load_threads) = start_legacy_load(load, pg.conninfo("viapgmend"), members);
         let t = Instant::now();
@@ -901,6 +964,9 @@ fn main() -> Result<()> {
                     "{members} members: {n} checkpoint(s) began during {side}'s run: its WAL and FPI include the full-page images that follow"
                 ));
             }
+        }
+        if wal_kinds {
+            wal_breakdown(&mut via, "pgmend", &lsn0_via)?;
         }
         let via_state = state(&mut via)?;
         let rows = compare_end_states(&mut one, &mut via);

@@ -138,12 +138,14 @@ impl Engine {
                         .iter()
                         .map(|v| v as &(dyn postgres::types::ToSql + Sync)),
                 );
-                tx.execute(&e.range_batch_sql(range), &params)?
+                tx.query_one(&e.range_batch_sql(range), &params)?.get(0)
             }
-            (Engine::Void(e), None) => tx.execute(&e.batch_sql(), &[&run_id, &lo, &hi])?,
+            (Engine::Void(e), None) => tx
+                .query_one(&e.batch_sql(), &[&run_id, &lo, &hi])?
+                .get(0),
         };
         Ok(BatchResult {
-            changed: changed as i64,
+            changed,
             skipped: Vec::new(),
         })
     }
