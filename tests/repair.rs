@@ -319,9 +319,9 @@ fn the_ledger_answers_which_coupons_were_voided_and_why() {
 
 #[test]
 fn compact_ledger_records_read_as_the_full_records_of_the_changes_made() {
-    // The void and the counters' first pass write compact records, a batch's in one row
-    // (schema version 7); the view must give each one exactly as a full record of that change
-    // reads: computed here from the rows before and after the release, not from pgmend's SQL.
+    // The void and the counters' first pass write compact records (schema version 6); the
+    // view must give each one exactly as a full record of that change reads: computed here
+    // from the rows before and after the release, not from pgmend's SQL.
     let db = edge_cases();
     let mut c = db.client();
     c.batch_execute(
@@ -334,13 +334,8 @@ fn compact_ledger_records_read_as_the_full_records_of_the_changes_made() {
     let r = db.run(&["apply", "--yes"]);
     assert_eq!(r.code, 0, "{}", r.both());
     assert!(
-        db.scalar_i64("SELECT count(*) FROM pgmend.ledger_batches") > 0,
+        db.scalar_i64("SELECT count(*) FROM pgmend.ledger_compact") > 0,
         "the batches wrote compact records"
-    );
-    assert_eq!(
-        db.scalar_i64("SELECT count(*) FROM pgmend.ledger_batches WHERE cardinality(ids) > 1"),
-        db.scalar_i64("SELECT count(*) FROM pgmend.ledger_batches"),
-        "each row holds a batch's records"
     );
     // pgmend's sessions render times in the database's default time zone; so must this one.
     c.batch_execute("SELECT set_config('TimeZone', (SELECT reset_val FROM pg_settings WHERE name = 'TimeZone'), false)")
@@ -393,13 +388,11 @@ fn compact_ledger_records_read_as_the_full_records_of_the_changes_made() {
 }
 
 #[test]
-fn a_run_whose_first_records_earlier_pgmends_wrote_is_logged_and_undone_whole() {
-    // A run started by a pgmend before schema version 6, continued by one of version 6 and
-    // finished by this one has its first records in repair_ledger (full), the next in
-    // ledger_compact (a row each) and the rest in ledger_batches (a batch's in one row):
-    // `repair log` and undo must read all three, in ledger_id order. Simulated by moving the
-    // first third of a run's records into repair_ledger as the view renders them and the
-    // second third into ledger_compact, element for element.
+fn a_run_whose_first_records_an_earlier_pgmend_wrote_in_full_is_logged_and_undone_whole() {
+    // A run started by a pgmend before schema version 6 and finished by this one has its first
+    // records in repair_ledger (full) and the rest in ledger_compact: `repair log` and undo must
+    // read both, in ledger_id order. Simulated by moving the first half of a run's compact
+    // records into repair_ledger as the view renders them.
     let db = edge_cases();
     let coupons = |db: &TestDb| {
         db.scalar_i64("SELECT hashtext(string_agg(x::text, ',' ORDER BY coupon_id))::bigint FROM issued_coupons x")
@@ -410,41 +403,25 @@ fn a_run_whose_first_records_earlier_pgmends_wrote_is_logged_and_undone_whole() 
     let log_before = db.run(&["--format", "csv", "repair", "log", "1"]);
     assert_eq!(log_before.code, 0, "{}", log_before.both());
     let mut c = db.client();
-    c.batch_execute(
-        "BEGIN;
-         CREATE TEMP TABLE recs AS
-           SELECT u.*, b.run_id, b.shape, b.at, row_number() OVER (ORDER BY u.id) AS n, count(*) OVER () AS total
-             FROM pgmend.ledger_batches b,
-                  ROWS FROM (unnest(b.ids), jsonb_array_elements(b.row_keys), jsonb_array_elements(b.befores),
-                             jsonb_array_elements(b.afters), jsonb_array_elements(b.args)) u(id, rk, bf, af, ar)
-            WHERE b.run_id = 1;
-         INSERT INTO pgmend.repair_ledger (ledger_id, run_id, target_table, row_key, action, before, after, reason, at)
-         SELECT l.ledger_id, l.run_id, l.target_table, l.row_key, l.action, l.before, l.after, l.reason, l.at
-           FROM pgmend.ledger_records l JOIN recs r ON r.id = l.ledger_id
-          WHERE l.run_id = 1 AND r.n <= r.total / 3;
-         INSERT INTO pgmend.ledger_compact (ledger_id, run_id, shape, row_key, before, after, args, at)
-         SELECT id, run_id, shape, rk, bf, af, ar, at FROM recs WHERE n > total / 3 AND n <= 2 * total / 3;
-         DELETE FROM pgmend.ledger_batches WHERE run_id = 1;
-         INSERT INTO pgmend.ledger_batches (run_id, first_id, last_id, shape, ids, row_keys, befores, afters, args, at)
-         SELECT run_id, min(id), max(id), shape, array_agg(id ORDER BY id), jsonb_agg(rk ORDER BY id),
-                jsonb_agg(bf ORDER BY id), jsonb_agg(af ORDER BY id), jsonb_agg(ar ORDER BY id), at
-           FROM recs WHERE n > 2 * total / 3 GROUP BY run_id, shape, at;
-         COMMIT;",
-    )
-    .unwrap();
-    for table in ["repair_ledger", "ledger_compact"] {
-        assert!(
-            db.scalar_i64(&format!(
-                "SELECT count(*) FROM pgmend.{table} WHERE run_id = 1"
-            )) >= 2,
-            "{table}"
-        );
-    }
-    assert!(
-        db.scalar_i64(
-            "SELECT sum(cardinality(ids))::int8 FROM pgmend.ledger_batches WHERE run_id = 1"
-        ) >= 2
-    );
+    let copied = c
+        .execute(
+            "INSERT INTO pgmend.repair_ledger (ledger_id, run_id, target_table, row_key, action, before, after, reason, at)
+             SELECT ledger_id, run_id, target_table, row_key, action, before, after, reason, at
+               FROM pgmend.ledger_records WHERE run_id = 1
+              ORDER BY ledger_id LIMIT (SELECT count(*) / 2 FROM pgmend.ledger_compact WHERE run_id = 1)",
+            &[],
+        )
+        .unwrap();
+    assert!(copied >= 2, "{copied} records copied");
+    let deleted = c
+        .execute(
+            "DELETE FROM pgmend.ledger_compact c USING pgmend.repair_ledger f
+              WHERE c.run_id = 1 AND f.run_id = 1 AND f.ledger_id = c.ledger_id",
+            &[],
+        )
+        .unwrap();
+    assert_eq!(deleted, copied);
+    assert!(db.scalar_i64("SELECT count(*) FROM pgmend.ledger_compact WHERE run_id = 1") >= 2);
     let log_after = db.run(&["--format", "csv", "repair", "log", "1"]);
     assert_eq!(log_after.code, 0, "{}", log_after.both());
     assert_eq!(

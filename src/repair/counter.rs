@@ -880,19 +880,23 @@ impl CounterEngine {
                     SELECT ins.created, {row_key} AS row_key, {whole} AS whole,
                            ins.{cn}::bigint AS after, CASE WHEN ok.ok THEN ok.value ELSE 0 END AS added
                       FROM ins JOIN ok ON {im}){merged},
-                  cledger AS ({records})",
+                  cledger AS (
+                    {records}
+                      FROM l2 WHERE (l2.created OR l2.added <> 0){not_merged}
+                    RETURNING 1)",
             row_key = if compact { format!("jsonb_build_array({})", column_list("ins", &s.key)) } else { format!("jsonb_build_object({})", key_obj("ins")) },
             whole = if compact { format!("jsonb_build_array({})", column_list("ins", &self.columns)) } else { "to_jsonb(ins) - 'created'".to_string() },
             records = if compact {
-                store::ledger_batch_insert(&format!(
-                    "SELECT CASE WHEN l2.created THEN {created} ELSE {added} END::smallint AS shape, l2.row_key,
-                           CASE WHEN l2.created THEN NULL ELSE jsonb_build_array(l2.after - l2.added) END AS before,
-                           CASE WHEN l2.created THEN l2.whole ELSE jsonb_build_array(l2.after) END AS after,
-                           CASE WHEN l2.created THEN NULL ELSE jsonb_build_array(l2.added) END AS args
-                      FROM l2 WHERE l2.created OR l2.added <> 0",
+                format!(
+                    "{compact_insert}
+                    SELECT $1, CASE WHEN l2.created THEN {created} ELSE {added} END, l2.row_key,
+                           CASE WHEN l2.created THEN NULL ELSE jsonb_build_array(l2.after - l2.added) END,
+                           CASE WHEN l2.created THEN l2.whole ELSE jsonb_build_array(l2.after) END,
+                           CASE WHEN l2.created THEN NULL ELSE jsonb_build_array(l2.added) END",
+                    compact_insert = store::ledger_compact_insert(),
                     created = SHAPE_CREATED,
                     added = SHAPE_ADDED,
-                ))
+                )
             } else {
                 format!(
                     "{ledger_insert}
@@ -906,16 +910,12 @@ impl CounterEngine {
                     cl = s.counter.literal(),
                     created = REASON_CREATED,
                     added = REASON_ADDED,
-                ) + &format!(
-                    "
-                      FROM l2 WHERE (l2.created OR l2.added <> 0){not_merged}
-                    RETURNING 1",
-                    not_merged = if merge { " AND l2.row_key NOT IN (SELECT row_key FROM merged)" } else { "" },
                 )
             },
             cn = &s.counter,
             passes = self.checks_pass_on_create(),
             im = self.keys_match("ins", "ok"),
+            not_merged = if merge { " AND l2.row_key NOT IN (SELECT row_key FROM merged)" } else { "" },
         )
     }
 
@@ -1091,24 +1091,17 @@ impl CounterEngine {
                 .collect();
             format!("jsonb_build_object({})", pairs.join(", "))
         };
-        let not_merged = if merge {
-            " WHERE u.row_key NOT IN (SELECT row_key FROM merged)"
-        } else {
-            ""
-        };
         let records = if compact {
-            store::ledger_batch_insert(&format!(
-                "SELECT {SHAPE_CORRECTED}::smallint AS shape, u.row_key, jsonb_build_array(u.before) AS before,
-                        jsonb_build_array(u.after) AS after, jsonb_build_array(u.before, u.after) AS args
-                   FROM upd u{not_merged}"
-            ))
+            format!(
+                "{} SELECT $1, {SHAPE_CORRECTED}, u.row_key, jsonb_build_array(u.before), jsonb_build_array(u.after),
+                           jsonb_build_array(u.before, u.after)",
+                store::ledger_compact_insert()
+            )
         } else {
             format!(
                 "{} SELECT $1, {}, u.row_key, 'update',
                       jsonb_build_object({cl}, u.before), jsonb_build_object({cl}, u.after),
-                      format('{REASON_CORRECTED}', u.before, u.after)
-                 FROM upd u{not_merged}
-               RETURNING 1",
+                      format('{REASON_CORRECTED}', u.before, u.after)",
                 store::ledger_insert(),
                 s.counter_table.literal(),
                 cl = s.counter.literal(),
@@ -1123,10 +1116,14 @@ impl CounterEngine {
                       WHERE {m} AND u.after BETWEEN {min} AND {max}
                         AND c.{cn}::bigint + u.drift BETWEEN {min} AND {max} AND {passes}
                      RETURNING u.i, u.row_key, c.{cn}::bigint - u.drift AS before, c.{cn}::bigint AS after){merged},
-             wledger AS ({records})",
+             wledger AS (
+               {records}
+                 FROM upd u{not_merged}
+               RETURNING 1)",
             counter = s.counter_table,
             m = self.u_match(),
             passes = self.checks_pass("c", &format!("c.{cn} + u.drift")),
+            not_merged = if merge { " WHERE u.row_key NOT IN (SELECT row_key FROM merged)" } else { "" },
         )
     }
 

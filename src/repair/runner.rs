@@ -138,14 +138,12 @@ impl Engine {
                         .iter()
                         .map(|v| v as &(dyn postgres::types::ToSql + Sync)),
                 );
-                tx.query_one(&e.range_batch_sql(range), &params)?.get(0)
+                tx.execute(&e.range_batch_sql(range), &params)?
             }
-            (Engine::Void(e), None) => tx
-                .query_one(&e.batch_sql(), &[&run_id, &lo, &hi])?
-                .get(0),
+            (Engine::Void(e), None) => tx.execute(&e.batch_sql(), &[&run_id, &lo, &hi])?,
         };
         Ok(BatchResult {
-            changed,
+            changed: changed as i64,
             skipped: Vec::new(),
         })
     }

@@ -304,10 +304,8 @@ fn refuse_conflicts(
     )))
 }
 
-/// The two statements of an undo batch, over the ledger records of undone run `$3` after id
-/// `$2` up to id `$4` (a page, `store::runs::ledger_page`), recording into undo run `$1`:
-/// restore updated rows, delete created ones. `stored_from` and `stored_to` let the view
-/// unpack only the rows of batch records that hold the page.
+/// The two statements of an undo batch, over ledger records `$2` of undone run `$3`,
+/// recording into undo run `$1`: restore updated rows, delete created ones.
 struct RestoreSql {
     restore: String,
     delete: String,
@@ -329,8 +327,7 @@ impl RestoreSql {
             .join(", ");
         let records = |action: &str| {
             format!(
-                "SELECT * FROM {} WHERE run_id = $3 AND ledger_id > $2 AND ledger_id <= $4
-                    AND stored_to > $2 AND stored_from <= $4 AND action = '{action}'",
+                "SELECT * FROM {} WHERE run_id = $3 AND ledger_id = ANY ($2) AND action = '{action}'",
                 store::ledger()
             )
         };
@@ -377,8 +374,8 @@ fn restore_batch(
     let Some(&last) = ids.last() else {
         return Ok(None);
     };
-    let r = tx.execute(&sql.restore, &[&undo_run, &checkpoint, &run_id, &last])? as i64;
-    let d = tx.execute(&sql.delete, &[&undo_run, &checkpoint, &run_id, &last])? as i64;
+    let r = tx.execute(&sql.restore, &[&undo_run, &ids, &run_id])? as i64;
+    let d = tx.execute(&sql.delete, &[&undo_run, &ids, &run_id])? as i64;
     store::runs::advance_undo(&mut tx, undo_run, last, ids.len() as i64, r + d)?;
     tx.commit()?;
     Ok(Some((last, r, d)))

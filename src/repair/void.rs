@@ -183,8 +183,8 @@ impl VoidEngine {
     }
 
     /// One batch, in one statement: lock every unmarked row of the batch's groups, rank
-    /// them by the values the locks return, mark and void, write the ledger (the batch's compact
-    /// records in one row, [`Self::ledger_shapes`]). Its one row: the number of rows changed.
+    /// them by the values the locks return, mark and void, write the ledger (a compact record
+    /// per changed row, [`Self::ledger_shapes`]). Returns the number of rows changed.
     ///
     /// In READ COMMITTED, `FOR UPDATE` returns a row's latest committed version after
     /// waiting for its lock (a coupon redeemed meanwhile is ranked as redeemed), and the
@@ -210,13 +210,6 @@ impl VoidEngine {
             .as_ref()
             .map(|k| format!("l.{}", k))
             .unwrap_or_else(|| "NULL".into());
-        // The column that keeps a row from being voided (redeemed_at) is recorded too, so undo
-        // can see a coupon redeemed after it was voided.
-        let keep_arr = if s.keep_when_not_null.is_some() {
-            ", keep_value"
-        } else {
-            ""
-        };
         format!(
             "WITH g AS MATERIALIZED ({groups}),
              locked AS (
@@ -232,16 +225,13 @@ impl VoidEngine {
                UPDATE {table} t SET {mark} = true,
                       {void} = CASE WHEN r.keep_value IS NULL THEN coalesce(t.{void}, now()) ELSE t.{void} END
                  FROM ranked r WHERE t.{key} = r.k AND r.rn > 1
-               RETURNING t.{key} AS k, r.before_mark, r.before_void, t.{mark} AS after_mark, t.{void} AS after_void, r.rn, r.kept, r.keep_value),
-             ledger AS ({ledger_insert})
-             SELECT coalesce(sum(records), 0)::bigint FROM ledger",
-            ledger_insert = store::ledger_batch_insert(&format!(
-                "SELECT {VOID_SHAPE}::smallint AS shape, jsonb_build_array(k) AS row_key,
-                        jsonb_build_array(before_mark, before_void{keep_arr}) AS before,
-                        jsonb_build_array(after_mark, after_void{keep_arr}) AS after,
-                        jsonb_build_array(rn, kept) AS args
-                   FROM changed"
-            )),
+               RETURNING t.{key} AS k, r.before_mark, r.before_void, t.{mark} AS after_mark, t.{void} AS after_void, r.rn, r.kept, r.keep_value)
+             {ledger_insert}
+             SELECT $1, {shape}, jsonb_build_array(k), jsonb_build_array(before_mark, before_void{keep_arr}),
+                    jsonb_build_array(after_mark, after_void{keep_arr}), jsonb_build_array(rn, kept)
+               FROM changed",
+            ledger_insert = store::ledger_compact_insert(),
+            shape = VOID_SHAPE,
             on = self.join_on(),
             lcols = self.group_cols("l"),
             lorder = rank_order(s, "l"),
@@ -249,6 +239,9 @@ impl VoidEngine {
             mark = &s.mark,
             void = &s.void,
             key = &s.row_key,
+            // The column that keeps a row from being voided (redeemed_at) is recorded too, so
+            // undo can see a coupon redeemed after it was voided.
+            keep_arr = if s.keep_when_not_null.is_some() { ", keep_value" } else { "" },
         )
     }
 

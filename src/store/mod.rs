@@ -6,8 +6,8 @@
 //! inside their own CTEs, take the table names and the ledger's column list from here.
 //!
 //! `table` and `ledger` name the tables as `sql_text::Ident`s (`ledger` is the view over the full
-//! and the compact records, `ledger_full` the full records' table); `ledger_insert`, `ledger_batch_insert` and `targets_insert` are
-//! the statements the engines' CTEs insert with; `exists` says whether the schema exists
+//! and the compact records, `ledger_full` the full records' table); `ledger_insert`, `ledger_compact_insert` and `targets_insert` are
+//! the column lists the engines' CTEs insert with; `exists` says whether the schema exists
 //! (refusing a newer one), for read-only callers. `runs.rs` owns runs, targets, checkpoints and the
 //! ledger's reads; `records.rs` the release's records.
 
@@ -35,8 +35,8 @@ pub fn table(name: &str) -> Ident {
 }
 
 /// The audit ledger, every record of it: the view over the full records and the compact ones
-/// rendered as full (schema versions 6 and 7). Read it; write with [`ledger_insert`] or
-/// [`ledger_batch_insert`].
+/// rendered as full (schema version 6). Read it; write with [`ledger_insert`] or
+/// [`ledger_compact_insert`].
 pub fn ledger() -> Ident {
     table("ledger_records")
 }
@@ -69,22 +69,13 @@ pub fn ledger_insert() -> String {
     )
 }
 
-/// An `INSERT` that writes the compact ledger records of one batch of run `$1` (schema version
-/// 7): `records` is a `SELECT` of `shape` and the `row_key`, `before`, `after` and `args` of each
-/// record (`jsonb` arrays of values in the order of the run's shape, [`runs::LedgerShape`]; NULL
-/// for none). Each record takes its `ledger_id` from the ledger's sequence; the records of one
-/// shape go into one `ledger_batches` row, nothing when there are none. It returns the number
-/// of records of each row written (`RETURNING records`), to be used as a CTE.
-pub fn ledger_batch_insert(records: &str) -> String {
+/// `INSERT INTO <compact ledger> (<columns>)`: the head of a statement that writes compact
+/// ledger records: `(run_id, shape, row_key, before, after, args)`, the last four `jsonb`
+/// arrays of values in the order of the run's shape ([`runs::LedgerShape`]).
+pub fn ledger_compact_insert() -> String {
     format!(
-        "INSERT INTO {batches} (run_id, first_id, last_id, shape, ids, row_keys, befores, afters, args)
-         SELECT $1, min(r.id), max(r.id), r.shape, array_agg(r.id ORDER BY r.id),
-                jsonb_agg(r.row_key ORDER BY r.id), jsonb_agg(r.before ORDER BY r.id),
-                jsonb_agg(r.after ORDER BY r.id), jsonb_agg(r.args ORDER BY r.id)
-           FROM (SELECT nextval('{SCHEMA}.repair_ledger_ledger_id_seq') AS id, x.* FROM ({records}) x) r
-          GROUP BY r.shape
-         RETURNING cardinality(ids) AS records",
-        batches = table("ledger_batches"),
+        "INSERT INTO {} (run_id, shape, row_key, before, after, args)",
+        table("ledger_compact")
     )
 }
 
@@ -94,16 +85,15 @@ pub fn targets_insert() -> String {
 }
 
 /// pgmend's tables with the privileges pgmend's role needs on each, for the pre-flight.
-pub const TABLE_PRIVILEGES: [(&str, &[&str]); 14] = [
+pub const TABLE_PRIVILEGES: [(&str, &[&str]); 13] = [
     ("repair_runs", &["SELECT", "INSERT", "UPDATE"]),
     ("repair_targets", &["SELECT", "INSERT"]),
     // UPDATE: a counter row a batch creates and then corrects has its 'insert' record
     // updated (the server checks the privilege even when no record is).
     ("repair_ledger", &["SELECT", "INSERT", "UPDATE"]),
-    // The view over repair_ledger, ledger_compact (schema version 6) and ledger_batches (7).
+    // The view over repair_ledger and ledger_compact (schema version 6).
     ("ledger_records", &["SELECT"]),
-    ("ledger_compact", &["SELECT"]),
-    ("ledger_batches", &["SELECT", "INSERT"]),
+    ("ledger_compact", &["SELECT", "INSERT"]),
     ("ledger_shapes", &["SELECT", "INSERT"]),
     ("gates", &["SELECT", "INSERT"]),
     ("release_steps", &["SELECT", "INSERT"]),

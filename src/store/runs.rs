@@ -432,8 +432,7 @@ pub fn undo_counts(client: &mut impl GenericClient, undo_run: i64) -> Result<(i6
         .doing("reading the undo's progress")
 }
 
-/// The next (at most 1,000) ledger ids of `run_id` after `after`: read from the three tables
-/// of records rather than the view, which would render every later record to find them.
+/// The next (at most 1,000) ledger ids of `run_id` after `after`.
 pub fn ledger_page(
     tx: &mut Transaction<'_>,
     run_id: i64,
@@ -441,14 +440,7 @@ pub fn ledger_page(
 ) -> Result<Vec<i64>, postgres::Error> {
     Ok(tx
         .query(
-            "SELECT id FROM (
-               SELECT ledger_id AS id FROM pgmend.repair_ledger WHERE run_id = $1 AND ledger_id > $2
-               UNION ALL
-               SELECT ledger_id FROM pgmend.ledger_compact WHERE run_id = $1 AND ledger_id > $2
-               UNION ALL
-               SELECT i FROM pgmend.ledger_batches b CROSS JOIN unnest(b.ids) i
-                WHERE b.run_id = $1 AND b.last_id > $2 AND i > $2) r
-             ORDER BY id LIMIT 1000",
+            "SELECT ledger_id FROM pgmend.ledger_records WHERE run_id = $1 AND ledger_id > $2 ORDER BY ledger_id LIMIT 1000",
             &[&run_id, &after],
         )?
         .iter()

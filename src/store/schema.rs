@@ -7,8 +7,8 @@
 //! an `apply --plan` left (see `release::fingerprint`); version 5 adds `pgmend.run_slices`, the
 //! slices of a run walked by several workers (`--jobs`, see `store::slices`); version 6 the compact
 //! ledger (`ledger_compact` and `ledger_shapes`, read with `repair_ledger` through the view
-//! `ledger_records`, see `V6_SQL`); version 7 `ledger_batches`, a batch's compact records in one
-//! row (`V7_SQL`). [`ensure`] creates the
+//! `ledger_records`, see
+//! `V6_SQL`). [`ensure`] creates the
 //! schema or upgrades it in place, in one transaction serialised by an advisory lock under
 //! the session's bounded lock waits; a schema newer than this binary is refused before any
 //! change.
@@ -35,7 +35,7 @@ use crate::db::retry::{with_lock_retry, LockPolicy};
 use crate::error::PgContext;
 
 /// The version of pgmend's schema this binary creates and works with.
-pub const CURRENT: i32 = 7;
+pub const CURRENT: i32 = 6;
 
 /// The first key of the transaction-level advisory lock upgrades take ("pgmd"), second key
 /// "schm": two pgmends upgrading at once take turns, the second finds the work done.
@@ -223,62 +223,14 @@ CREATE VIEW pgmend.ledger_records AS
          c.at
     FROM pgmend.ledger_compact c JOIN pgmend.ledger_shapes s ON s.run_id = c.run_id AND s.shape = c.shape;";
 
-/// Version 6 to 7: a batch's compact records in one row. A batch that changes many rows writes
-/// one `ledger_batches` row per kind of record: their `ledger_id`s (from the one sequence, in
-/// order; with several workers another batch's may fall between them, so they are stored, and
-/// `first_id`/`last_id` bound them), and their keys, befores, afters and reasons' arguments as
-/// `jsonb` arrays of the arrays a `ledger_compact` record holds (JSON null for none). A row per
-/// record cost a tuple and an index entry each: a quarter of pgmend's WAL at 300,000 members.
-/// The view renders each element as the full record it stands for, as before; it gains
-/// `stored_from` and `stored_to`, the ids the record's row spans (a record stored alone: its
-/// own id), so that a reader of a few ids (undo's pages) can say which rows to unpack.
-const V7_SQL: &str = "
-CREATE TABLE pgmend.ledger_batches (
-  run_id   bigint NOT NULL,
-  first_id bigint NOT NULL,
-  last_id  bigint NOT NULL,
-  shape    smallint NOT NULL,
-  ids      bigint[] NOT NULL,
-  row_keys jsonb NOT NULL,
-  befores  jsonb NOT NULL,
-  afters   jsonb NOT NULL,
-  args     jsonb NOT NULL,
-  at       timestamptz NOT NULL DEFAULT now(),
-  PRIMARY KEY (run_id, first_id)
-);
--- A reason template filled with the arguments of a jsonb array, as format() would.
-CREATE FUNCTION pgmend.ledger_reason(template text, args jsonb) RETURNS text
-  LANGUAGE sql STABLE PARALLEL SAFE
-  AS $$ SELECT format(template, VARIADIC coalesce((SELECT array_agg(a.e ORDER BY a.i)
-                                                   FROM jsonb_array_elements_text(args) WITH ORDINALITY a(e, i)), '{}')) $$;
-CREATE OR REPLACE VIEW pgmend.ledger_records AS
-  SELECT ledger_id, run_id, target_table, row_key, action, before, after, reason, at,
-         ledger_id AS stored_from, ledger_id AS stored_to
-    FROM pgmend.repair_ledger
-  UNION ALL
-  SELECT c.ledger_id, c.run_id, s.target_table, pgmend.ledger_object(s.key_columns, c.row_key),
-         s.action, pgmend.ledger_object(s.columns, c.before), pgmend.ledger_object(s.columns, c.after),
-         pgmend.ledger_reason(s.reason, c.args), c.at, c.ledger_id, c.ledger_id
-    FROM pgmend.ledger_compact c JOIN pgmend.ledger_shapes s ON s.run_id = c.run_id AND s.shape = c.shape
-  UNION ALL
-  SELECT u.ledger_id, b.run_id, s.target_table, pgmend.ledger_object(s.key_columns, u.row_key),
-         s.action, pgmend.ledger_object(s.columns, nullif(u.before, 'null')),
-         pgmend.ledger_object(s.columns, nullif(u.after, 'null')),
-         pgmend.ledger_reason(s.reason, nullif(u.args, 'null')), b.at, b.first_id, b.last_id
-    FROM pgmend.ledger_batches b JOIN pgmend.ledger_shapes s ON s.run_id = b.run_id AND s.shape = b.shape
-         CROSS JOIN LATERAL ROWS FROM (unnest(b.ids), jsonb_array_elements(b.row_keys), jsonb_array_elements(b.befores),
-                                       jsonb_array_elements(b.afters), jsonb_array_elements(b.args))
-           AS u(ledger_id, row_key, before, after, args);";
-
 /// Each upgrade step, by the version it leads to.
-const STEPS: [(i32, &str); 7] = [
+const STEPS: [(i32, &str); 6] = [
     (1, V1_SQL),
     (2, V2_SQL),
     (3, V3_SQL),
     (4, V4_SQL),
     (5, V5_SQL),
     (6, V6_SQL),
-    (7, V7_SQL),
 ];
 
 /// The version of the schema in the database: None when there is no schema yet; 1 when the
