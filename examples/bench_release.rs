@@ -48,13 +48,16 @@ fn wal_lsn(c: &mut postgres::Client) -> Result<i64> {
 
 /// Where the next WAL record goes, as a `pg_lsn` literal (for `pg_walinspect`).
 fn wal_lsn_text(c: &mut postgres::Client) -> Result<String> {
-    Ok(c.query_one("SELECT pg_current_wal_insert_lsn()::text", &[])?
-        .get(0))
+    Ok(
+        c.query_one("SELECT pg_current_wal_insert_lsn()::text", &[])?
+            .get(0),
+    )
 }
 
 /// PGMEND_BENCH_WAL=1: the WAL between `from` and now by record kind, and the full-page
 /// images by relation (`pg_walinspect`, PostgreSQL 15+; only the first block of each record
-/// is attributed), to tell what writes it. `c` is connected to the database whose relations
+/// is attributed; another database's, such as an autovacuum's, by database), to tell what
+/// writes it. `c` is connected to the database whose relations
 /// the images are named by.
 fn wal_breakdown(c: &mut postgres::Client, side: &str, from: &str) -> Result<()> {
     std::thread::sleep(Duration::from_millis(500));
@@ -72,7 +75,8 @@ fn wal_breakdown(c: &mut postgres::Client, side: &str, from: &str) -> Result<()>
             .map(|i| r.get::<_, String>(i))
             .collect::<Vec<_>>()
             .join("/");
-        let (n, fpi, all): (i64, i64, i64) = (r.get("count"), r.get("fpi_size"), r.get("combined_size"));
+        let (n, fpi, all): (i64, i64, i64) =
+            (r.get("count"), r.get("fpi_size"), r.get("combined_size"));
         eprintln!(
             "  {side}: {kind:<28} {n:>10} records {:>8.1} MB (full-page images {:.1} MB)",
             all as f64 / 1e6,
@@ -80,10 +84,13 @@ fn wal_breakdown(c: &mut postgres::Client, side: &str, from: &str) -> Result<()>
         );
     }
     for r in c.query(
-        "SELECT coalesce(c.relname, w.rel::text), w.images, w.bytes
-           FROM (SELECT substring(block_ref from 'rel \\d+/\\d+/(\\d+)')::oid AS rel, count(*) AS images, sum(fpi_length) AS bytes
+        "SELECT CASE WHEN w.db <> (SELECT oid FROM pg_database WHERE datname = current_database())
+                     THEN coalesce('database ' || (SELECT datname FROM pg_database WHERE oid = w.db), 'a dropped database')
+                     ELSE coalesce(c.relname, w.rel::text) END, w.images, w.bytes
+           FROM (SELECT substring(block_ref from 'rel \\d+/(\\d+)/')::oid AS db,
+                        substring(block_ref from 'rel \\d+/\\d+/(\\d+)')::oid AS rel, count(*) AS images, sum(fpi_length) AS bytes
                    FROM pg_get_wal_records_info($1::text::pg_lsn, $2::text::pg_lsn)
-                  WHERE fpi_length > 0 GROUP BY 1) w
+                  WHERE fpi_length > 0 GROUP BY 1, 2) w
            LEFT JOIN pg_class c ON c.relfilenode = w.rel
           ORDER BY w.bytes DESC LIMIT 12",
         &[&from, &to],
@@ -853,6 +860,10 @@ fn main() -> Result<()> {
             wal_breakdown(&mut one, "one-shot", &lsn0)?;
         }
         let one_state = state(&mut one)?;
+        // The one-shot left a dead version of every row it changed. Vacuumed here, between the
+        // two timed runs: otherwise autovacuum does it during pgmend's, and pgmend's WAL
+        // counts it (440 MB, most of it full-page images, at 1,000,000 members).
+        one.batch_execute("VACUUM")?;
 
         let url = pg.url("viapgmend");
         let status = Command::new(&exe)

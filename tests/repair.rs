@@ -586,6 +586,67 @@ fn undo_restores_exactly_what_a_run_changed_and_refuses_what_it_cannot() {
 }
 
 #[test]
+fn undo_after_the_unique_index_refuses_exactly_the_rows_that_would_make_a_group_two_live_rows() {
+    // After the whole release, undoing the void would give most groups a second live coupon;
+    // the refusal must name exactly those rows, counted group by group: the group's live rows
+    // now plus the rows the undo would make live again. Expected figures come from the coupons,
+    // not from the ledger.
+    let db = fresh_db();
+    db.make_legacy_baselined(3000);
+    let r = db.run(&["apply", "--yes", "--confirm", "deploy-new-application"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let mut c = db.client();
+    // One group with two marked rows and one with one loses its live row (marked by hand):
+    // the first still conflicts (two rows made live), the second no longer does.
+    c.batch_execute(
+        "CREATE TABLE by_hand AS SELECT coupon_id FROM issued_coupons WHERE false;
+         WITH marked AS (
+         UPDATE issued_coupons SET legacy_duplicate = true
+          WHERE NOT legacy_duplicate AND (campaign_id, member_id) IN (
+                (SELECT campaign_id, member_id FROM issued_coupons GROUP BY 1, 2
+                  HAVING count(*) FILTER (WHERE legacy_duplicate) = 2 ORDER BY 1, 2 LIMIT 1)
+                UNION ALL
+                (SELECT campaign_id, member_id FROM issued_coupons GROUP BY 1, 2
+                  HAVING count(*) FILTER (WHERE legacy_duplicate) = 1 ORDER BY 1, 2 LIMIT 1))
+          RETURNING coupon_id)
+         INSERT INTO by_hand SELECT coupon_id FROM marked;",
+    )
+    .unwrap();
+    assert_eq!(db.scalar_i64("SELECT count(*) FROM by_hand"), 2);
+    // Rows the undo would make live: the marked ones the run marked (not those marked by hand).
+    let expected = db.scalar_i64(
+        "SELECT coalesce(sum(restored), 0)::int8 FROM (
+           SELECT count(*) FILTER (WHERE legacy_duplicate AND coupon_id NOT IN (SELECT coupon_id FROM by_hand)) AS restored,
+                  count(*) FILTER (WHERE NOT legacy_duplicate) AS live
+             FROM issued_coupons GROUP BY campaign_id, member_id) g
+          WHERE live + restored > 1",
+    );
+    let records = db.scalar_i64("SELECT count(*) FROM pgmend.ledger_records WHERE run_id = 1");
+    assert!(records > 1000, "{records} records");
+    assert!(
+        expected > 0 && expected < records,
+        "{expected} of {records}"
+    );
+    let coupons = |db: &TestDb| {
+        db.scalar_i64("SELECT hashtext(string_agg(x::text, ',' ORDER BY coupon_id))::bigint FROM issued_coupons x")
+    };
+    let before = coupons(&db);
+    let r = db.run(&["repair", "undo", "1", "--yes"]);
+    assert_eq!(r.code, 1, "{}", r.both());
+    let counted: i64 = r
+        .stderr
+        .split(" rows cannot be restored")
+        .next()
+        .and_then(|head| head.rsplit(' ').next())
+        .map(|n| n.replace(',', ""))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count: {}", r.stderr));
+    assert_eq!(counted, expected, "{}", r.stderr);
+    assert!(r.stderr.contains("unique index rejects"), "{}", r.stderr);
+    assert_eq!(coupons(&db), before, "a refused undo changes nothing");
+}
+
+#[test]
 fn an_undo_stopped_part_way_resumes_where_it_stopped() {
     let db = fresh_db();
     db.make_legacy_baselined(3000);

@@ -6,7 +6,8 @@
 //! definition (table, key columns with types, columns to restore and to compare, and for void runs
 //! whether a unique index covers exactly the group columns). `conflicts` lists the ledger rows
 //! whose table row no longer holds the recorded `after` (or is gone) and, with such a unique index,
-//! the rows whose restore would leave a group with a second live row; any conflict is `Stopped`
+//! the rows whose restore would leave a group with a second live row (its live rows now plus the
+//! rows the undo makes live, counted once per group by a window); any conflict is `Stopped`
 //! with up to 20 of them. Then an undo run (`undo:NAME`, kind `undo`) works through the ledger in
 //! pages of 1,000 records (`store::runs::ledger_page`, keyset on `ledger_id`), each one transaction
 //! under the lock policy: `update` records get their `before` values back (ledger `restore`),
@@ -22,7 +23,7 @@ use serde::Serialize;
 use super::catalog::column_types;
 use super::definition::{Repair, Spec};
 use crate::db::retry::{with_lock_retry, LockPolicy};
-use crate::db::sql_text::{key_match, Ident};
+use crate::db::sql_text::Ident;
 use crate::error::{PgContext, Stopped};
 use crate::store::{self, Run, RunState};
 
@@ -108,13 +109,9 @@ fn shape(client: &mut postgres::Client, repair: &Repair) -> Result<Shape> {
 impl Shape {
     /// Row `t` of the table is the row of ledger record `l`.
     fn join(&self) -> String {
-        self.join_as("t", "l")
-    }
-
-    fn join_as(&self, t: &str, l: &str) -> String {
         self.keys
             .iter()
-            .map(|(k, ty)| format!("{t}.{k} = ({l}.row_key->>{})::{ty}", k.literal()))
+            .map(|(k, ty)| format!("t.{k} = (l.row_key->>{})::{ty}", k.literal()))
             .collect::<Vec<_>>()
             .join(" AND ")
     }
@@ -150,23 +147,38 @@ fn conflicts(
         changed = shape.changed_since(),
     );
     if let (Some(groups), Some(mark)) = (&shape.unique_group, &shape.mark) {
-        let same = |a: &str, b: &str| key_match(a, b, groups);
+        // Per row to restore: the live rows its group has now, plus the rows of its group the
+        // undo makes live again (a window over them all, so that each group is counted once
+        // rather than the whole ledger read again per row: 10 minutes at 10,000 records).
+        let group_of_t = groups
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("t.{c} AS g{i}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let partition = (0..groups.len())
+            .map(|i| format!("g{i}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let same_group = groups
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("o.{c} = r.g{i}"))
+            .collect::<Vec<_>>()
+            .join(" AND ");
         sql.push_str(&format!(
             " UNION ALL
-             SELECT l.row_key::text, 'restoring it would give its group a second live row, which the unique index rejects'
-               FROM {ledger} l JOIN {table} t ON {join}
-              WHERE l.run_id = $1 AND l.ledger_id > $2 AND (l.before->>{ml})::boolean = false
-                AND (SELECT count(*) FROM {table} o WHERE {same_o} AND NOT o.{m})
-                  + (SELECT count(*) FROM {ledger} l2 JOIN {table} t2 ON {join2}
-                      WHERE l2.run_id = $1 AND l2.ledger_id > $2 AND (l2.before->>{ml})::boolean = false AND {same_t2}) > 1",
+             SELECT r.row_key::text, 'restoring it would give its group a second live row, which the unique index rejects'
+               FROM (SELECT r0.*, count(*) OVER (PARTITION BY {partition}) AS restoring
+                       FROM (SELECT l.row_key, {group_of_t}
+                               FROM {ledger} l JOIN {table} t ON {join}
+                              WHERE l.run_id = $1 AND l.ledger_id > $2 AND (l.before->>{ml})::boolean = false) r0) r
+              WHERE r.restoring + (SELECT count(*) FROM {table} o WHERE {same_group} AND NOT o.{m}) > 1",
             ledger = store::ledger(),
             table = shape.table,
             join = shape.join(),
-            join2 = shape.join_as("t2", "l2"),
             ml = mark.literal(),
             m = mark,
-            same_o = same("o", "t"),
-            same_t2 = same("t2", "t"),
         ));
     }
     let rows = client
