@@ -63,18 +63,38 @@ pub fn acquire(session: &mut Session, wait: Duration) -> Result<RunnerLock> {
     }
 }
 
+/// The rows of `pg_locks` (alias `l`) that grant the runner lock in this database (`$1`: the key).
+const HELD: &str = "l.locktype = 'advisory' AND l.granted
+                AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                AND l.classid::bigint = ($1::bigint >> 32) AND l.objid::bigint = ($1::bigint & 4294967295)
+                AND l.objsubid = 1";
+
+/// The server backends that hold the runner lock now. Through a pooler that does not keep
+/// sessions, the lock stays with whichever server connection ran `pg_try_advisory_lock`,
+/// which need not be the one the session started on.
+pub fn holder_pids(client: &mut Client) -> Result<Vec<i32>> {
+    Ok(client
+        .query(
+            &format!("SELECT l.pid FROM pg_locks l WHERE {HELD} ORDER BY l.pid"),
+            &[&RUNNER_LOCK_KEY],
+        )
+        .doing("looking up which server connections hold pgmend's runner lock")?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
+}
+
 /// Who holds the runner lock, in words.
 fn describe_holder(client: &mut Client) -> Result<String> {
     let rows = client
         .query(
-            "SELECT a.pid, coalesce(a.application_name, ''), coalesce(a.usename::text, ''),
+            &format!(
+                "SELECT a.pid, coalesce(a.application_name, ''), coalesce(a.usename::text, ''),
                     coalesce(host(a.client_addr), 'local socket'),
                     to_char(a.backend_start AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')
                FROM pg_locks l JOIN pg_stat_activity a USING (pid)
-              WHERE l.locktype = 'advisory' AND l.granted
-                AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-                AND l.classid::bigint = ($1::bigint >> 32) AND l.objid::bigint = ($1::bigint & 4294967295)
-                AND l.objsubid = 1",
+              WHERE {HELD}"
+            ),
             &[&RUNNER_LOCK_KEY],
         )
         .doing("looking up who holds pgmend's runner lock")?;
