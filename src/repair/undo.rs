@@ -23,7 +23,7 @@ use serde::Serialize;
 use super::catalog::column_types;
 use super::definition::{Repair, Spec};
 use crate::db::retry::{with_lock_retry, LockPolicy};
-use crate::db::sql_text::Ident;
+use crate::db::sql_text::{column_list, key_match, Ident};
 use crate::error::{PgContext, Stopped};
 use crate::store::{self, Run, RunState};
 
@@ -150,35 +150,21 @@ fn conflicts(
         // Per row to restore: the live rows its group has now, plus the rows of its group the
         // undo makes live again (a window over them all, so that each group is counted once
         // rather than the whole ledger read again per row: 10 minutes at 10,000 records).
-        let group_of_t = groups
-            .iter()
-            .enumerate()
-            .map(|(i, c)| format!("t.{c} AS g{i}"))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let partition = (0..groups.len())
-            .map(|i| format!("g{i}"))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let same_group = groups
-            .iter()
-            .enumerate()
-            .map(|(i, c)| format!("o.{c} = r.g{i}"))
-            .collect::<Vec<_>>()
-            .join(" AND ");
         sql.push_str(&format!(
             " UNION ALL
-             SELECT r.row_key::text, 'restoring it would give its group a second live row, which the unique index rejects'
-               FROM (SELECT r0.*, count(*) OVER (PARTITION BY {partition}) AS restoring
-                       FROM (SELECT l.row_key, {group_of_t}
-                               FROM {ledger} l JOIN {table} t ON {join}
-                              WHERE l.run_id = $1 AND l.ledger_id > $2 AND (l.before->>{ml})::boolean = false) r0) r
-              WHERE r.restoring + (SELECT count(*) FROM {table} o WHERE {same_group} AND NOT o.{m}) > 1",
+             SELECT r.pgmend_row_key::text, 'restoring it would give its group a second live row, which the unique index rejects'
+               FROM (SELECT l.row_key AS pgmend_row_key, {group_of_t},
+                            count(*) OVER (PARTITION BY {group_of_t}) AS pgmend_restoring
+                       FROM {ledger} l JOIN {table} t ON {join}
+                      WHERE l.run_id = $1 AND l.ledger_id > $2 AND (l.before->>{ml})::boolean = false) r
+              WHERE r.pgmend_restoring + (SELECT count(*) FROM {table} o WHERE {same_group} AND NOT o.{m}) > 1",
             ledger = store::ledger(),
             table = shape.table,
             join = shape.join(),
             ml = mark.literal(),
             m = mark,
+            group_of_t = column_list("t", groups),
+            same_group = key_match("o", "r", groups),
         ));
     }
     let rows = client
