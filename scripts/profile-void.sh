@@ -22,7 +22,13 @@
 #   F   B plus one record per 5,000 changed rows: the same values as D, as typed arrays
 #   G   D6 with V3's index partial (WHERE voided_at IS NULL): a voided row's new version
 #       is not inserted into it
+#   H   rows ranked as the statement's snapshot saw them; only each group's kept row locked
+#       FOR UPDATE; every later row locked by the UPDATE itself, which writes it only if the
+#       values the ranking used are still its values (READ COMMITTED rechecks the WHERE on
+#       the latest version), no ledger
+#   H6  H plus pgmend's ledger_compact record
 #
+# VARIANTS="B D6 H H6" runs only those (default: all).
 # and prints seconds, WAL in MB and the number of coupons marked (298,826 at 300,000 members:
 # every variant must mark the same rows). Nothing here is a test; see docs/benchmark.md.
 set -euo pipefail
@@ -70,6 +76,21 @@ locked="WITH g AS MATERIALIZED (
                    row_number() OVER w AS rn, first_value(l.coupon_id) OVER w AS kept
               FROM locked l WINDOW w AS ($rank)),
  changed AS (UPDATE issued_coupons t $set_void FROM ranked r WHERE t.coupon_id = r.k AND r.rn > 1 $returning)"
+# H: the ranking's values are rechecked on the version the UPDATE locks (and on the kept row's).
+seen="WITH g AS MATERIALIZED (
+  SELECT campaign_id, member_id FROM issued_coupons WHERE NOT legacy_duplicate GROUP BY 1, 2 HAVING count(*) > 1),
+ seen AS (SELECT t.coupon_id AS k, t.campaign_id, t.member_id, t.issued_at, t.voided_at AS before_void,
+                 t.redeemed_at AS keep_value, row_number() OVER w AS rn, first_value(t.coupon_id) OVER w AS kept
+            FROM issued_coupons t JOIN g USING (campaign_id, member_id) WHERE NOT t.legacy_duplicate WINDOW w AS ($rank)),
+ held AS (SELECT t.coupon_id FROM issued_coupons t JOIN seen s ON t.coupon_id = s.k
+           WHERE s.rn = 1 AND NOT t.legacy_duplicate AND (t.campaign_id, t.member_id, t.issued_at) = (s.campaign_id, s.member_id, s.issued_at)
+             AND t.redeemed_at IS NOT DISTINCT FROM s.keep_value AND t.voided_at IS NOT DISTINCT FROM s.before_void
+           ORDER BY t.coupon_id FOR UPDATE OF t),
+ changed AS (UPDATE issued_coupons t $set_void FROM seen r JOIN held h ON h.coupon_id = r.kept
+              WHERE t.coupon_id = r.k AND r.rn > 1 AND NOT t.legacy_duplicate
+                AND (t.campaign_id, t.member_id, t.issued_at) = (r.campaign_id, r.member_id, r.issued_at)
+                AND t.redeemed_at IS NOT DISTINCT FROM r.keep_value AND t.voided_at IS NOT DISTINCT FROM r.before_void
+              $returning)"
 jsonb_table="CREATE TABLE ledger (ledger_id bigserial, run_id bigint NOT NULL, target_table text NOT NULL,
   row_key jsonb NOT NULL, action text NOT NULL, before jsonb, after jsonb, reason text NOT NULL,
   at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (run_id, ledger_id))"
@@ -103,6 +124,7 @@ partial_v3="DROP INDEX issued_coupons_by_member;
 
 variant() {
   local name=$1 setup=$2 statement=$3
+  case " ${VARIANTS:-$name} " in *" ${name%% *} "*) ;; *) return 0 ;; esac
   psql -c "DROP DATABASE IF EXISTS copy" -c "CREATE DATABASE copy TEMPLATE base"
   [ -n "$setup" ] && psql -d copy -c "$setup"
   psql -d copy -c CHECKPOINT
@@ -127,4 +149,6 @@ for round in $(seq "$rounds"); do
   variant "D6 locked and ranked, ledger_compact" "$v6_table" "$locked $v6_insert"
   variant "F  locked and ranked, array per 5,000" "$array_table" "$locked $array_insert"
   variant "G  D6, V3 partial (voided_at IS NULL)" "$partial_v3" "$locked $v6_insert"
+  variant "H  kept row locked, the rest rechecked" "" "$seen $no_ledger"
+  variant "H6 H, ledger_compact" "$v6_table" "$seen $v6_insert"
 done

@@ -999,6 +999,103 @@ fn before_the_gate_an_out_of_step_writer_is_expected_drift_and_a_note() {
 }
 
 #[test]
+fn inside_apply_a_run_whose_question_the_next_step_asks_is_not_counted_twice() {
+    // The void right before V4's census, and the counters' first passes (corrected again
+    // after the gate), end without their own count: `left_over` is null. The runs after the
+    // gate are counted, as their count decides the step.
+    let db = edge_cases();
+    let r = db.run(&[
+        "apply",
+        "--yes",
+        "--confirm",
+        "deploy-new-application",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let out: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    let left_over: Vec<(String, serde_json::Value)> = out["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s.get("run").is_some())
+        .map(|s| {
+            (
+                s["label"].as_str().unwrap().to_string(),
+                s["run"]["left_over"].clone(),
+            )
+        })
+        .collect();
+    let expected: Vec<(String, serde_json::Value)> = [
+        ("repair void-duplicate-coupons", serde_json::Value::Null),
+        ("repair rebuild-campaign-budgets", serde_json::Value::Null),
+        (
+            "repair rebuild-member-monthly-usage",
+            serde_json::Value::Null,
+        ),
+        ("repair rebuild-campaign-budgets", 0.into()),
+        ("repair rebuild-member-monthly-usage", 0.into()),
+    ]
+    .into_iter()
+    .map(|(l, v)| (l.to_string(), v))
+    .collect();
+    assert_eq!(left_over, expected);
+    assert_eq!(db.run(&["verify"]).code, 0);
+}
+
+#[test]
+fn before_v5_a_counter_that_drifted_after_its_rebuild_is_caught_though_the_last_one_is_not_read_again(
+) {
+    // After the gate, the member-months' rebuild (step 10) corrects a row, and a writer out of
+    // step changes a campaign's counter as it does. Step 10 ended with the member-months equal
+    // to their source, so V5's comparison does not read them again; it must still read the
+    // campaigns, which step 9 left exact before the writer moved them.
+    let db = edge_cases();
+    assert_eq!(db.run(&["apply", "--yes"]).code, 0);
+    db.client()
+        .batch_execute(
+            "UPDATE member_monthly_usage SET used_yen = used_yen + 1
+              WHERE (member_id, month) = (SELECT member_id, month FROM member_monthly_usage ORDER BY 1, 2 LIMIT 1);
+             CREATE FUNCTION out_of_step() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+               UPDATE campaign_budgets SET issued_yen = issued_yen + 300 WHERE campaign_id = 'C-BIG';
+               RETURN NULL;
+             END $$;
+             CREATE TRIGGER out_of_step AFTER UPDATE ON member_monthly_usage FOR EACH ROW
+               WHEN (pg_trigger_depth() = 0 AND current_setting('application_name') = 'pgmend')
+               EXECUTE FUNCTION out_of_step();",
+        )
+        .unwrap();
+    let r = db.run(&CONFIRM);
+    assert_eq!(r.code, 1, "{}", r.both());
+    assert!(
+        r.stderr
+            .contains("counters differ from their source before a migration after the deploy gate")
+            && r.stderr
+                .contains("campaign_budgets (rebuild-campaign-budgets), for example C-BIG")
+            && !r
+                .stderr
+                .contains("member_monthly_usage (rebuild-member-monthly-usage)"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        db.history().iter().all(|(v, _)| *v != 5),
+        "V5 was not applied"
+    );
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) FROM member_monthly_usage u
+               FULL JOIN (SELECT member_id, month, sum(amount_yen) AS yen FROM issued_coupons
+                           WHERE voided_at IS NULL GROUP BY 1, 2) s USING (member_id, month)
+              WHERE coalesce(u.used_yen, 0) <> coalesce(s.yen, 0)"
+        ),
+        0,
+        "the member-months the check did not read again are equal to their source"
+    );
+}
+
+#[test]
 fn over_budget_and_out_of_range_counters_are_skipped_reported_and_exit_1() {
     // Before the gate a counter run walks ranges of keys, each batch one statement on the
     // server (`batch_range`); after it, the keys that differ, with the drift read first.

@@ -66,6 +66,7 @@ pub fn run_options(safety: &SafetyArgs, batch: &BatchArgs) -> Result<RunOptions>
         batch_target: batch.batch_target,
         max_replica_lag: batch.max_replica_lag,
         workers: None,
+        checked_later: false,
         neighbour: crate::repair::neighbour::Neighbour {
             pause: batch.pause,
             duty_cycle: batch.duty_cycle,

@@ -170,11 +170,10 @@ pub fn print_report(report: &RunReport, format: Format) -> Result<()> {
                 human::millis(report.batch_ms_max),
                 r.state
             )?;
-            if report.left_over > 0
-                && r.kind == Some(store::RunKind::RebuildCounter)
-                && !report.after_gate
-            {
-                writeln!(out, "  note: {} already differ from the source again (writes by an application that does not maintain them yet); the rebuild after the deploy gate catches them", human::count(report.left_over, "counter"))?;
+            if let Some(n) = report.left_over.filter(|&n| {
+                n > 0 && r.kind == Some(store::RunKind::RebuildCounter) && !report.after_gate
+            }) {
+                writeln!(out, "  note: {} already differ from the source again (writes by an application that does not maintain them yet); the rebuild after the deploy gate catches them", human::count(n, "counter"))?;
             }
             Ok(())
         }

@@ -153,7 +153,8 @@ pub fn apply(
         }
         crate::say!("\n== step {}: {}", i + 1, step.label());
         let started = Instant::now();
-        let end = run_step(client, release, settings, i, step).map_err(failed)?;
+        let end =
+            run_step(client, release, settings, i, step, just_exact(&walk, i)).map_err(failed)?;
         match end {
             StepEnd::WaitingAtGate => {
                 walk.steps
@@ -215,12 +216,23 @@ fn stop_if_signalled(i: usize, step: &Step) -> Result<()> {
     }
 }
 
+/// The counter rebuild that the step right before step `i` ran in this walk after the gate
+/// and found equal to its source when it ended (a reconciliation, or a freeze that found
+/// nothing differing): the question `counters_match` would ask of it again a moment later.
+fn just_exact(walk: &Walk, i: usize) -> Option<&str> {
+    let last = walk.steps.last().filter(|a| a.step == i)?;
+    let run = last.run.as_ref()?;
+    (run.after_gate && !run.interrupted && run.left_over == Some(0))
+        .then_some(run.run.repair.as_str())
+}
+
 fn run_step(
     client: &mut postgres::Client,
     release: &Release,
     settings: &Settings,
     i: usize,
     step: &Step,
+    just_exact: Option<&str>,
 ) -> Result<StepEnd> {
     match step {
         Step::Migrate {
@@ -234,7 +246,7 @@ fn run_step(
                 .iter()
                 .any(|s| matches!(s, Step::Gate { .. }));
             if after_gate {
-                counters_match(client, release)?;
+                counters_match(client, release, just_exact)?;
             }
             migration(client, release, settings, *version, retry_with.as_deref())?;
             if settings.plan.is_some() {
@@ -334,8 +346,35 @@ fn resume_unfinished(
         return Ok(());
     }
     crate::say!("finishing the unfinished run of {name} before migration V{version}");
-    let run = verdict::run_repair(client, repair, settings.options)?;
+    let run = verdict::run_repair(client, repair, &census_next(settings))?;
     stop_if_unfinished(&run, repair)
+}
+
+/// The run options of a pass right before a migration's census, which asks at once what the
+/// run's reconciliation would (`RunOptions::checked_later`).
+fn census_next(settings: &Settings) -> RunOptions {
+    RunOptions {
+        checked_later: true,
+        ..settings.options.clone()
+    }
+}
+
+/// The run options of repair step `i`: `checked_later` when the next step is a migration
+/// whose census retries with this repair (the void before V4), or when a gate comes later
+/// and this repair again after it (a counter's first pass: the rebuild after the gate
+/// corrects what drifts before it; a run after the gate is reconciled all the same).
+fn step_options(release: &Release, settings: &Settings, i: usize, name: &str) -> RunOptions {
+    let later = &release.steps[i + 1..];
+    let census_next = matches!(later.first(),
+        Some(Step::Migrate { retry_with: Some(r), .. }) if r == name);
+    let again_after_gate = later
+        .iter()
+        .skip_while(|s| !matches!(s, Step::Gate { .. }))
+        .any(|s| matches!(s, Step::Repair { name: n } if n == name));
+    RunOptions {
+        checked_later: census_next || again_after_gate,
+        ..settings.options.clone()
+    }
 }
 
 /// One more pass of the repair a census sent back, with its guard installed first.
@@ -350,7 +389,7 @@ fn repair_again(
     if !*guarded {
         *guarded = install_guard(client, settings.policy, repair)?;
     }
-    let run = verdict::run_repair(client, repair, settings.options)?;
+    let run = verdict::run_repair(client, repair, &census_next(settings))?;
     stop_if_unfinished(&run, repair)
 }
 
@@ -388,7 +427,7 @@ pub fn repair(
     name: &str,
 ) -> Result<RunReport> {
     let repair = definition::named(release.repairs, name)?;
-    let run = verdict::run_repair(client, repair, settings.options)?;
+    let run = verdict::run_repair(client, repair, &step_options(release, settings, i, name))?;
     stop_if_unfinished(&run, repair)?;
     let mut tx = client.transaction().doing("recording the finished step")?;
     store::records::record_step(&mut tx, i as i32 + 1, &step.label(), Some(run.run.run_id))?;
@@ -452,8 +491,13 @@ pub fn continue_command(confirm: &[String]) -> String {
 }
 
 /// Stops (exit 1) when the counter of any rebuild step of the release differs from its
-/// source now, naming the repair and the first keys.
-fn counters_match(client: &mut postgres::Client, release: &Release) -> Result<()> {
+/// source now, naming the repair and the first keys; `just_exact`, the rebuild the step
+/// before found equal to its source as it ended, is not read again.
+fn counters_match(
+    client: &mut postgres::Client,
+    release: &Release,
+    just_exact: Option<&str>,
+) -> Result<()> {
     let mut differing = Vec::new();
     let mut seen: Vec<&str> = Vec::new();
     for step in release.steps {
@@ -466,7 +510,7 @@ fn counters_match(client: &mut postgres::Client, release: &Release) -> Result<()
         let Spec::RebuildCounter(spec) = &repair.spec else {
             continue;
         };
-        if seen.contains(&name.as_str()) {
+        if seen.contains(&name.as_str()) || just_exact == Some(name.as_str()) {
             continue;
         }
         seen.push(name);
@@ -503,8 +547,9 @@ fn counters_match(client: &mut postgres::Client, release: &Release) -> Result<()
 /// Stops the release (the run's own exit-1 message) when a run was interrupted, skipped keys,
 /// or left counters drifting after the gate.
 fn stop_if_unfinished(run: &RunReport, repair: &Repair) -> Result<()> {
-    let drifting_after_gate =
-        run.after_gate && run.left_over > 0 && repair.kind() == Kind::RebuildCounter;
+    let drifting_after_gate = run.after_gate
+        && run.left_over.is_some_and(|n| n > 0)
+        && repair.kind() == Kind::RebuildCounter;
     if run.interrupted
         || drifting_after_gate
         || run.run.skipped.as_array().is_some_and(|s| !s.is_empty())

@@ -50,6 +50,11 @@ pub struct RunOptions {
     pub workers: Option<Workers>,
     /// Pauses between batches and the throttle on batches that make sessions wait.
     pub neighbour: Neighbour,
+    /// A later step asks at once what the run's final reconciliation would (set by the release:
+    /// V4's census after the void; the same counter's rebuild after the deploy gate, before
+    /// it). The run then ends without that pass over the table (`left_over` is `None`), unless
+    /// the reconciliation decides the run's outcome (a counter after the gate).
+    pub checked_later: bool,
 }
 
 pub enum Engine {
@@ -174,8 +179,9 @@ pub struct RunReport {
     /// a smaller one and a pause: `neighbour`).
     pub batches_blocking: u64,
     /// For void: frozen groups that still hold duplicates (new arrivals). For counters:
-    /// keys whose counter drifted from the source since their batch.
-    pub left_over: i64,
+    /// keys whose counter drifted from the source since their batch. `None`: not counted, as
+    /// a later step checks the same (`RunOptions::checked_later`).
+    pub left_over: Option<i64>,
     /// For counters after the gate: up to ten keys that still differ, as `a/b`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub left_over_keys: Vec<String>,
@@ -391,11 +397,14 @@ pub fn apply(
         // A run that froze nothing found every target agreeing a moment ago; checking again
         // would cost another pass over the source for nothing.
         if interrupted || run.targets == 0 {
-            break 0;
+            break Some(0);
+        }
+        if options.checked_later && !after_gate {
+            break None;
         }
         let differing = reconcile(client, &engine, &run)?;
         if differing == 0 || !after_gate || repasses == MAX_REPASSES {
-            break differing;
+            break Some(differing);
         }
         repasses += 1;
         let Engine::Counter(counter) = &engine else {
@@ -424,7 +433,7 @@ pub fn apply(
         ));
     }
     let left_over_keys = match &engine {
-        Engine::Counter(counter) if after_gate && left_over > 0 => counter
+        Engine::Counter(counter) if after_gate && left_over.is_some_and(|n| n > 0) => counter
             .differing_keys(client, 10)
             .doing("listing the counters that still differ")?
             .iter()

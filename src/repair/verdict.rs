@@ -42,19 +42,20 @@ pub fn finish(report: &RunReport, repair: &Repair) -> Result<Outcome> {
             report.run.skipped
         )));
     }
-    if report.left_over > 0 && report.after_gate && repair.kind() == Kind::RebuildCounter {
+    let left_over = report.left_over.unwrap_or(0);
+    if left_over > 0 && report.after_gate && repair.kind() == Kind::RebuildCounter {
         return Err(Stopped::error(format!(
             "run {} of {} finished, but {} still differ from their source after the run corrected them again, for example {}: after the deploy gate every writer should change a counter and its source in one transaction, so one does not (the old application still committing, a guard trigger left behind, a manual change or an undo). Find and stop it, then rerun the repair (or `pgmend apply --yes`)",
             report.run.run_id,
             repair.name,
-            human::count(report.left_over, "counter"),
+            human::count(left_over, "counter"),
             report.left_over_keys.join(", ")
         )));
     }
-    if report.left_over > 0 && repair.kind() == Kind::VoidDuplicates {
+    if left_over > 0 && repair.kind() == Kind::VoidDuplicates {
         return Err(Stopped::error(format!(
             "run {} of {} finished, but {} of its groups received new duplicates meanwhile; run it again (the release does this itself)",
-            report.run.run_id, repair.name, report.left_over
+            report.run.run_id, repair.name, left_over
         )));
     }
     Ok(Outcome::Done)
