@@ -744,6 +744,9 @@ fn main() -> Result<()> {
     // went, statement by statement (for finding what to make faster, not for the figures).
     let profile = std::env::var_os("PGMEND_BENCH_PROFILE").is_some();
     let wal_kinds = std::env::var_os("PGMEND_BENCH_WAL").is_some();
+    // PGMEND_BENCH_EXPLAIN=1: the plans, with actual times, of statements over 150 ms, from
+    // the server log (auto_explain), copied to /tmp/pgmend-bench-explain.log at the end.
+    let explain = std::env::var_os("PGMEND_BENCH_EXPLAIN").is_some();
     let pg = if gate {
         // Lock waits and slow statements in the server log, to tell what held the hot row.
         let pg = LocalPg::start_with(
@@ -765,8 +768,21 @@ fn main() -> Result<()> {
         LocalPg::start(false)?
     } else {
         let mut settings = SPEED_SETTINGS.to_vec();
-        if profile {
-            settings.push(("shared_preload_libraries", "pg_stat_statements"));
+        match (profile, explain) {
+            (true, true) => settings.push((
+                "shared_preload_libraries",
+                "'pg_stat_statements,auto_explain'",
+            )),
+            (true, false) => settings.push(("shared_preload_libraries", "pg_stat_statements")),
+            (false, true) => settings.push(("shared_preload_libraries", "auto_explain")),
+            (false, false) => {}
+        }
+        if explain {
+            settings.extend([
+                ("auto_explain.log_min_duration", "150ms"),
+                ("auto_explain.log_analyze", "on"),
+                ("auto_explain.log_buffers", "on"),
+            ]);
         }
         LocalPg::start_with(false, &[], &settings)?
     };
@@ -1049,6 +1065,12 @@ fn main() -> Result<()> {
         for line in after_table {
             println!("{line}");
         }
+    }
+    if explain {
+        std::fs::copy(
+            pg.data_dir().join("../server.log"),
+            "/tmp/pgmend-bench-explain.log",
+        )?;
     }
     Ok(())
 }

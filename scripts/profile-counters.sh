@@ -75,7 +75,16 @@ BEGIN
   END LOOP;
 END \$\$"
 
+# M5: M4 with the ON CONFLICT pgmend's batches write with (a counter row created meanwhile
+# is merged); M6: M4 with one typed-array record per range instead of a row per key.
+ranges_upsert=${ranges/RETURNING member_id/ON CONFLICT (member_id, month) DO UPDATE SET used_yen = member_monthly_usage.used_yen + excluded.used_yen
+                 RETURNING member_id}
+ranges_array=${ranges/"INSERT INTO ledger (run_id, shape, row_key, after)
+    SELECT 1, 2, jsonb_build_array(member_id, month), jsonb_build_array(member_id, month, used_yen) FROM ins;"/"INSERT INTO ledger (run_id, chunk, member_id, month, used_yen)
+    SELECT 1, i, array_agg(member_id), array_agg(month), array_agg(used_yen) FROM ins HAVING count(*) > 0;"}
+
 variant() {
+  case " ${VARIANTS:-$1} " in *" ${1%% *} "*) ;; *) return 0 ;; esac
   local name=$1 setup=$2 statement=$3
   psql -c "DROP DATABASE IF EXISTS copy" -c "CREATE DATABASE copy TEMPLATE base"
   [ -n "$setup" ] && psql -d copy -c "$setup"
@@ -99,4 +108,6 @@ for round in $(seq "$rounds"); do
   variant "M2 M1, ledger_compact per row" "$v6_table" "$insert $v6_insert"
   variant "M3 M1, array record per 10,000" "$array_table" "$insert $array_insert"
   variant "M4 M2 by ranges of 10,000 members" "$v6_table" "$ranges"
+  variant "M5 M4 with ON CONFLICT DO UPDATE" "$v6_table" "$ranges_upsert"
+  variant "M6 M4 with an array record per range" "$array_table" "$ranges_array"
 done

@@ -27,6 +27,10 @@
 #       values the ranking used are still its values (READ COMMITTED rechecks the WHERE on
 #       the latest version), no ledger
 #   H6  H plus pgmend's ledger_compact record
+#   K   without V3's index (built after the void): the coupons of every group with more than
+#       one unmarked row frozen first (one scan), then batches of 5,000 groups that lock them
+#       through the primary key, rank the locked versions, mark, void and write D6's record
+#   K3  K with V3's index in place (what V3 costs the batches)
 #
 # VARIANTS="B D6 H H6" runs only those (default: all).
 # and prints seconds, WAL in MB and the number of coupons marked (298,826 at 300,000 members:
@@ -91,6 +95,25 @@ seen="WITH g AS MATERIALIZED (
                 AND (t.campaign_id, t.member_id, t.issued_at) = (r.campaign_id, r.member_id, r.issued_at)
                 AND t.redeemed_at IS NOT DISTINCT FROM r.keep_value AND t.voided_at IS NOT DISTINCT FROM r.before_void
               $returning)"
+# K: frozen row keys, batches through the primary key (a DO loop of 5,000 groups each).
+frozen_batches="CREATE TABLE frozen AS
+  SELECT row_number() OVER (ORDER BY campaign_id, member_id) AS seq, array_agg(coupon_id) AS ids
+    FROM issued_coupons WHERE NOT legacy_duplicate GROUP BY campaign_id, member_id HAVING count(*) > 1;
+  CREATE INDEX ON frozen (seq);
+  DO \$do\$ DECLARE lo bigint := 0; n bigint := (SELECT count(*) FROM frozen); BEGIN
+    WHILE lo < n LOOP
+      WITH locked AS (SELECT t.* FROM issued_coupons t
+                       WHERE t.coupon_id IN (SELECT unnest(f.ids) FROM frozen f WHERE f.seq > lo AND f.seq <= lo + 5000)
+                         AND NOT t.legacy_duplicate ORDER BY t.coupon_id FOR UPDATE OF t),
+       ranked AS (SELECT l.coupon_id AS k, l.voided_at AS before_void, l.redeemed_at AS keep_value,
+                         row_number() OVER w AS rn, first_value(l.coupon_id) OVER w AS kept
+                    FROM locked l WINDOW w AS ($rank)),
+       changed AS (UPDATE issued_coupons t $set_void FROM ranked r WHERE t.coupon_id = r.k AND r.rn > 1 $returning)
+      INSERT INTO ledger (run_id, shape, row_key, before, after, args)
+      SELECT 1, 1, jsonb_build_array(k), jsonb_build_array(false, before_void, keep_value),
+             jsonb_build_array(true, after_void, keep_value), jsonb_build_array(rn, kept) FROM changed;
+      lo := lo + 5000;
+    END LOOP; END \$do\$"
 jsonb_table="CREATE TABLE ledger (ledger_id bigserial, run_id bigint NOT NULL, target_table text NOT NULL,
   row_key jsonb NOT NULL, action text NOT NULL, before jsonb, after jsonb, reason text NOT NULL,
   at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (run_id, ledger_id))"
@@ -150,5 +173,7 @@ for round in $(seq "$rounds"); do
   variant "F  locked and ranked, array per 5,000" "$array_table" "$locked $array_insert"
   variant "G  D6, V3 partial (voided_at IS NULL)" "$partial_v3" "$locked $v6_insert"
   variant "H  kept row locked, the rest rechecked" "" "$seen $no_ledger"
+  variant "K  no V3, frozen keys, PK batches" "DROP INDEX issued_coupons_by_member; $v6_table" "$frozen_batches"
+  variant "K3 K with V3" "$v6_table" "$frozen_batches"
   variant "H6 H, ledger_compact" "$v6_table" "$seen $v6_insert"
 done

@@ -1096,6 +1096,51 @@ fn before_v5_a_counter_that_drifted_after_its_rebuild_is_caught_though_the_last_
 }
 
 #[test]
+fn a_counter_row_created_while_the_first_pass_waits_is_merged_not_an_error() {
+    // The first pass inserts the keys its snapshot saw without a counter row plainly. The new
+    // application, deployed early, creates member d's row for 2026-09 with a new coupon in
+    // one transaction that commits while the batch waits for that key: the plain insert
+    // fails on the unique key, and the batch runs again, merging into the row.
+    let db = edge_cases();
+    let (r, took, _) = common::run_while_held(
+        &db,
+        "INSERT INTO member_monthly_usage VALUES ('d', '2026-09', 1000);
+         INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen, issued_at)
+         VALUES ('00000000-0000-0000-0000-0000000000f7', 'C-BIG', 'd', '2026-09', 1000, '2026-09-21 09:00+09')",
+        std::time::Duration::from_millis(1500),
+        "SELECT 1",
+        &[
+            "repair",
+            "apply",
+            "rebuild-member-monthly-usage",
+            "--yes",
+            "--lock-timeout",
+            "30s",
+        ],
+    );
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(
+        took >= std::time::Duration::from_millis(1000),
+        "the batch waited for the other session's row: {took:?}"
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT used_yen::bigint FROM member_monthly_usage WHERE (member_id, month) = ('d', '2026-09')"),
+        2000,
+        "coupon d4 and the new one"
+    );
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) FROM member_monthly_usage u
+               FULL JOIN (SELECT member_id, month, sum(amount_yen) AS yen FROM issued_coupons
+                           WHERE voided_at IS NULL GROUP BY 1, 2) s USING (member_id, month)
+              WHERE coalesce(u.used_yen, 0) <> coalesce(s.yen, 0)"
+        ),
+        0,
+        "every member-month equals its coupons"
+    );
+}
+
+#[test]
 fn over_budget_and_out_of_range_counters_are_skipped_reported_and_exit_1() {
     // Before the gate a counter run walks ranges of keys, each batch one statement on the
     // server (`batch_range`); after it, the keys that differ, with the drift read first.

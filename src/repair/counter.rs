@@ -420,7 +420,8 @@ impl CounterEngine {
                 ""
             },
         );
-        let sql = format!(
+        let sql = |upsert: bool| {
+            format!(
             "WITH d AS MATERIALIZED (SELECT x.*, count(*) OVER () AS whole FROM ({differing}) x),
                   {write},
                   {create}
@@ -434,16 +435,33 @@ impl CounterEngine {
                        FROM ok WHERE NOT ok.ok AND ok.value <> 0) r",
             differing = self.differing_sql_in(true, range),
             write = self.write_ctes(&updates, false, true),
-            create = self.create_ctes(&creates, false, true),
+            create = self.create_ctes(&creates, false, true, upsert),
             ut = (0..s.key.len())
                 .map(|i| format!("u.k{i}::text"))
                 .collect::<Vec<_>>()
                 .join(", "),
             okt = self.keys_text_list("ok"),
-        );
+        )
+        };
         let mut params: Vec<&(dyn ToSql + Sync)> = vec![&run_id];
         params.extend(values.iter().map(|v| v as &(dyn ToSql + Sync)));
-        let row = tx.query_one(&sql, &params)?;
+        // The keys the batch creates had no counter row in its snapshot, so it inserts them
+        // plainly: an `ON CONFLICT` insert costs about a third more (scripts/profile-counters.sh,
+        // M5 against M4). A row another session created since (the new application deployed
+        // early) fails the plain insert; the batch then runs again, from a savepoint, in
+        // READ COMMITTED's next snapshot, merging through `ON CONFLICT` as before.
+        let mut plain = tx.savepoint("plain_insert")?;
+        let row = match plain.query_one(&sql(false), &params) {
+            Ok(row) => {
+                plain.commit()?;
+                row
+            }
+            Err(e) if e.code() == Some(&postgres::error::SqlState::UNIQUE_VIOLATION) => {
+                plain.rollback()?;
+                tx.query_one(&sql(true), &params)?
+            }
+            Err(e) => return Err(e),
+        };
         let split = |k: &String| -> Vec<String> { k.split('\u{1f}').map(str::to_string).collect() };
         let list =
             |i: usize| -> Vec<String> { row.get::<_, Option<Vec<String>>>(i).unwrap_or_default() };
@@ -808,7 +826,7 @@ impl CounterEngine {
             "WITH {ctes}
              SELECT (SELECT count(*) FROM l2 WHERE l2.created OR l2.added <> 0),
                     coalesce((SELECT array_agg(array_to_string(ARRAY[{okt}], chr(31))) FROM ok WHERE NOT ok.ok AND ok.value <> 0), '{{}}')",
-            ctes = self.create_ctes(&format!("SELECT {u_keys}, u.after AS value FROM {unnest}"), merge, false),
+            ctes = self.create_ctes(&format!("SELECT {u_keys}, u.after AS value FROM {unnest}"), merge, false, true),
             okt = self.keys_text_list("ok"),
         );
         let mut params: Vec<&(dyn ToSql + Sync)> = vec![&run_id];
@@ -832,7 +850,10 @@ impl CounterEngine {
     /// value would not fit or pass a CHECK and 0 was created instead), `ins` and `l2` (the
     /// rows written: `created`, or `added` to a row the application made meanwhile) and
     /// `cledger` (their ledger records).
-    fn create_ctes(&self, input: &str, merge: bool, compact: bool) -> String {
+    /// With `upsert`, a key that has a counter row by the time the row is inserted (created
+    /// by another session since the snapshot) gets its value added to that row; without, such
+    /// a key fails the statement with a unique violation.
+    fn create_ctes(&self, input: &str, merge: bool, compact: bool, upsert: bool) -> String {
         let s = &self.spec;
         let counter = &s.counter_table;
         let keys_cols = column_list("", &s.key);
@@ -874,8 +895,7 @@ impl CounterEngine {
                   ins AS (
                     INSERT INTO {counter} AS t ({keys_cols}{copy_to}, {cn})
                     SELECT {ok_cols}, CASE WHEN ok.ok THEN ok.value ELSE 0 END FROM ok
-                    ON CONFLICT ({keys_cols}) DO UPDATE SET {cn} = t.{cn} + excluded.{cn}
-                    RETURNING t.*, t.xmax = 0 AS created),
+                    {on_conflict}),
                   l2 AS (
                     SELECT ins.created, {row_key} AS row_key, {whole} AS whole,
                            ins.{cn}::bigint AS after, CASE WHEN ok.ok THEN ok.value ELSE 0 END AS added
@@ -911,6 +931,12 @@ impl CounterEngine {
                     created = REASON_CREATED,
                     added = REASON_ADDED,
                 )
+            },
+            on_conflict = if upsert {
+                format!("ON CONFLICT ({keys_cols}) DO UPDATE SET {cn} = t.{cn} + excluded.{cn}
+                    RETURNING t.*, t.xmax = 0 AS created", cn = &s.counter)
+            } else {
+                "RETURNING t.*, true AS created".to_string()
             },
             cn = &s.counter,
             passes = self.checks_pass_on_create(),
