@@ -50,14 +50,9 @@ const LEDGER_TYPED: &str = "CREATE TABLE floor_ledger (
   ledger_id bigserial, run_id bigint NOT NULL, row_key text[] NOT NULL,
   before text[], after text[], rank integer, kept text, PRIMARY KEY (run_id, ledger_id))";
 
-/// Lock every unmarked coupon of a group with duplicates, rank the locked versions, mark and
-/// void, one record per changed row.
-fn void_sql(ledger: Ledger) -> String {
-    let head = "WITH locked AS (SELECT t.* FROM issued_coupons t
-                       JOIN (SELECT campaign_id, member_id FROM issued_coupons WHERE NOT legacy_duplicate
-                              GROUP BY campaign_id, member_id HAVING count(*) > 1) g USING (campaign_id, member_id)
-                      WHERE NOT t.legacy_duplicate ORDER BY t.coupon_id FOR UPDATE OF t),
-     ranked AS (SELECT l.coupon_id AS k, l.legacy_duplicate AS before_mark, l.voided_at AS before_void,
+/// After a CTE `locked` of the coupons to rank: rank the locked versions, mark and void the
+/// later ones (`changed`, with what the record needs).
+const RANK_AND_MARK: &str = "ranked AS (SELECT l.coupon_id AS k, l.legacy_duplicate AS before_mark, l.voided_at AS before_void,
                        l.redeemed_at AS keep_value, row_number() OVER w AS rn, first_value(l.coupon_id) OVER w AS kept
                   FROM locked l
                 WINDOW w AS (PARTITION BY l.campaign_id, l.member_id ORDER BY (l.redeemed_at IS NULL), l.issued_at, l.coupon_id)),
@@ -66,6 +61,15 @@ fn void_sql(ledger: Ledger) -> String {
                    FROM ranked r WHERE t.coupon_id = r.k AND r.rn > 1
                  RETURNING t.coupon_id AS k, r.before_mark, r.before_void, t.legacy_duplicate AS after_mark,
                            t.voided_at AS after_void, r.rn, r.kept, r.keep_value)";
+
+/// Lock every unmarked coupon of a group with duplicates, rank the locked versions, mark and
+/// void, one record per changed row.
+fn void_sql(ledger: Ledger) -> String {
+    let head = format!("WITH locked AS (SELECT t.* FROM issued_coupons t
+                       JOIN (SELECT campaign_id, member_id FROM issued_coupons WHERE NOT legacy_duplicate
+                              GROUP BY campaign_id, member_id HAVING count(*) > 1) g USING (campaign_id, member_id)
+                      WHERE NOT t.legacy_duplicate ORDER BY t.coupon_id FOR UPDATE OF t),
+     {RANK_AND_MARK}");
     let tail = match ledger {
         Ledger::Jsonb => "INSERT INTO floor_ledger (run_id, target_table, row_key, action, before, after, reason)
              SELECT 1, 'issued_coupons', jsonb_build_object('coupon_id', k), 'update',
@@ -164,18 +168,27 @@ fn wal(c: &mut postgres::Client) -> Result<(i64, i64)> {
     Ok((r.get(0), r.get(1)))
 }
 
-/// Runs the floor's phases on `c`; returns (phase, seconds) in order.
-fn floor(c: &mut postgres::Client, ledger: Ledger) -> Result<Vec<(&'static str, f64)>> {
-    let mut phases = Vec::new();
-    let mut time = |name: &'static str, sqls: &[&str], c: &mut postgres::Client| -> Result<()> {
+/// The phases of a floor as they run: (phase, seconds), in order.
+#[derive(Default)]
+struct Phases(Vec<(&'static str, f64)>);
+
+impl Phases {
+    /// Runs `sqls` on `c` as the phase `name`, timed.
+    fn time(&mut self, name: &'static str, sqls: &[&str], c: &mut postgres::Client) -> Result<()> {
         let t = Instant::now();
         for sql in sqls {
             c.batch_execute(sql)
                 .with_context(|| format!("floor, {name}"))?;
         }
-        phases.push((name, t.elapsed().as_secs_f64()));
+        self.0.push((name, t.elapsed().as_secs_f64()));
         Ok(())
-    };
+    }
+}
+
+/// Runs the floor's phases on `c`; returns (phase, seconds) in order.
+fn floor(c: &mut postgres::Client, ledger: Ledger) -> Result<Vec<(&'static str, f64)>> {
+    let mut phases = Phases::default();
+    let mut time = |name, sqls: &[&str], c: &mut postgres::Client| phases.time(name, sqls, c);
     c.batch_execute("SET work_mem = '64MB'")?;
     c.batch_execute(match ledger {
         Ledger::Jsonb => LEDGER_JSONB,
@@ -192,7 +205,7 @@ fn floor(c: &mut postgres::Client, ledger: Ledger) -> Result<Vec<(&'static str, 
     )?;
     time("after the gate", &RECONCILE, c)?;
     time("V5", &[&migration("V5")?], c)?;
-    Ok(phases)
+    Ok(phases.0)
 }
 
 /// The void of the cheapest floor: the coupons of every group with more than one unmarked
@@ -201,7 +214,8 @@ fn floor(c: &mut postgres::Client, ledger: Ledger) -> Result<Vec<(&'static str, 
 /// the locked versions, mark and void, and write one row per batch holding a record per
 /// changed coupon as typed arrays (key, mark and void before and after, the redeemed_at
 /// that decided, rank, kept coupon). All in one transaction: the floor has no commits.
-const CHEAPEST_VOID: &str = "
+fn cheapest_void() -> String {
+    format!("
 CREATE TABLE floor_frozen AS
   SELECT row_number() OVER (ORDER BY campaign_id, member_id) AS seq, array_agg(coupon_id) AS ids
     FROM issued_coupons WHERE NOT legacy_duplicate GROUP BY campaign_id, member_id HAVING count(*) > 1;
@@ -214,22 +228,15 @@ DO $do$ DECLARE lo bigint := 0; n bigint := (SELECT count(*) FROM floor_frozen);
     WITH locked AS (SELECT t.* FROM issued_coupons t
                      WHERE t.coupon_id IN (SELECT unnest(f.ids) FROM floor_frozen f WHERE f.seq > lo AND f.seq <= lo + 5000)
                        AND NOT t.legacy_duplicate ORDER BY t.coupon_id FOR UPDATE OF t),
-     ranked AS (SELECT l.coupon_id AS k, l.legacy_duplicate AS before_mark, l.voided_at AS before_void,
-                       l.redeemed_at AS keep_value, row_number() OVER w AS rn, first_value(l.coupon_id) OVER w AS kept
-                  FROM locked l
-                WINDOW w AS (PARTITION BY l.campaign_id, l.member_id ORDER BY (l.redeemed_at IS NULL), l.issued_at, l.coupon_id)),
-     changed AS (UPDATE issued_coupons t SET legacy_duplicate = true,
-                        voided_at = CASE WHEN r.keep_value IS NULL THEN coalesce(t.voided_at, now()) ELSE t.voided_at END
-                   FROM ranked r WHERE t.coupon_id = r.k AND r.rn > 1
-                 RETURNING t.coupon_id AS k, r.before_mark, r.before_void, t.legacy_duplicate AS after_mark,
-                           t.voided_at AS after_void, r.rn, r.kept, r.keep_value)
+     {RANK_AND_MARK}
     INSERT INTO floor_void_batches
     SELECT lo, array_agg(k), array_agg(before_mark), array_agg(before_void), array_agg(after_mark),
            array_agg(after_void), array_agg(keep_value), array_agg(rn::integer), array_agg(kept)
       FROM changed;
     lo := lo + 5000;
   END LOOP;
-END $do$";
+END $do$")
+}
 
 /// The counters of the cheapest floor: a plain `INSERT ... SELECT` into V2's tables (no row
 /// exists yet), a record per created row as typed arrays, 10,000 to a row.
@@ -253,28 +260,20 @@ SELECT 'member_monthly_usage', n / 10000, array_agg(member_id), array_agg(month)
   FROM (SELECT ins.*, row_number() OVER () AS n FROM ins) x GROUP BY n / 10000";
 
 /// The cheapest floor measured so far: V3's index built after the void, the void as
-/// [`CHEAPEST_VOID`], V4's census and build, the counters as [`CHEAPEST_COUNTERS`], the
+/// [`cheapest_void`], V4's census and build, the counters as [`CHEAPEST_COUNTERS`], the
 /// after-gate reconciliations and V5. Returns (phase, seconds) in order.
 fn cheapest(c: &mut postgres::Client) -> Result<Vec<(&'static str, f64)>> {
-    let mut phases = Vec::new();
-    let mut time = |name: &'static str, sqls: &[&str], c: &mut postgres::Client| -> Result<()> {
-        let t = Instant::now();
-        for sql in sqls {
-            c.batch_execute(sql)
-                .with_context(|| format!("cheapest floor, {name}"))?;
-        }
-        phases.push((name, t.elapsed().as_secs_f64()));
-        Ok(())
-    };
+    let mut phases = Phases::default();
+    let mut time = |name, sqls: &[&str], c: &mut postgres::Client| phases.time(name, sqls, c);
     c.batch_execute("SET work_mem = '64MB'")?;
     time("V2", &[&migration("V2")?], c)?;
-    time("void", &[CHEAPEST_VOID], c)?;
+    time("void", &[&cheapest_void()], c)?;
     time("V3 index", &[&migration("V3")?], c)?;
     time("V4 census+build", &[CENSUS, &migration("V4")?], c)?;
     time("counters", &[CHEAPEST_COUNTERS], c)?;
     time("after the gate", &RECONCILE, c)?;
     time("V5", &[&migration("V5")?], c)?;
-    Ok(phases)
+    Ok(phases.0)
 }
 
 fn main() -> Result<()> {

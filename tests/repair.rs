@@ -1043,6 +1043,12 @@ fn inside_apply_a_run_whose_question_the_next_step_asks_is_not_counted_twice() {
     assert_eq!(db.run(&["verify"]).code, 0);
 }
 
+/// Member-months whose counter (a missing row counts as 0) differs from their coupons.
+const MEMBER_MONTHS_OFF: &str = "SELECT count(*) FROM member_monthly_usage u
+   FULL JOIN (SELECT member_id, month, sum(amount_yen) AS yen FROM issued_coupons
+               WHERE voided_at IS NULL GROUP BY 1, 2) s USING (member_id, month)
+  WHERE coalesce(u.used_yen, 0) <> coalesce(s.yen, 0)";
+
 #[test]
 fn before_v5_a_counter_that_drifted_after_its_rebuild_is_caught_though_the_last_one_is_not_read_again(
 ) {
@@ -1084,12 +1090,7 @@ fn before_v5_a_counter_that_drifted_after_its_rebuild_is_caught_though_the_last_
         "V5 was not applied"
     );
     assert_eq!(
-        db.scalar_i64(
-            "SELECT count(*) FROM member_monthly_usage u
-               FULL JOIN (SELECT member_id, month, sum(amount_yen) AS yen FROM issued_coupons
-                           WHERE voided_at IS NULL GROUP BY 1, 2) s USING (member_id, month)
-              WHERE coalesce(u.used_yen, 0) <> coalesce(s.yen, 0)"
-        ),
+        db.scalar_i64(MEMBER_MONTHS_OFF),
         0,
         "the member-months the check did not read again are equal to their source"
     );
@@ -1129,12 +1130,7 @@ fn a_counter_row_created_while_the_first_pass_waits_is_merged_not_an_error() {
         "coupon d4 and the new one"
     );
     assert_eq!(
-        db.scalar_i64(
-            "SELECT count(*) FROM member_monthly_usage u
-               FULL JOIN (SELECT member_id, month, sum(amount_yen) AS yen FROM issued_coupons
-                           WHERE voided_at IS NULL GROUP BY 1, 2) s USING (member_id, month)
-              WHERE coalesce(u.used_yen, 0) <> coalesce(s.yen, 0)"
-        ),
+        db.scalar_i64(MEMBER_MONTHS_OFF),
         0,
         "every member-month equals its coupons"
     );
