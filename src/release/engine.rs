@@ -346,15 +346,15 @@ fn resume_unfinished(
         return Ok(());
     }
     crate::say!("finishing the unfinished run of {name} before migration V{version}");
-    let run = verdict::run_repair(client, repair, &census_next(settings))?;
+    // The migration's census comes next and counts what the run's reconciliation would.
+    let run = verdict::run_repair(client, repair, &options_with(settings, true))?;
     stop_if_unfinished(&run, repair)
 }
 
-/// The run options of a pass right before a migration's census, which asks at once what the
-/// run's reconciliation would (`RunOptions::checked_later`).
-fn census_next(settings: &Settings) -> RunOptions {
+/// The command's run options, with `RunOptions::checked_later` as given.
+fn options_with(settings: &Settings, checked_later: bool) -> RunOptions {
     RunOptions {
-        checked_later: true,
+        checked_later,
         ..settings.options.clone()
     }
 }
@@ -365,16 +365,13 @@ fn census_next(settings: &Settings) -> RunOptions {
 /// corrects what drifts before it; a run after the gate is reconciled all the same).
 fn step_options(release: &Release, settings: &Settings, i: usize, name: &str) -> RunOptions {
     let later = &release.steps[i + 1..];
-    let census_next = matches!(later.first(),
+    let census_after = matches!(later.first(),
         Some(Step::Migrate { retry_with: Some(r), .. }) if r == name);
     let again_after_gate = later
         .iter()
         .skip_while(|s| !matches!(s, Step::Gate { .. }))
         .any(|s| matches!(s, Step::Repair { name: n } if n == name));
-    RunOptions {
-        checked_later: census_next || again_after_gate,
-        ..settings.options.clone()
-    }
+    options_with(settings, census_after || again_after_gate)
 }
 
 /// One more pass of the repair a census sent back, with its guard installed first.
@@ -389,7 +386,8 @@ fn repair_again(
     if !*guarded {
         *guarded = install_guard(client, settings.policy, repair)?;
     }
-    let run = verdict::run_repair(client, repair, &census_next(settings))?;
+    // The migration's census comes next and counts what the run's reconciliation would.
+    let run = verdict::run_repair(client, repair, &options_with(settings, true))?;
     stop_if_unfinished(&run, repair)
 }
 
