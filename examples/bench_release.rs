@@ -771,7 +771,7 @@ fn main() -> Result<()> {
         match (profile, explain) {
             (true, true) => settings.push((
                 "shared_preload_libraries",
-                "'pg_stat_statements,auto_explain'",
+                "pg_stat_statements,auto_explain",
             )),
             (true, false) => settings.push(("shared_preload_libraries", "pg_stat_statements")),
             (false, true) => settings.push(("shared_preload_libraries", "auto_explain")),
