@@ -211,6 +211,62 @@ fn the_unique_index_build_is_never_started_while_its_census_finds_duplicates() {
     assert!(index_is_valid(&db));
 }
 
+/// In the release, V4's census is taken on the main session while the index is built (the
+/// void right before removed the duplicates). A duplicate that arrived after the void is found
+/// by it: the build is cancelled and its INVALID index dropped, the void runs again, and the
+/// index is built. `migrate apply` alone keeps its census first (the test above).
+#[test]
+fn in_the_release_the_census_during_the_build_cancels_it_on_a_late_duplicate() {
+    let db = fresh_db();
+    db.make_legacy_baselined(200);
+    assert_eq!(
+        db.run(&["migrate", "apply", "--yes", "--target", "3"]).code,
+        0
+    );
+    assert_eq!(
+        db.run(&["repair", "apply", "void-duplicate-coupons", "--yes"])
+            .code,
+        0
+    );
+    // The release resumes after its void step, at V4.
+    db.client()
+        .batch_execute("INSERT INTO pgmend.release_steps (step, what, run_id) VALUES (4, 'repair void-duplicate-coupons', 1)")
+        .unwrap();
+    db.client().batch_execute(COUNT_BUILDS).unwrap();
+    // The old application's double tap after the void.
+    db.client()
+        .batch_execute(
+            "INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen)
+             SELECT gen_random_uuid(), campaign_id, member_id, month, amount_yen FROM issued_coupons
+              WHERE NOT legacy_duplicate ORDER BY coupon_id LIMIT 1",
+        )
+        .unwrap();
+    let r = db.run(&["apply", "--yes"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(
+        r.stderr.contains(
+            "was stopped by its census, taken while the index was being built: census one_coupon_per_member: 1 groups"
+        ) && r.stderr.contains("nothing of this step remains"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(
+        builds_started(&db),
+        2,
+        "the build the census cancelled, then the one after the second void:\n{}",
+        r.stderr
+    );
+    assert!(index_is_valid(&db));
+    assert_eq!(db.invalid_indexes(), 0);
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) FROM (SELECT 1 FROM issued_coupons WHERE NOT legacy_duplicate
+                                    GROUP BY campaign_id, member_id HAVING count(*) > 1) d"
+        ),
+        0
+    );
+}
+
 #[test]
 fn an_invalid_or_different_index_of_the_same_name_is_rebuilt_and_a_valid_one_adopted() {
     let db = at_v2();

@@ -192,6 +192,7 @@ pub fn apply(args: &ApplyArgs, format: Format) -> Result<Outcome> {
         &plan,
         &policy,
         args.safety.build_wait,
+        apply::CensusTiming::First,
         &mut |line| crate::say!("{line}"),
     )?;
     let now_at = applied.last().map(|a| a.version).or(plan.current_version);

@@ -28,6 +28,17 @@ pub struct AppliedMigration {
     pub duration_ms: u64,
 }
 
+/// When an online build takes its migration's censuses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CensusTiming {
+    /// Before each attempt: violators stop the step before anything is built.
+    First,
+    /// The first attempt's census on the main session while the index is built
+    /// (`index::OnlineMigration::census_alongside`): for the release, whose repair right
+    /// before removed the violators.
+    AlongsideBuild,
+}
+
 /// Applies every pending migration of `plan`, in order. Refuses a plan with blockers
 /// before changing anything. The caller holds the runner lock and built `plan` after
 /// taking it.
@@ -37,6 +48,7 @@ pub fn execute(
     plan: &Plan,
     policy: &LockPolicy,
     build_wait: Duration,
+    census: CensusTiming,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Vec<AppliedMigration>> {
     if !plan.blockers.is_empty() {
@@ -77,6 +89,8 @@ pub fn execute(
                 origin: &migration.origin,
                 statements: &migration.statements,
                 censuses: &migration.censuses,
+                census_alongside: (census == CensusTiming::AlongsideBuild)
+                    .then_some(policy.lock_timeout),
             };
             index::apply(client, params, &online, build_wait, progress)?;
             history::record(client, migration)

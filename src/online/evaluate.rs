@@ -6,7 +6,8 @@
 //! reason; shadows apply only to columns the table lacks today. `Finding` (a flattened `Census`
 //! plus `violators`, `sample`, `not_yet`) is what the plan and `validate` serialize, and `describe`
 //! the sentence people read. `check_before` takes a migration's censuses in one short read-only
-//! transaction, without shadows, and returns `Stopped` listing every blocking finding.
+//! transaction, without shadows, and returns `Violators` listing every blocking finding;
+//! `check_during_build` does the same while an online build runs, its lock waits bounded.
 
 use anyhow::Result;
 use serde::Serialize;
@@ -184,6 +185,32 @@ pub fn check_before(
     label: &str,
     censuses: &[Census],
 ) -> Result<Vec<Finding>> {
+    check(client, censuses, None, |stopping| {
+        format!("{label} was not attempted: {stopping}. The steps before it are applied; nothing of {label} was changed")
+    })
+}
+
+/// [`check_before`] for a census taken on the main session while the migration's index is
+/// being built on another: its lock waits are bounded by `lock_timeout` (a session queued for a
+/// stronger lock behind the build would otherwise hold the census, and with it the watcher),
+/// and the message says that the build is cancelled.
+pub fn check_during_build(
+    client: &mut postgres::Client,
+    label: &str,
+    censuses: &[Census],
+    lock_timeout: std::time::Duration,
+) -> Result<Vec<Finding>> {
+    check(client, censuses, Some(lock_timeout), |stopping| {
+        format!("{label} was stopped by its census, taken while the index was being built: {stopping}. The build was cancelled; the steps before it are applied")
+    })
+}
+
+fn check(
+    client: &mut postgres::Client,
+    censuses: &[Census],
+    lock_timeout: Option<std::time::Duration>,
+    stops: impl FnOnce(&str) -> String,
+) -> Result<Vec<Finding>> {
     if censuses.is_empty() {
         return Ok(Vec::new());
     }
@@ -192,6 +219,13 @@ pub fn check_before(
         .read_only(true)
         .start()
         .doing("opening a read-only transaction for the census")?;
+    if let Some(timeout) = lock_timeout {
+        tx.batch_execute(&format!(
+            "SET LOCAL lock_timeout = '{}ms'",
+            timeout.as_millis().max(1)
+        ))
+        .doing("bounding the census's lock waits")?;
+    }
     let mut findings = Vec::new();
     for c in censuses {
         findings.push(evaluate(&mut tx, c, &[])?);
@@ -203,10 +237,7 @@ pub fn check_before(
         .map(Finding::describe)
         .collect();
     if !stopping.is_empty() {
-        return Err(Violators::error(format!(
-            "{label} was not attempted: {}. The steps before it are applied; nothing of {label} was changed",
-            stopping.join("; ")
-        )));
+        return Err(Violators::error(stops(&stopping.join("; "))));
     }
     Ok(findings)
 }

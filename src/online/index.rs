@@ -10,9 +10,12 @@
 //! (`same_definition` ignores schema `public.`, `USING btree`, parentheses, quotes, case and
 //! spaces) is adopted; any other is dropped first. Then a preflight (table size, up to five open
 //! transactions in the database) and up to `BUILD_ATTEMPTS` (3), each preceded by
-//! `evaluate::check_before`: a build that fails with 23505, 40P01 or 55P03, or ends not valid, has
-//! its index dropped and is tried again; any other error drops the index and returns it (exit 2),
-//! 57014 included: pgmend's own cancel after `--build-wait` comes back from `run_watched` as
+//! `evaluate::check_before`. With `census_alongside` (the release's) and no open transaction in
+//! the preflight, the first attempt instead takes `evaluate::check_during_build` on the main
+//! session once the build is sent, before the first look at it; a violator or an error cancels
+//! the build, whose INVALID index is dropped, and is returned. A build that fails with 23505,
+//! 40P01 or 55P03, or ends not valid, has its index dropped and is tried again; any other error
+//! drops the index and returns it (exit 2), 57014 included: pgmend's own cancel after `--build-wait` comes back from `run_watched` as
 //! `Stopped` and is handled before, so a 57014 here is someone else's cancel and is not retried;
 //! three failures return `Violators` (exit 1; the release answers it with the step's `retry_with`).
 //! `drop_index` is `DROP INDEX CONCURRENTLY IF EXISTS`, run the same way.
@@ -51,6 +54,13 @@ pub struct OnlineMigration<'a> {
     pub origin: &'a str,
     pub statements: &'a [Statement],
     pub censuses: &'a [Census],
+    /// `Some(lock_timeout)`: unless the preflight finds a transaction open, the first attempt
+    /// takes the censuses on the main session while the index is built (the release's repair
+    /// right before removed the violators, so the census is expected clean and the build need
+    /// not wait for it). A census that finds violators, fails, or waits longer than
+    /// `lock_timeout` for a lock (while it waits, the build is not watched) cancels the build,
+    /// whose INVALID index is then dropped. `None`: every attempt takes its census first.
+    pub census_alongside: Option<Duration>,
 }
 
 /// How often the watcher looks at the build.
@@ -87,6 +97,7 @@ pub fn apply(
                     &statement.sql,
                     build_wait,
                     OnStop::Cancel,
+                    None,
                     progress,
                 )?
                 .map_err(|e| {
@@ -212,13 +223,26 @@ fn build_index(
         ));
         drop_index(main, params, name, build_wait, progress)?;
     }
-    preflight(main, table, progress)?;
+    let quiet = preflight(main, table, progress)?;
     let leftover = format!("index {name}");
+    // Alongside only while no transaction is open: a build the census cancels leaves an
+    // INVALID index, whose drop would wait for such a transaction to end.
+    let mut census_alongside = migration
+        .census_alongside
+        .filter(|_| quiet && !migration.censuses.is_empty());
     for attempt in 1..=BUILD_ATTEMPTS {
         crate::signals::check(&format!("building {name} ({label})"))?;
-        for finding in evaluate::check_before(main, label, migration.censuses)? {
-            progress(&finding.describe());
+        let alongside = census_alongside.take();
+        if alongside.is_none() {
+            for finding in evaluate::check_before(main, label, migration.censuses)? {
+                progress(&finding.describe());
+            }
         }
+        let mut census = alongside.map(|lock_timeout| {
+            move |c: &mut postgres::Client| {
+                evaluate::check_during_build(c, label, migration.censuses, lock_timeout)
+            }
+        });
         progress(&format!(
             "building {name} concurrently (attempt {attempt} of {BUILD_ATTEMPTS})"
         ));
@@ -236,13 +260,16 @@ fn build_index(
             &statement.sql,
             build_wait,
             OnStop::Cancel,
+            census.as_mut().map(|f| f as Alongside),
             progress,
         ) {
             Ok(outcome) => outcome,
             Err(stopped) => {
-                // Cancelled after --build-wait or on a signal: the build left an INVALID
-                // index behind.
-                if existing(main, name)?.is_some() {
+                // Cancelled after --build-wait, on a signal, or by the census taken alongside:
+                // the build left an INVALID index behind, unless it was cancelled before
+                // creating it.
+                let left = existing(main, name)?.is_some();
+                if left {
                     progress(&format!(
                         "dropping the INVALID index {name} the cancelled build left"
                     ));
@@ -257,7 +284,12 @@ fn build_index(
                 }
                 crate::signals::cleaned(&leftover);
                 return Err(stopped.context(format!(
-                    "{label}: the INVALID index was dropped; nothing of this step remains"
+                    "{label}: {}; nothing of this step remains",
+                    if left {
+                        "the INVALID index was dropped"
+                    } else {
+                        "the cancelled build left no index"
+                    }
                 )));
             }
         };
@@ -325,6 +357,7 @@ pub fn drop_index(
         &sql,
         build_wait,
         OnStop::FinishInTime,
+        None,
         progress,
     )?
     .map_err(|e| {
@@ -339,7 +372,7 @@ fn preflight(
     main: &mut postgres::Client,
     table: &str,
     progress: &mut dyn FnMut(&str),
-) -> Result<()> {
+) -> Result<bool> {
     let size: String = main
         .query_one(
             "SELECT pg_size_pretty(pg_total_relation_size(to_regclass($1)))",
@@ -348,10 +381,11 @@ fn preflight(
         .doing("measuring the table")?
         .get(0);
     progress(&format!("preflight: {table} takes {size} with its indexes"));
-    for line in old_transactions(main)? {
+    let open = old_transactions(main)?;
+    for line in &open {
         progress(&format!("preflight: the build will wait for {line}"));
     }
-    Ok(())
+    Ok(open.is_empty())
 }
 
 /// Open transactions in this database, oldest first, other than pgmend's own.
@@ -392,16 +426,24 @@ enum OnStop {
     FinishInTime,
 }
 
+/// Work for the main session while the watched statement runs: a census, whose findings are
+/// reported, or whose error cancels the statement.
+type Alongside<'a> = &'a mut dyn FnMut(&mut postgres::Client) -> Result<Vec<evaluate::Finding>>;
+
 /// Runs `sql` on a fresh connection with no lock_timeout or statement_timeout, watching
 /// it from `main`. Time spent waiting on other sessions counts against `build_wait`; past
 /// it the statement is cancelled and pgmend stops (exit 1); so it is on a stop request, as
-/// `on_stop` says. Returns the statement's own result otherwise.
+/// `on_stop` says. `alongside` runs on `main` once the statement has been sent, before the
+/// first look at it; its error cancels the statement and is returned. Returns the
+/// statement's own result otherwise.
+#[allow(clippy::too_many_arguments)]
 fn run_watched(
     main: &mut postgres::Client,
     params: &ConnParams,
     sql: &str,
     build_wait: Duration,
     on_stop: OnStop,
+    alongside: Option<Alongside>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Result<(), postgres::Error>> {
     let mut worker = crate::db::connect(params)?;
@@ -420,6 +462,24 @@ fn run_watched(
         let result = worker.client.batch_execute(&owned_sql);
         let _ = sender.send(result);
     });
+    if let Some(work) = alongside {
+        match work(main) {
+            Ok(findings) => findings.iter().for_each(|f| progress(&f.describe())),
+            Err(e) => {
+                let cancelled = main.execute("SELECT pg_cancel_backend($1)", &[&pid]);
+                if receiver.recv_timeout(Duration::from_secs(30)).is_ok() {
+                    let _ = handle.join();
+                }
+                return Err(match cancelled {
+                    Ok(_) => e,
+                    Err(c) => e.context(format!(
+                        "and the statement running alongside could not be cancelled: {}",
+                        describe(&c)
+                    )),
+                });
+            }
+        }
+    }
     let mut waited = Duration::ZERO;
     let mut last_report = String::new();
     let mut last_report_at = Instant::now() - Duration::from_secs(60);

@@ -304,6 +304,11 @@ pub fn migration(
             &plan,
             settings.policy,
             settings.build_wait,
+            // A retry_with repair ran right before: the census is expected clean.
+            match retry_with {
+                Some(_) => migrate_apply::CensusTiming::AlongsideBuild,
+                None => migrate_apply::CensusTiming::First,
+            },
             &mut |l| crate::say!("{l}"),
         ) {
             Ok(_) => break Ok(()),
