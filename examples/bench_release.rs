@@ -133,6 +133,28 @@ fn checkpoints(c: &mut postgres::Client) -> Result<i64> {
     Ok(c.query_one(sql, &[])?.get(0))
 }
 
+/// The tables of the connected database that autovacuum vacuumed or analyzed so far (the
+/// database is a fresh copy, so: during the timed run), as `table (vacuum N, analyze M)`.
+/// Autovacuum shares the two cores with the run it follows.
+fn autovacuums(c: &mut postgres::Client) -> Result<Vec<String>> {
+    Ok(c
+        .query(
+            "SELECT relname::text, autovacuum_count, autoanalyze_count FROM pg_stat_all_tables
+              WHERE autovacuum_count + autoanalyze_count > 0 ORDER BY relname",
+            &[],
+        )?
+        .iter()
+        .map(|r| {
+            format!(
+                "{} (vacuum {}, analyze {})",
+                r.get::<_, String>(0),
+                r.get::<_, i64>(1),
+                r.get::<_, i64>(2)
+            )
+        })
+        .collect())
+}
+
 /// Runs a `CHECKPOINT` and returns the checkpoint count once it includes that one (the
 /// checkpointer reports its count just after it wakes the waiting backend), so that a later
 /// count above it means a checkpoint during what came in between.
@@ -875,6 +897,7 @@ fn main() -> Result<()> {
         if wal_kinds {
             wal_breakdown(&mut one, "one-shot", &lsn0)?;
         }
+        let one_autovacuums = autovacuums(&mut one)?;
         let one_state = state(&mut one)?;
         // The one-shot left a dead version of every row it changed. Vacuumed here, between the
         // two timed runs: otherwise autovacuum does it during pgmend's, and pgmend's WAL
@@ -985,6 +1008,17 @@ fn main() -> Result<()> {
         eprintln!(
             "{members}: pg_stat_wal: one-shot {one_fpi} full-page images, {one_stat_bytes} bytes (LSN: {one_wal}); pgmend {via_fpi}, {via_stat_bytes} bytes (LSN: {via_wal})"
         );
+        for (side, tables) in [
+            ("the one-shot", one_autovacuums),
+            ("pgmend", autovacuums(&mut via)?),
+        ] {
+            if !tables.is_empty() {
+                after_table.push(format!(
+                    "{members} members: autovacuum ran during or right after {side}'s run (it shares the cores): {}",
+                    tables.join(", ")
+                ));
+            }
+        }
         for (side, n) in [("the one-shot", one_ckpts), ("pgmend", via_ckpts)] {
             if n > 0 {
                 after_table.push(format!(
