@@ -165,6 +165,13 @@ fn an_estimate_uses_the_rate_of_a_run_recorded_on_this_server() {
     db.make_legacy_baselined(200);
     let doc = plan_json(&db, &[]);
     assert!(estimate(&doc, 7).1.starts_with("calibration"), "{doc}");
+    // V4 (step 5) takes its census during its build in the release: the longer of the two.
+    assert!(
+        estimate(&doc, 5)
+            .1
+            .ends_with("the census taken during the build: the longer of the two"),
+        "{doc}"
+    );
     let r = db.run(&["apply", "--yes"]);
     assert_eq!(r.code, 0, "{}", r.both());
     // The member-month rebuild of step 7 ran once: make its run take 10 s exactly.

@@ -117,7 +117,11 @@ fn estimate_steps(
     let rates = store::records::recorded_rates(tx)?;
     for plan in plans.iter_mut().filter(|p| !p.done) {
         plan.estimate = match (plan.migration, &plan.repair) {
-            (Some(m), _) => Some(estimate::migration(m, &rows)),
+            (Some(m), _) => Some(estimate::migration(
+                m,
+                &rows,
+                matches!(plan.what, Step::Migrate { retry_with: Some(_), .. }),
+            )),
             (None, Some(p)) => Some(estimate::repair(
                 definition::named(repairs, &p.repair)?,
                 p.changes,

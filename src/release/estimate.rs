@@ -169,14 +169,21 @@ pub fn repair(
 }
 
 /// A pending migration step: its concurrent index builds and its censuses, scaled by the rows
-/// of their tables, or the catalog-only constant.
-pub fn migration(m: &PlannedMigration, rows: &BTreeMap<String, i64>) -> Estimate {
-    let mut seconds = 0.0;
+/// of their tables, or the catalog-only constant. `census_during_build`: the release's step
+/// with a `retry_with` repair, whose first build attempt takes the censuses while it builds
+/// (`online::index::OnlineMigration::census_alongside`), so the longer of the two counts.
+pub fn migration(
+    m: &PlannedMigration,
+    rows: &BTreeMap<String, i64>,
+    census_during_build: bool,
+) -> Estimate {
+    let mut build_seconds = 0.0;
+    let mut census_seconds = 0.0;
     let mut parts = Vec::new();
     for s in m.statements.iter().filter(|s| s.online) {
         let n = s.locks.iter().map(|l| rows_of(rows, &l.relation)).max();
         let n = n.unwrap_or(0);
-        seconds += ONLINE_STATEMENT_S + n as f64 / INDEX_ROWS_PER_S;
+        build_seconds += ONLINE_STATEMENT_S + n as f64 / INDEX_ROWS_PER_S;
         parts.push(format!(
             "a concurrent build: {}, and {} rows at {}",
             human::millis((ONLINE_STATEMENT_S * 1000.0) as u64),
@@ -191,7 +198,7 @@ pub fn migration(m: &PlannedMigration, rows: &BTreeMap<String, i64>) -> Estimate
             Guard::Precondition => PRECONDITION_ROWS_PER_S,
             _ => CENSUS_ROWS_PER_S,
         };
-        seconds += n as f64 / rate;
+        census_seconds += n as f64 / rate;
         parts.push(format!(
             "census {} over {} rows at {}",
             f.census.name,
@@ -199,6 +206,12 @@ pub fn migration(m: &PlannedMigration, rows: &BTreeMap<String, i64>) -> Estimate
             human::rate(rate)
         ));
     }
+    let seconds = if census_during_build && build_seconds > 0.0 {
+        parts.push("the census taken during the build: the longer of the two".to_string());
+        build_seconds.max(census_seconds)
+    } else {
+        build_seconds + census_seconds
+    };
     if parts.is_empty() {
         return calibrated(
             CATALOG_ONLY_S,
