@@ -137,22 +137,21 @@ fn checkpoints(c: &mut postgres::Client) -> Result<i64> {
 /// database is a fresh copy, so: during the timed run), as `table (vacuum N, analyze M)`.
 /// Autovacuum shares the two cores with the run it follows.
 fn autovacuums(c: &mut postgres::Client) -> Result<Vec<String>> {
-    Ok(c
-        .query(
-            "SELECT relname::text, autovacuum_count, autoanalyze_count FROM pg_stat_all_tables
+    Ok(c.query(
+        "SELECT relname::text, autovacuum_count, autoanalyze_count FROM pg_stat_all_tables
               WHERE autovacuum_count + autoanalyze_count > 0 ORDER BY relname",
-            &[],
-        )?
-        .iter()
-        .map(|r| {
-            format!(
-                "{} (vacuum {}, analyze {})",
-                r.get::<_, String>(0),
-                r.get::<_, i64>(1),
-                r.get::<_, i64>(2)
-            )
-        })
-        .collect())
+        &[],
+    )?
+    .iter()
+    .map(|r| {
+        format!(
+            "{} (vacuum {}, analyze {})",
+            r.get::<_, String>(0),
+            r.get::<_, i64>(1),
+            r.get::<_, i64>(2)
+        )
+    })
+    .collect())
 }
 
 /// Runs a `CHECKPOINT` and returns the checkpoint count once it includes that one (the

@@ -120,7 +120,13 @@ fn estimate_steps(
             (Some(m), _) => Some(estimate::migration(
                 m,
                 &rows,
-                matches!(plan.what, Step::Migrate { retry_with: Some(_), .. }),
+                matches!(
+                    plan.what,
+                    Step::Migrate {
+                        retry_with: Some(_),
+                        ..
+                    }
+                ),
             )),
             (None, Some(p)) => Some(estimate::repair(
                 definition::named(repairs, &p.repair)?,
