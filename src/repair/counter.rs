@@ -352,24 +352,40 @@ impl CounterEngine {
         )
     }
 
-    /// The frozen targets of a run before the deploy gate: ranges of `store::runs::VALUES_PER_RANGE` values
-    /// of the key's first column (over the key set and the counter table's keys; see
+    /// The frozen targets of a run before the deploy gate: ranges of about
+    /// `store::runs::ROWS_PER_RANGE` rows of the key's first column (over the key set's rows
+    /// and the counter table's, each read as `sample` says; see
     /// `store::runs::range_targets_sql`). Cheaper than freezing every key that differs, which
     /// sums the whole source once more; a batch then reads the drift of every key in its
     /// ranges ([`Self::batch_range`]).
-    pub fn freeze_ranges_sql(&self) -> String {
+    pub fn freeze_ranges_sql(&self, sample: store::runs::RangeSample) -> String {
         let s = &self.spec;
         let first = &s.key[0];
-        let (table, alias) = if s.keys_from.as_str() == "source" {
-            (&s.source_table, "s")
+        let alias = if s.keys_from.as_str() == "source" {
+            "s"
         } else {
-            (&s.keys_from, "x")
+            "x"
         };
-        store::runs::range_targets_sql(&format!(
-            "SELECT {alias}.{first} AS k FROM {table} {alias} WHERE {alias}.{first} IS NOT NULL
-                 UNION SELECT c.{first} FROM {counter} c",
-            counter = &s.counter_table
-        ))
+        store::runs::range_targets_sql(
+            &format!(
+                "SELECT {alias}.{first} AS k FROM {table} {alias} {sampled} WHERE {alias}.{first} IS NOT NULL
+                 UNION ALL SELECT c.{first} FROM {counter} c {sampled}",
+                table = self.range_table(),
+                counter = &s.counter_table,
+                sampled = sample.clause(),
+            ),
+            sample,
+        )
+    }
+
+    /// The table whose rows size a run's ranges: the key set's.
+    pub fn range_table(&self) -> &Ident {
+        let s = &self.spec;
+        if s.keys_from.as_str() == "source" {
+            &s.source_table
+        } else {
+            &s.keys_from
+        }
     }
 
     /// One batch of a run in ranges (the first pass, before the deploy gate, where nearly

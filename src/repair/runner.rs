@@ -37,6 +37,7 @@ use crate::db::retry::{with_lock_retry, LockPolicy};
 use crate::db::sql_text::{Ident, KeyRange};
 use crate::error::{PgContext, Stopped};
 use crate::human;
+use crate::store::runs::RangeSample;
 use crate::store::{self, Run};
 
 #[derive(Clone)]
@@ -95,12 +96,22 @@ impl Engine {
         }
     }
 
-    fn freeze_sql(&self, ranges: bool) -> String {
+    /// The table whose rows a run in ranges is cut by.
+    fn range_table(&self) -> &Ident {
         match self {
-            Engine::Void(e) if ranges => e.freeze_ranges_sql(),
-            Engine::Void(e) => e.freeze_sql(),
-            Engine::Counter(e) if ranges => e.freeze_ranges_sql(),
-            Engine::Counter(e) => e.freeze_sql(),
+            Engine::Void(e) => e.range_table(),
+            Engine::Counter(e) => e.range_table(),
+        }
+    }
+
+    /// The freeze: of ranges, read as `sample` says (`Some` for a run in ranges), or of every
+    /// group or key.
+    fn freeze_sql(&self, sample: Option<RangeSample>) -> String {
+        match (self, sample) {
+            (Engine::Void(e), Some(sample)) => e.freeze_ranges_sql(sample),
+            (Engine::Void(e), None) => e.freeze_sql(),
+            (Engine::Counter(e), Some(sample)) => e.freeze_ranges_sql(sample),
+            (Engine::Counter(e), None) => e.freeze_sql(),
         }
     }
 
@@ -357,9 +368,9 @@ pub fn apply(
             }
             size = next_batch_size(size, options.batch_target, took);
             if in_ranges(&run, run.checkpoint) {
-                // A range holds VALUES_PER_RANGE values of its column: about the same bound
+                // A range holds about ROWS_PER_RANGE rows of its table: about the same bound
                 // on keys per batch as for frozen keys.
-                size = size.min(MAX_BATCH / store::runs::VALUES_PER_RANGE);
+                size = size.min(MAX_BATCH / store::runs::ROWS_PER_RANGE);
             }
             let (next, pause) = options.neighbour.after_batch(hi - lo, size, took, waiting);
             size = next;
@@ -575,6 +586,10 @@ fn freeze(
     progress: &mut dyn FnMut(&str),
 ) -> Result<Run> {
     let started = Instant::now();
+    let sample = match ranges {
+        true => Some(RangeSample::of(client, &engine.range_table().to_string())?),
+        false => None,
+    };
     let freeze_policy = LockPolicy {
         statement_timeout: policy.statement_timeout.max(Duration::from_secs(600)),
         ..*policy
@@ -595,7 +610,7 @@ fn freeze(
                 &repair.checksum,
                 ranges,
             )?;
-            let targets = tx.execute(&engine.freeze_sql(ranges), &[&run_id])? as i64;
+            let targets = tx.execute(&engine.freeze_sql(sample), &[&run_id])? as i64;
             store::runs::set_targets(&mut tx, run_id, targets)?;
             tx.commit()?;
             Ok(run_id)
@@ -608,10 +623,15 @@ fn freeze(
     }
     let what = match engine.range_column().filter(|_| ranges) {
         Some(column) => format!(
-            "{}, ranges of {} values of {} each",
+            "{}, ranges of {} of about {} rows of {} each{}",
             human::count(run.targets, "target"),
-            human::int(store::runs::VALUES_PER_RANGE),
-            column.as_str()
+            column.as_str(),
+            human::int(store::runs::ROWS_PER_RANGE),
+            engine.range_table().as_str(),
+            match sample {
+                Some(RangeSample::Percent(p)) => format!(" (cut on a {p}% sample)"),
+                _ => String::new(),
+            }
         ),
         None => human::count(run.targets, "target"),
     };

@@ -70,18 +70,26 @@ impl VoidEngine {
         })
     }
 
-    /// A run in ranges: the range column's values with an unmarked row, cut every
-    /// `store::runs::VALUES_PER_RANGE` (see `store::runs::range_targets_sql`). One read of the index,
-    /// where freezing every group sorts and writes them all.
-    pub fn freeze_ranges_sql(&self) -> String {
+    /// A run in ranges: the range column's rows, read as `sample` says, cut about every
+    /// `store::runs::ROWS_PER_RANGE` rows (see `store::runs::range_targets_sql`).
+    pub fn freeze_ranges_sql(&self, sample: store::runs::RangeSample) -> String {
         let (column, _) = self
             .range_by
             .as_ref()
             .expect("a run in ranges has a range column");
-        store::runs::range_targets_sql(&format!(
-            "SELECT DISTINCT t.{column} AS k FROM {table} t WHERE t.{column} IS NOT NULL",
-            table = &self.spec.table
-        ))
+        store::runs::range_targets_sql(
+            &format!(
+                "SELECT t.{column} AS k FROM {table} t {sampled} WHERE t.{column} IS NOT NULL",
+                table = &self.spec.table,
+                sampled = sample.clause(),
+            ),
+            sample,
+        )
+    }
+
+    /// The table a run in ranges cuts its ranges of.
+    pub fn range_table(&self) -> &Ident {
+        &self.spec.table
     }
 
     /// A batch of a run in ranges: [`Self::batch_sql`] over the groups with more than one

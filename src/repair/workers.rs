@@ -209,7 +209,7 @@ impl Worker<'_> {
                     .fetch_add(u64::from(waiting > 0), Ordering::Relaxed);
                 let took = t.elapsed();
                 let planned = next_batch_size(size, self.options.batch_target, took)
-                    .min(MAX_BATCH / store::runs::VALUES_PER_RANGE);
+                    .min(MAX_BATCH / store::runs::ROWS_PER_RANGE);
                 let (next, pause) =
                     self.options
                         .neighbour

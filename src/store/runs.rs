@@ -308,22 +308,81 @@ pub fn abandon(client: &mut impl GenericClient, run_id: i64) -> Result<()> {
     Ok(())
 }
 
-/// How many values of its column one range target holds: a batch starts at one range (about
-/// 80 coupon groups, or 100 members' month counters, of the incident's data).
-pub const VALUES_PER_RANGE: i64 = 100;
+/// How many rows of its table one range target holds, about: a batch starts at one range
+/// (about 400 coupons, 108 members' coupons and month counters, of the incident's data).
+pub const ROWS_PER_RANGE: i64 = 400;
 
-/// Freezes run $1's targets as ranges: `values` (a `SELECT` of one column `k`, distinct) in
-/// order, cut every [`VALUES_PER_RANGE`] values; each target holds the last value of its range
-/// as text, and one more target, `ARRAY[NULL]`, the open range after the last. The `INSERT`
-/// counts the targets.
-pub fn range_targets_sql(values: &str) -> String {
+/// How a range freeze reads its table's column: every row, or a sample of them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RangeSample {
+    /// Every row (a small table, one whose size the statistics do not know, or a view).
+    All,
+    /// `TABLESAMPLE BERNOULLI (percent) REPEATABLE (0)`: rows drawn one by one, so a sorted
+    /// sample cut every `SAMPLED_PER_RANGE` rows cuts the table about every `ROWS_PER_RANGE`.
+    Percent(f64),
+}
+
+/// Below this many rows (`pg_class.reltuples`) a range freeze reads every row.
+pub const SAMPLE_FROM_ROWS: f64 = 100_000.0;
+/// Sampled rows per range: the ranges' sizes vary by about 1/√40 (16%) around
+/// `ROWS_PER_RANGE`.
+const SAMPLED_PER_RANGE: i64 = 40;
+
+impl RangeSample {
+    /// How a range freeze reads `table`: sampled when it is a table or materialized view of
+    /// at least [`SAMPLE_FROM_ROWS`] rows by its statistics.
+    pub fn of(client: &mut impl GenericClient, table: &str) -> Result<RangeSample> {
+        let row = client
+            .query_opt(
+                "SELECT c.relkind::text, c.reltuples::float8 FROM pg_class c WHERE c.oid = to_regclass($1)",
+                &[&table],
+            )
+            .doing("reading the table's size for the range freeze")?;
+        Ok(match row {
+            Some(r)
+                if matches!(r.get::<_, String>(0).as_str(), "r" | "m")
+                    && r.get::<_, f64>(1) >= SAMPLE_FROM_ROWS =>
+            {
+                RangeSample::Percent(100.0 * SAMPLED_PER_RANGE as f64 / ROWS_PER_RANGE as f64)
+            }
+            _ => RangeSample::All,
+        })
+    }
+
+    /// The clause after a table's alias in `FROM`.
+    pub fn clause(self) -> String {
+        match self {
+            RangeSample::All => String::new(),
+            RangeSample::Percent(p) => format!("TABLESAMPLE BERNOULLI ({p}) REPEATABLE (0)"),
+        }
+    }
+
+    /// Every how many rows of the (sampled) column a range ends.
+    fn every(self) -> i64 {
+        match self {
+            RangeSample::All => ROWS_PER_RANGE,
+            RangeSample::Percent(_) => SAMPLED_PER_RANGE,
+        }
+    }
+}
+
+/// Freezes run $1's targets as ranges: `rows` (a `SELECT` of one column `k`, a row per row of
+/// the table, read as `sample` says) in order, cut about every [`ROWS_PER_RANGE`] rows of the
+/// table; each target holds the last value of its range as text (a value is the end of one
+/// range at most), and one more target, `ARRAY[NULL]`, the open range after the last. The
+/// ranges cover every value whatever the cuts, so a sample only sizes them; it spares sorting
+/// every row (at 1,000,000 members 0.7 s for the void's freeze and 1.5 s for the member-months'
+/// reading every value in order). The `INSERT` counts the targets.
+pub fn range_targets_sql(rows: &str, sample: RangeSample) -> String {
     format!(
         "WITH b AS (SELECT k, row_number() OVER (ORDER BY k) AS seq
-                      FROM (SELECT k, row_number() OVER (ORDER BY k) AS n FROM ({values}) u) x
-                     WHERE n % {VALUES_PER_RANGE} = 0)
+                      FROM (SELECT DISTINCT k
+                              FROM (SELECT k, row_number() OVER (ORDER BY k) AS n FROM ({rows}) u) x
+                             WHERE n % {every} = 0) d)
          {targets_insert}
          SELECT $1::bigint, seq, ARRAY[k::text] FROM b
          UNION ALL SELECT $1::bigint, (SELECT count(*) FROM b) + 1, ARRAY[NULL::text]",
+        every = sample.every(),
         targets_insert = super::targets_insert(),
     )
 }
