@@ -218,20 +218,7 @@ fn the_unique_index_build_is_never_started_while_its_census_finds_duplicates() {
 #[test]
 fn in_the_release_the_census_during_the_build_cancels_it_on_a_late_duplicate() {
     let db = fresh_db();
-    db.make_legacy_baselined(200);
-    assert_eq!(
-        db.run(&["migrate", "apply", "--yes", "--target", "3"]).code,
-        0
-    );
-    assert_eq!(
-        db.run(&["repair", "apply", "void-duplicate-coupons", "--yes"])
-            .code,
-        0
-    );
-    // The release resumes after its void step, at V4.
-    db.client()
-        .batch_execute("INSERT INTO pgmend.release_steps (step, what, run_id) VALUES (4, 'repair void-duplicate-coupons', 1)")
-        .unwrap();
+    db.voided_before_the_release_reaches_v4(200);
     db.client().batch_execute(COUNT_BUILDS).unwrap();
     // The old application's double tap after the void.
     db.client()

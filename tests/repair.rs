@@ -1505,19 +1505,7 @@ fn duplicates_that_keep_arriving_are_marked_by_the_guard_until_the_index_is_vali
     use std::sync::Arc;
 
     let db = fresh_db();
-    db.make_legacy_baselined(2000);
-    assert_eq!(
-        db.run(&["migrate", "apply", "--yes", "--target", "3"]).code,
-        0
-    );
-    assert_eq!(
-        db.run(&["repair", "apply", "void-duplicate-coupons", "--yes"])
-            .code,
-        0
-    );
-    db.client()
-        .batch_execute("INSERT INTO pgmend.release_steps (step, what, run_id) VALUES (4, 'repair void-duplicate-coupons', 1)")
-        .unwrap();
+    db.voided_before_the_release_reaches_v4(2000);
     // The old application keeps double-tapping: a copy of a random live coupon, one after
     // the other, from before V4's census until after the index exists (which then refuses
     // them). The first is in before the release starts, so the census finds a duplicate.

@@ -198,6 +198,20 @@ impl TestDb {
         assert_eq!(self.run(&["migrate", "baseline", "--yes"]).code, 0);
     }
 
+    /// The incident's data for `members` members, migrated to V3 and voided by
+    /// `repair apply`, with the release's void step (4) recorded as done: `apply` resumes at
+    /// V4.
+    pub fn voided_before_the_release_reaches_v4(&self, members: i32) {
+        self.make_legacy_baselined(members);
+        let r = self.run(&["migrate", "apply", "--yes", "--target", "3"]);
+        assert_eq!(r.code, 0, "{}", r.both());
+        let r = self.run(&["repair", "apply", "void-duplicate-coupons", "--yes"]);
+        assert_eq!(r.code, 0, "{}", r.both());
+        self.client()
+            .batch_execute("INSERT INTO pgmend.release_steps (step, what, run_id) VALUES (4, 'repair void-duplicate-coupons', 1)")
+            .unwrap();
+    }
+
     pub fn scalar_i64(&self, sql: &str) -> i64 {
         self.client().query_one(sql, &[]).unwrap().get(0)
     }
