@@ -15,8 +15,9 @@
 //! session once the build is sent, before the first look at it; a violator or an error cancels
 //! the build, whose INVALID index is dropped, and is returned. A build that fails with 23505,
 //! 40P01 or 55P03, or ends not valid, has its index dropped and is tried again; any other error
-//! drops the index and returns it (exit 2), 57014 included: pgmend's own cancel after `--build-wait` comes back from `run_watched` as
-//! `Stopped` and is handled before, so a 57014 here is someone else's cancel and is not retried;
+//! drops the index and returns it (exit 2), 57014 included: pgmend's own cancel after
+//! `--build-wait` comes back from `run_watched` as `Stopped` and is handled before, so a 57014
+//! here is someone else's cancel and is not retried;
 //! three failures return `Violators` (exit 1; the release answers it with the step's `retry_with`).
 //! `drop_index` is `DROP INDEX CONCURRENTLY IF EXISTS`, run the same way.
 //!

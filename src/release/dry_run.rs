@@ -120,13 +120,8 @@ fn estimate_steps(
             (Some(m), _) => Some(estimate::migration(
                 m,
                 &rows,
-                matches!(
-                    plan.what,
-                    Step::Migrate {
-                        retry_with: Some(_),
-                        ..
-                    }
-                ),
+                matches!(plan.what, Step::Migrate { retry_with, .. }
+                    if super::census_during_build(retry_with.as_deref())),
             )),
             (None, Some(p)) => Some(estimate::repair(
                 definition::named(repairs, &p.repair)?,

@@ -304,10 +304,10 @@ pub fn migration(
             &plan,
             settings.policy,
             settings.build_wait,
-            // A retry_with repair ran right before: the census is expected clean.
-            match retry_with {
-                Some(_) => migrate_apply::CensusTiming::AlongsideBuild,
-                None => migrate_apply::CensusTiming::First,
+            if super::census_during_build(retry_with) {
+                migrate_apply::CensusTiming::AlongsideBuild
+            } else {
+                migrate_apply::CensusTiming::First
             },
             &mut |l| crate::say!("{l}"),
         ) {

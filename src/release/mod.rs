@@ -77,6 +77,13 @@ impl Step {
     }
 }
 
+/// Whether a migration step with this `retry_with` takes its census during its first build
+/// (`online::index::OnlineMigration::census_alongside`): the repair right before it removed
+/// the violators, so the census is expected clean. `apply` and the plan's estimate ask here.
+pub fn census_during_build(retry_with: Option<&str>) -> bool {
+    retry_with.is_some()
+}
+
 /// The release steps, in order.
 pub fn steps() -> Result<Vec<Step>> {
     let file: File = toml::from_str(RELEASE).context("release.toml is malformed")?;

@@ -361,14 +361,9 @@ impl CounterEngine {
     pub fn freeze_ranges_sql(&self, sample: store::runs::RangeSample) -> String {
         let s = &self.spec;
         let first = &s.key[0];
-        let alias = if s.keys_from.as_str() == "source" {
-            "s"
-        } else {
-            "x"
-        };
         store::runs::range_targets_sql(
             &format!(
-                "SELECT {alias}.{first} AS k FROM {table} {alias} {sampled} WHERE {alias}.{first} IS NOT NULL
+                "SELECT s.{first} AS k FROM {table} s {sampled} WHERE s.{first} IS NOT NULL
                  UNION ALL SELECT c.{first} FROM {counter} c {sampled}",
                 table = self.range_table(),
                 counter = &s.counter_table,

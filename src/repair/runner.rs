@@ -586,9 +586,10 @@ fn freeze(
     progress: &mut dyn FnMut(&str),
 ) -> Result<Run> {
     let started = Instant::now();
-    let sample = match ranges {
-        true => Some(RangeSample::of(client, &engine.range_table().to_string())?),
-        false => None,
+    let sample = if ranges {
+        Some(RangeSample::of(client, &engine.range_table().to_string())?)
+    } else {
+        None
     };
     let freeze_policy = LockPolicy {
         statement_timeout: policy.statement_timeout.max(Duration::from_secs(600)),

@@ -323,7 +323,7 @@ pub enum RangeSample {
 }
 
 /// Below this many rows (`pg_class.reltuples`) a range freeze reads every row.
-pub const SAMPLE_FROM_ROWS: f64 = 100_000.0;
+const SAMPLE_FROM_ROWS: f64 = 100_000.0;
 /// Sampled rows per range: the ranges' sizes vary by about 1/√40 (16%) around
 /// `ROWS_PER_RANGE`.
 const SAMPLED_PER_RANGE: i64 = 40;
