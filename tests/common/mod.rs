@@ -11,6 +11,9 @@ use std::sync::OnceLock;
 use pgmend::db::conninfo::{self, ConnParams};
 use pgmend::localpg::LocalPg;
 
+/// A TCP forwarder that can go silent, for fault tests (`common::forwarder::Forwarder`).
+pub mod forwarder;
+
 /// The server every test of this binary uses, as admin connection parameters.
 struct Server {
     admin: ConnParams,
