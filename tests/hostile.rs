@@ -632,6 +632,41 @@ fn a_role_that_owns_nothing_is_refused_before_any_change() {
 }
 
 #[test]
+fn baseline_by_a_role_that_cannot_create_the_history_table_is_refused_before_any_change() {
+    // Not baselined: the history table does not exist yet, and baseline creates it in the
+    // schema it adopts. The role owns nothing and (once PUBLIC loses it, as on 15+) may not
+    // create in public.
+    let db = fresh_db();
+    db.make_legacy();
+    let role = weak_role(
+        &db,
+        "REVOKE CREATE ON SCHEMA public FROM PUBLIC; GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}",
+    );
+    let grant = format!("GRANT CREATE ON SCHEMA public TO {}", role.name);
+    let r = refused_for(
+        &db,
+        &role,
+        &["migrate", "baseline", "--yes"],
+        &[
+            &format!("role {} lacks privileges", role.name),
+            &format!("CREATE on schema public, to create table refinery_schema_history: {grant}"),
+        ],
+    );
+    assert!(!r.stderr.contains(role.password), "{}", r.stderr);
+    assert!(!r.stderr.contains("SQLSTATE"), "{}", r.stderr);
+    assert!(!db.exists("refinery_schema_history"));
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM pg_namespace WHERE nspname = 'pgmend'"),
+        0
+    );
+    // What the message says to grant is enough.
+    db.client().batch_execute(&grant).unwrap();
+    let r = role.run(&db, &["migrate", "baseline", "--yes"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert_eq!(db.history().len(), 1);
+}
+
+#[test]
 fn a_role_that_cannot_create_pgmends_schema_is_refused_before_v2_runs() {
     // The role owns the tables and may create tables, so V2 and V3 would succeed; the first
     // repair would then fail at CREATE SCHEMA pgmend and leave the release half-done.

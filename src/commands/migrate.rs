@@ -9,8 +9,10 @@
 //! problems and each INVALID index), apply, baseline and validate. `status` counts INVALID indexes
 //! as problems (exit 1). `apply` takes the runner lock, then builds the plan (so what is shown is
 //! what is applied), checks the privileges, shows the plan on stderr and asks, then executes,
-//! printing progress (census findings, preflight and watch lines) to stderr. `validate` takes the
-//! runner lock, asks, then calls `online::validate::run`.
+//! printing progress (census findings, preflight and watch lines) to stderr. `baseline` takes the
+//! runner lock, compares V1 with the live schema, checks the privileges recording V1 needs (the
+//! history table), asks, then records. `validate` takes the runner lock, asks, then calls
+//! `online::validate::run`.
 
 use std::io::Write;
 
@@ -285,6 +287,11 @@ pub fn baseline(args: &BaselineArgs, format: Format) -> Result<Outcome> {
             lines.join("\n  - ")
         );
     }
+    privileges::check(
+        &mut session.client,
+        "the baseline",
+        &privileges::for_history(&format!("recording {} as applied", v1.label())),
+    )?;
     confirm(
         args.safety.yes,
         &format!(

@@ -8,9 +8,10 @@
 //! The check is about privileges only. A table that does not exist yet is skipped: an
 //! earlier step creates it, and its creator owns it.
 //!
-//! Run by `migrate apply`, `apply` and `repair apply` right after the runner lock and before any
-//! change. `for_migrations`, `for_release` and `for_repair` derive what the pending work needs from
-//! the statements and definitions (own the tables it alters or indexes, CREATE on the schema for
+//! Run by `migrate apply`, `migrate baseline`, `apply` and `repair apply` right after the runner
+//! lock and before any change. `for_migrations`, `for_history` (the history table alone, for
+//! `migrate baseline`), `for_release` and `for_repair` derive what the pending work needs from the
+//! statements and definitions (own the tables it alters or indexes, CREATE on the schema for
 //! new tables, CREATE on the database for schema `pgmend` or USAGE and table privileges on it when
 //! it exists, REFERENCES, SELECT/INSERT/UPDATE on a repair's tables); `check` asks the server
 //! (`pg_has_role(relowner, 'USAGE')`, `has_*_privilege`) and refuses with every missing item, its
@@ -63,16 +64,19 @@ pub fn for_migrations<'a>(migrations: impl IntoIterator<Item = &'a Migration>) -
         needs.extend(for_statements(&m.label(), &m.statements));
     }
     if any {
-        needs.push(need(
-            Kind::CreateTable("refinery_schema_history".into()),
-            "the migration history",
-        ));
-        needs.push(need(
-            Kind::Table("refinery_schema_history".into(), "INSERT"),
-            "recording applied migrations",
-        ));
+        needs.extend(for_history("recording applied migrations"));
     }
     needs
+}
+
+/// What recording migrations in the history needs: creating refinery's history table in the
+/// current schema unless it exists, and inserting into it. `migrate baseline` needs this alone.
+pub fn for_history(why: &str) -> Vec<Need> {
+    let table = crate::migrate::history::TABLE;
+    vec![
+        need(Kind::CreateTable(table.into()), why),
+        need(Kind::Table(table.into(), "INSERT"), why),
+    ]
 }
 
 /// What a migration's statements need, read from their analysis: `ALTER TABLE` and
