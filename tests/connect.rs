@@ -59,7 +59,10 @@ fn every_string_the_parser_refuses_exits_2_saying_why_without_the_password() {
         ("postgresql://u:Sup3rSecret@h/x%4", "the database name has a '%'"),
         ("postgresql://u:Sup3r/Secret@h/x", "percent-encode them"),
         ("postgresql://u:Sup3r?Secret@h/x", "percent-encode them"),
-        ("postgresql://u:Sup3rSecret@h:5432,h2:5432/x", "several hosts"),
+        ("postgresql://u:Sup3rSecret@h:5432,,h2:5432/x", "host number 2 of the 3 in the URL is empty"),
+        ("postgresql://u:Sup3rSecret@h:5432,h2:Sup3rSecret/x", "the port in the connection string (number 2 of the 2 in the port list) is not a number"),
+        ("postgresql://u:Sup3rSecret@h/x?target_session_attrs=master", "target_session_attrs \"master\" is not one of any, read-write, read-only, primary, standby, prefer-standby"),
+        ("postgresql://u:Sup3rSecret@h/x?keepalives_idle=soon", "keepalives_idle \"soon\" is not a whole number of seconds"),
         ("postgresql://u:Sup3rSecret@[::1/x", "missing its closing ']'"),
         ("postgresql://u:Sup3rSecret@h:notaport/x", "port \"notaport\" is not a number between 1 and 65535"),
         ("postgresql://u:Sup3rSecret@h:0/x", "port \"0\" is not a number"),
@@ -86,6 +89,10 @@ fn every_string_the_parser_refuses_exits_2_saying_why_without_the_password() {
         ("host=h user=u password=Sup3rSecret port=Sup3rSecret", "the port in the connection string is not a number"),
         ("host=h user=u password=Sup3rSecret sslmode=on", "sslmode \"on\" is not one of"),
         ("host=h user=u password=Sup3rSecret connect_timeout=-1", "connect_timeout \"-1\" is not a whole number"),
+        ("host=h,,h2 user=u password=Sup3rSecret", "host number 2 of the 3 in the host list is empty"),
+        ("host=h,h2 port=5432,5433,5434 user=u password=Sup3rSecret", "2 hosts but 3 ports: give one port per host"),
+        ("host=h user=u password=Sup3rSecret target_session_attrs=Sup3rSecret", "the target_session_attrs in the connection string is not one of"),
+        ("host=h user=u password=Sup3rSecret keepalives=on", "keepalives \"on\" is not 1 (on) or 0 (off)"),
     ] {
         let r = run(
             pgmend_command()

@@ -422,7 +422,7 @@ fn bad_connection_strings_exit_2_before_connecting() {
         (format!("postgresql://{}:{}@{}:0/{}?sslmode=disable", p.user, pw, p.host, db.name), "port \"0\" is not a number between 1 and 65535"),
         (format!("postgresql://{}:{}@{}:65536/{}?sslmode=disable", p.user, pw, p.host, db.name), "port \"65536\""),
         (format!("postgresql://{}:{}@[{}:{}/{}", p.user, pw, p.host, p.port, db.name), "missing its closing ']'"),
-        (format!("postgresql://{}:{}@{},{}:{}/{}", p.user, pw, p.host, p.host, p.port, db.name), "several hosts"),
+        (format!("postgresql://{}:{}@{},,{}:{}/{}", p.user, pw, p.host, p.host, p.port, db.name), "host number 2 of the 3 in the URL is empty"),
         (format!("{base}?sslmode"), "URL parameter number 1 has no '='"),
         (format!("{base}?sslmode=disable&appname=x"), "unknown connection parameter \"appname\""),
         (format!("host={} port={} user={} password={} dbname={} sslmode=disable timeout=3", p.host, p.port, p.user, pw, db.name), "unknown connection parameter \"timeout\""),
