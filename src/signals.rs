@@ -32,6 +32,16 @@ pub const CLEANUP_LIMIT: Duration = Duration::from_secs(20);
 /// Clean-up statements give up this long before [`CLEANUP_LIMIT`], leaving time to report.
 const REPORT_MARGIN: Duration = Duration::from_secs(3);
 
+/// What becomes of a transaction in flight when pgmend ends mid-way: not always at once, since
+/// a statement still waiting may be waiting on a silent network path.
+fn in_flight() -> String {
+    format!(
+        "A batch in flight is rolled back by the server: at once when it sees the connection close; if the network path to it is silent, when the transaction has idled {} s (idle_in_transaction_session_timeout) or a statement still running there reaches its statement_timeout. pgmend's runner lock is released with its lease, at most {} s after the last heartbeat that reached the server.",
+        crate::db::runner_lock::IDLE_IN_TRANSACTION.as_secs(),
+        crate::db::runner_lock::LEASE.as_secs()
+    )
+}
+
 /// Writes one line to stderr, ignoring a closed or failing stderr.
 #[macro_export]
 macro_rules! say {
@@ -134,8 +144,9 @@ fn received(signal: Signal) {
     };
     if !first {
         say!(
-            "pgmend: {} again: stopping at once; a batch in flight is rolled back by the server. {}",
+            "pgmend: {} again: stopping at once; {} {}",
             signal.name(),
+            in_flight(),
             left_behind()
         );
         std::process::exit(signal.exit_code());
@@ -148,9 +159,10 @@ fn received(signal: Signal) {
     std::thread::spawn(move || {
         std::thread::sleep(CLEANUP_LIMIT);
         say!(
-            "pgmend: stopped: the clean-up after {} did not end within {} s; stopping now (a batch in flight is rolled back by the server). {}",
+            "pgmend: stopped: the clean-up after {} did not end within {} s; stopping now. {} {}",
             signal.name(),
             CLEANUP_LIMIT.as_secs(),
+            in_flight(),
             left_behind()
         );
         std::process::exit(1);

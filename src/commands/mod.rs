@@ -88,7 +88,8 @@ pub fn workers(
     Ok(Some(crate::repair::workers::Workers {
         jobs,
         params: session.params.clone(),
-        main_pid: session.backend_pid,
+        // The workers check in every batch that the lease holding the runner lock is alive.
+        main_pid: crate::db::runner_lock::lease_pid().unwrap_or(session.backend_pid),
     }))
 }
 

@@ -30,7 +30,8 @@ use openssl::ssl::{SslConnector, SslMethod, SslVerifyMode};
 use postgres::Client;
 use postgres_openssl::MakeTlsConnector;
 
-use super::conninfo::{ConnParams, SslMode};
+use super::conninfo::{ConnParams, SslMode, TargetSessionAttrs};
+use super::deadline::Watched;
 use crate::error::{describe, PgContext};
 
 /// The oldest server pgmend works with: 14.0–14.3 could corrupt indexes built CONCURRENTLY.
@@ -84,26 +85,12 @@ pub const SESSION_SETTINGS: &[&str] = &[
 /// An open session and what pgmend learned about the server when it opened it.
 pub struct Session {
     pub client: Client,
-    /// Set by [`super::runner_lock::acquire`]: released explicitly when the session drops.
-    pub holds_runner_lock: bool,
     pub params: ConnParams,
     pub server_version_num: i32,
     pub server_version: String,
     /// The server backend the session started on (`pg_backend_pid()`): a session that keeps
     /// it has kept its session state (see [`ensure_backend`]).
     pub backend_pid: i32,
-}
-
-/// The runner lock is a session lock: it goes when the session ends, but the server ends a
-/// closed session's backend asynchronously, so a pgmend started right after this one exits
-/// could still find the lock held for a moment and refuse (`--runner-wait 0s`). Releasing it
-/// here, in a statement the server has answered before the process exits, closes that gap.
-impl Drop for Session {
-    fn drop(&mut self) {
-        if self.holds_runner_lock && !self.client.is_closed() {
-            let _ = self.client.batch_execute("SELECT pg_advisory_unlock_all()");
-        }
-    }
 }
 
 impl Session {
@@ -135,20 +122,52 @@ impl Session {
 }
 
 /// Connects, checks the server version, and sets the session up for pgmend's work.
+///
+/// With several hosts (`host=a,b`, `postgresql://a:1,b:2/db`) they are tried in order, as
+/// libpq does, until one accepts the connection and has the `target_session_attrs` asked for;
+/// the session's parameters then name that server alone, so every further connection of the
+/// run (workers, an online build, the lease) reaches the same one.
 pub fn connect(params: &ConnParams) -> Result<Session> {
-    let mut config = postgres::Config::new();
-    if params.is_unix_socket() {
-        config.host_path(&params.host);
-    } else {
-        config.host(&params.host);
+    let endpoints = params.endpoints();
+    if endpoints.len() == 1 {
+        return connect_one(params);
     }
+    let mut failures = Vec::new();
+    // prefer-standby: a first round for a standby, a second one for anything.
+    let rounds: &[TargetSessionAttrs] = match params.target_session_attrs {
+        TargetSessionAttrs::PreferStandby => {
+            &[TargetSessionAttrs::Standby, TargetSessionAttrs::Any]
+        }
+        wanted => &[wanted],
+    };
+    for &wanted in rounds {
+        for endpoint in &endpoints {
+            let mut pinned = params.pinned_to(endpoint);
+            pinned.target_session_attrs = wanted;
+            match connect_one(&pinned) {
+                Ok(mut session) => {
+                    session.params.target_session_attrs = params.target_session_attrs;
+                    return Ok(session);
+                }
+                Err(e) => failures.push(format!("{}:{}: {e:#}", endpoint.host, endpoint.port)),
+            }
+        }
+    }
+    bail!(
+        "none of the {} servers in the connection string could be used (target_session_attrs={}): {}",
+        endpoints.len(),
+        params.target_session_attrs.as_str(),
+        failures.join("; ")
+    )
+}
+
+/// [`connect`] to the one server `params` names first.
+fn connect_one(params: &ConnParams) -> Result<Session> {
+    let mut config = postgres::Config::new();
     config
-        .port(params.port)
         .user(&params.user)
         .dbname(&params.dbname)
         .application_name(&params.application_name)
-        .connect_timeout(params.connect_timeout)
-        .keepalives(true)
         .ssl_mode(match effective_sslmode(params) {
             SslMode::Disable => postgres::config::SslMode::Disable,
             SslMode::Allow | SslMode::Prefer => postgres::config::SslMode::Prefer,
@@ -167,7 +186,7 @@ pub fn connect(params: &ConnParams) -> Result<Session> {
     });
 
     let tls = tls_connector(params)?;
-    let mut client = connect_within(config, tls, params.connect_timeout)
+    let mut client = connect_within(config, tls, params)
         .with_context(|| format!("could not connect to {params}; check that the server is running and reachable, the host and port (--database-url, DATABASE_URL or PGHOST/PGPORT), and sslmode"))?
         .map_err(|e| {
         let failure = describe(&e);
@@ -184,14 +203,21 @@ pub fn connect(params: &ConnParams) -> Result<Session> {
             .batch_execute(set)
             .doing(format!("setting pgmend's session settings ({set})"))?;
     }
-    let [server_version_num, server_version, backend_pid] = simple_row(
+    if let Some(keepalives) = server_keepalives(params) {
+        client
+            .batch_execute(&keepalives)
+            .doing("setting pgmend's session settings (the server's TCP keepalives)")?;
+    }
+    let [server_version_num, server_version, backend_pid, in_recovery, read_only] = simple_row(
         &mut client,
-        "SELECT current_setting('server_version_num'), current_setting('server_version'), pg_backend_pid()",
+        "SELECT current_setting('server_version_num'), current_setting('server_version'), pg_backend_pid(),
+                pg_is_in_recovery(), current_setting('default_transaction_read_only')",
     )
     .doing("reading the server version")?;
     let server_version_num: i32 = server_version_num.parse().unwrap_or_default();
     let backend_pid: i32 = backend_pid.parse().unwrap_or_default();
     check_server_version(params, server_version_num, &server_version)?;
+    check_session_attrs(params, in_recovery == "t", read_only == "on")?;
     if server_version_num >= 170_000 {
         client
             .batch_execute("SET transaction_timeout = 0")
@@ -199,12 +225,54 @@ pub fn connect(params: &ConnParams) -> Result<Session> {
     }
     Ok(Session {
         client,
-        holds_runner_lock: false,
         params: params.clone(),
         server_version_num,
         server_version,
         backend_pid,
     })
+}
+
+/// Refuses a server that lacks the `target_session_attrs` asked for, as libpq does (`standby`
+/// and `primary` by `pg_is_in_recovery()`, `read-write` and `read-only` by
+/// `default_transaction_read_only` as well).
+fn check_session_attrs(params: &ConnParams, in_recovery: bool, read_only: bool) -> Result<()> {
+    let fits = match params.target_session_attrs {
+        TargetSessionAttrs::Any | TargetSessionAttrs::PreferStandby => true,
+        TargetSessionAttrs::ReadWrite => !in_recovery && !read_only,
+        TargetSessionAttrs::ReadOnly => in_recovery || read_only,
+        TargetSessionAttrs::Primary => !in_recovery,
+        TargetSessionAttrs::Standby => in_recovery,
+    };
+    if !fits {
+        bail!(
+            "{params} is {}, not what target_session_attrs={} asks for",
+            if in_recovery {
+                "a standby in recovery"
+            } else if read_only {
+                "a primary with default_transaction_read_only = on"
+            } else {
+                "a primary that accepts writes"
+            },
+            params.target_session_attrs.as_str()
+        );
+    }
+    Ok(())
+}
+
+/// The server's side of the keepalives, for its own session: a backend whose client died
+/// notices in about a minute (the server's default waits for the kernel's two hours). Same
+/// values as the client's, which libpq's keys set.
+fn server_keepalives(params: &ConnParams) -> Option<String> {
+    if params.is_unix_socket() || !params.keepalives {
+        return None;
+    }
+    Some(format!(
+        "SET tcp_keepalives_idle = {}; SET tcp_keepalives_interval = {}; SET tcp_keepalives_count = {}; SET tcp_user_timeout = {}",
+        params.keepalives_idle.as_secs(),
+        params.keepalives_interval.as_secs(),
+        params.keepalives_count,
+        params.tcp_user_timeout.as_millis()
+    ))
 }
 
 /// The one row of a query run with the simple protocol, as text (NULL as an empty string).
@@ -223,25 +291,183 @@ pub fn simple_row<const N: usize>(
     Ok(values)
 }
 
-/// The `postgres` crate bounds only the TCP connect by `connect_timeout`; a server that
-/// accepts the connection and never answers would hang it. libpq bounds the whole
-/// establishment, and so does pgmend: the attempt runs on a thread, and past the timeout it
-/// is abandoned (the process is about to exit with the error anyway).
+/// Opens the socket itself (TCP with keepalives and `tcp_user_timeout`, or the unix socket),
+/// wrapped in [`Watched`] so that no wait on this connection goes without a deadline, and runs
+/// the connection's start-up over it. The whole establishment is bounded by `connect_timeout`,
+/// as libpq bounds it (the `postgres` crate bounds only the TCP connect): the attempt runs on a
+/// thread, and past the timeout it is abandoned.
 fn connect_within(
     config: postgres::Config,
-    tls: MakeTlsConnector,
-    timeout: std::time::Duration,
+    mut tls: MakeTlsConnector,
+    params: &ConnParams,
 ) -> Result<Result<Client, postgres::Error>> {
+    let timeout = params.connect_timeout;
+    let params = params.clone();
     let (sender, receiver) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let _ = sender.send(config.connect(tls));
+        let _bounded = super::deadline::within(timeout.saturating_sub(super::deadline::MARGIN));
+        let attempt = (|| -> Result<Result<Client, postgres::Error>> {
+            let socket = open_socket(&params)?;
+            let tls = postgres::tls::MakeTlsConnect::<Watched<Socket>>::make_tls_connect(
+                &mut tls,
+                if params.is_unix_socket() {
+                    "localhost"
+                } else {
+                    &params.host
+                },
+            )
+            .context("preparing TLS for the connection")?;
+            Ok(config.connect_raw(move || socket.into_tokio(), tls)?)
+        })();
+        let _ = sender.send(attempt);
     });
     receiver.recv_timeout(timeout + std::time::Duration::from_millis(500)).map_err(|_| {
         anyhow::anyhow!(
             "the server did not complete the connection within the connect timeout ({}s; PGCONNECT_TIMEOUT or connect_timeout=...)",
             timeout.as_secs()
         )
-    })
+    })?
+}
+
+/// A connected socket before it joins the connection's runtime.
+enum StdSocket {
+    Tcp(std::net::TcpStream),
+    Unix(std::os::unix::net::UnixStream),
+}
+
+/// The socket a connection runs over.
+#[derive(Debug)]
+pub enum Socket {
+    Tcp(tokio::net::TcpStream),
+    Unix(tokio::net::UnixStream),
+}
+
+impl StdSocket {
+    /// Registers the socket with the runtime this runs in.
+    fn into_tokio(self) -> std::io::Result<Watched<Socket>> {
+        Ok(Watched::new(match self {
+            StdSocket::Tcp(s) => {
+                s.set_nonblocking(true)?;
+                Socket::Tcp(tokio::net::TcpStream::from_std(s)?)
+            }
+            StdSocket::Unix(s) => {
+                s.set_nonblocking(true)?;
+                Socket::Unix(tokio::net::UnixStream::from_std(s)?)
+            }
+        }))
+    }
+}
+
+/// Connects to the first host of `params`: every address it resolves to in turn over TCP,
+/// or the socket `.s.PGSQL.PORT` in its directory.
+fn open_socket(params: &ConnParams) -> Result<StdSocket> {
+    if params.is_unix_socket() {
+        let path = std::path::Path::new(&params.host).join(format!(".s.PGSQL.{}", params.port));
+        let stream = std::os::unix::net::UnixStream::connect(&path)
+            .with_context(|| format!("connecting to the unix socket {}", path.display()))?;
+        return Ok(StdSocket::Unix(stream));
+    }
+    let addresses = std::net::ToSocketAddrs::to_socket_addrs(&(params.host.as_str(), params.port))
+        .with_context(|| format!("resolving the host name {:?}", params.host))?;
+    let mut last = None;
+    for address in addresses {
+        match tcp_connect(params, address) {
+            Ok(stream) => return Ok(StdSocket::Tcp(stream)),
+            Err(e) => {
+                last = Some(anyhow::Error::new(e).context(format!("connecting to {address}")))
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        anyhow::anyhow!("the host name {:?} resolved to no address", params.host)
+    }))
+}
+
+/// One TCP connection with the keepalives and `tcp_user_timeout` of `params` (pgmend's
+/// defaults notice a dead peer in about a minute; the kernel's, in two hours).
+fn tcp_connect(
+    params: &ConnParams,
+    address: std::net::SocketAddr,
+) -> std::io::Result<std::net::TcpStream> {
+    use socket2::{Domain, Protocol, SockRef, Type};
+    let socket = socket2::Socket::new(
+        Domain::for_address(address),
+        Type::STREAM,
+        Some(Protocol::TCP),
+    )?;
+    socket.connect_timeout(
+        &address.into(),
+        params
+            .connect_timeout
+            .max(std::time::Duration::from_secs(1)),
+    )?;
+    let stream: std::net::TcpStream = socket.into();
+    stream.set_nodelay(true)?;
+    let sock = SockRef::from(&stream);
+    if params.keepalives {
+        // Zero leaves the system's value, as in libpq.
+        let mut keepalive = socket2::TcpKeepalive::new();
+        if !params.keepalives_idle.is_zero() {
+            keepalive = keepalive.with_time(params.keepalives_idle);
+        }
+        if !params.keepalives_interval.is_zero() {
+            keepalive = keepalive.with_interval(params.keepalives_interval);
+        }
+        if params.keepalives_count > 0 {
+            keepalive = keepalive.with_retries(params.keepalives_count);
+        }
+        sock.set_tcp_keepalive(&keepalive)?;
+    }
+    if !params.tcp_user_timeout.is_zero() {
+        sock.set_tcp_user_timeout(Some(params.tcp_user_timeout))?;
+    }
+    Ok(stream)
+}
+
+impl tokio::io::AsyncRead for Socket {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Socket::Tcp(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+            Socket::Unix(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for Socket {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Socket::Tcp(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+            Socket::Unix(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Socket::Tcp(s) => std::pin::Pin::new(s).poll_flush(cx),
+            Socket::Unix(s) => std::pin::Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Socket::Tcp(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+            Socket::Unix(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+        }
+    }
 }
 
 /// What to do about a failed connection, from the SQLSTATE or, for TLS, the client's error.

@@ -5,6 +5,7 @@
 
 pub mod connect;
 pub mod conninfo;
+pub mod deadline;
 pub mod retry;
 pub mod runner_lock;
 pub mod sql_text;

@@ -27,12 +27,17 @@ pub struct LockPolicy {
 }
 
 impl LockPolicy {
-    /// `SET LOCAL` statements for the start of a transaction under this policy.
+    /// What a transaction under this policy runs first: `SET LOCAL` for both timeouts and for
+    /// `idle_in_transaction_session_timeout` (a pgmend cut off mid-transaction does not keep
+    /// its locks past [`IDLE_IN_TRANSACTION`](super::runner_lock::IDLE_IN_TRANSACTION)), then
+    /// the runner lock's fence while this process holds it ([`fence_sql`](super::runner_lock::fence_sql)).
     pub fn set_local_sql(&self) -> String {
         format!(
-            "SET LOCAL lock_timeout = '{}ms'; SET LOCAL statement_timeout = '{}ms'",
+            "SET LOCAL lock_timeout = '{}ms'; SET LOCAL statement_timeout = '{}ms'; SET LOCAL idle_in_transaction_session_timeout = '{}s'{}",
             self.lock_timeout.as_millis().max(1),
-            self.statement_timeout.as_millis().max(1)
+            self.statement_timeout.as_millis().max(1),
+            super::runner_lock::IDLE_IN_TRANSACTION.as_secs(),
+            super::runner_lock::fence_sql()
         )
     }
 }
@@ -63,7 +68,8 @@ pub fn execute_with_lock_retry(
 
 /// Runs `attempt` (which opens, fills and commits one transaction, setting the policy's
 /// timeouts itself) until it succeeds, fails for a reason a retry cannot fix, or the retry
-/// budget is spent. `what` names the work for messages; `tables` are the relations whose
+/// budget is spent. Each attempt's waits on the server are bounded on the client side by the
+/// policy's `statement_timeout` plus [`MARGIN`](super::deadline::MARGIN) (see `db::deadline`). `what` names the work for messages; `tables` are the relations whose
 /// lock holders are named when the budget runs out.
 pub fn with_lock_retry<T>(
     client: &mut Client,
@@ -76,7 +82,10 @@ pub fn with_lock_retry<T>(
     let mut tries: u32 = 0;
     loop {
         tries += 1;
-        let error = match attempt(client) {
+        let bounded = super::deadline::within(policy.statement_timeout);
+        let outcome = attempt(client);
+        drop(bounded);
+        let error = match outcome {
             Ok(value) => return Ok(value),
             Err(e) => e,
         };

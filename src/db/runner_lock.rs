@@ -10,10 +10,26 @@
 //! One pgmend at a time per database: a session-level advisory lock with key `0x70676d656e64`
 //! ("pgmend" in ASCII; `pg_locks` shows classid 28775, objid 1835363940), taken by polling
 //! `pg_try_advisory_lock` every 250 ms for up to `--runner-wait`, then `Stopped` naming the holder
-//! (pid, application_name, user, client address, connection start). The returned `RunnerLock` is
-//! proof of holding it; `acquire` marks the `Session`, which unlocks explicitly when it drops (and
-//! the server releases it anyway when the session ends, e.g. after a kill).
+//! (pid, application_name, user, client address, connection start).
+//!
+//! The lock is a **lease**. It is held by a connection of its own (to the server the main session
+//! reached), whose thread sends a heartbeat every [`HEARTBEAT`] and which the server ends by
+//! `idle_session_timeout` once [`LEASE`] passes without one: a pgmend whose network path went
+//! silent, or whose process hangs, blocks the next run for [`LEASE`] at most, and nothing is left
+//! for a person to `pg_terminate_backend`. A connection of its own, because the main session
+//! legitimately idles for long (a `[y/N]` prompt, `--pause`, waiting on workers or an online
+//! build) and is busy for long (a 10-minute freeze), and neither may end the lease nor starve the
+//! heartbeat. The lease is **fenced**: every transaction under a lock policy (every batch, step
+//! and migration) first takes the fence key in shared mode and checks that this pgmend's lease
+//! session is still the one alive on the server ([`fence_sql`]); a new pgmend, once it has the
+//! lock, takes the fence key exclusively once ([`acquire`]), so it starts only after every such
+//! transaction of an earlier pgmend has ended, and no worker of a pgmend whose lease expired ever
+//! commits beside it. The returned `RunnerLock` is proof of holding it; dropping it unlocks
+//! explicitly (the server ends a closed session's backend asynchronously, so a pgmend started
+//! right after this one exits could otherwise find the lock still held for a moment).
 
+use std::sync::mpsc;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
@@ -21,20 +37,88 @@ use postgres::Client;
 
 use super::Session;
 
-use crate::error::{PgContext, Stopped};
+use crate::error::{describe, PgContext, Stopped};
 
 /// The advisory lock key: "pgmend" in ASCII. pg_locks shows it as classid 28775, objid
 /// 1835363940.
 pub const RUNNER_LOCK_KEY: i64 = 0x7067_6d65_6e64;
 
-/// Proof that this session holds the runner lock. Dropping the session releases it (with an
-/// explicit unlock, see [`Session`]'s `Drop`).
-pub struct RunnerLock(());
+/// The fence key ("pgmfnc"): shared by every fenced transaction, taken exclusively once by a
+/// pgmend that has just got the lock.
+pub const FENCE_KEY: i64 = 0x7067_6d66_6e63;
+
+/// How long the server keeps the lease of a pgmend it no longer hears from
+/// (`idle_session_timeout` on the lease session).
+pub const LEASE: Duration = Duration::from_secs(60);
+
+/// How often the lease's thread shows the server that pgmend is alive.
+pub const HEARTBEAT: Duration = Duration::from_secs(10);
+
+/// The client-side bound of one heartbeat: past it the lease's path is taken as silent.
+const HEARTBEAT_BOUND: Duration = Duration::from_secs(20);
+
+/// How long a transaction of pgmend idles at most on the server between two of its statements
+/// (`idle_in_transaction_session_timeout` in every write transaction): pgmend's own work between
+/// two statements takes milliseconds, so a transaction idle for this long belongs to a pgmend
+/// that is gone or cut off, and the server ends it and releases its locks.
+pub const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(30);
+
+/// The lease session of this process while it holds the lock: its backend pid and start (in
+/// microseconds since the epoch), which the fence checks.
+static LEASE_SESSION: Mutex<Option<(i32, i64)>> = Mutex::new(None);
+
+/// Proof that this process holds the runner lock, through its lease. Dropping it ends the
+/// heartbeat and unlocks.
+pub struct RunnerLock {
+    stop: mpsc::Sender<()>,
+    done: mpsc::Receiver<()>,
+}
+
+impl Drop for RunnerLock {
+    fn drop(&mut self) {
+        *LEASE_SESSION.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        let _ = self.stop.send(());
+        // The unlock is answered within a moment on a live path; on a silent one the lease
+        // ends on the server by itself.
+        let _ = self.done.recv_timeout(Duration::from_secs(3));
+    }
+}
+
+/// The backend pid of this process's lease session, while it holds the runner lock.
+pub fn lease_pid() -> Option<i32> {
+    LEASE_SESSION
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .map(|(pid, _)| pid)
+}
+
+/// What a fenced transaction runs first (after its `SET LOCAL`s): the fence key in shared mode,
+/// then an error (SQLSTATE PGM01) unless this process's lease session is alive on the server.
+/// Empty when this process holds no lease (commands that take no runner lock).
+pub fn fence_sql() -> String {
+    let Some((pid, started)) = *LEASE_SESSION.lock().unwrap_or_else(|e| e.into_inner()) else {
+        return String::new();
+    };
+    format!(
+        "; SELECT pg_advisory_xact_lock_shared({FENCE_KEY}); DO $fence$ BEGIN IF NOT EXISTS (SELECT FROM pg_stat_get_activity({pid}) WHERE (extract(epoch FROM backend_start) * 1000000)::bigint = {started}) THEN RAISE EXCEPTION USING ERRCODE = 'PGM01', MESSAGE = 'this pgmend''s lease on the runner lock has expired (its session, backend pid {pid}, is gone: the server ended it after {lease} s without a heartbeat, or it was terminated)', HINT = 'nothing of this transaction was committed; another pgmend may hold the lock now. Check `pgmend repair status`, then rerun'; END IF; END $fence$",
+        lease = LEASE.as_secs()
+    )
+}
 
 /// Takes the runner lock, polling for up to `wait`. With another pgmend holding it past
-/// `wait`, stops (exit 1) naming the holder.
+/// `wait`, stops (exit 1) naming the holder. Then waits for any fenced transaction of an
+/// earlier pgmend to end, sets the main session's `idle_in_transaction_session_timeout`, and
+/// starts the lease's heartbeat.
 pub fn acquire(session: &mut Session, wait: Duration) -> Result<RunnerLock> {
-    let client = &mut session.client;
+    let mut lease = super::connect(&session.params)?;
+    lease
+        .client
+        .batch_execute(&format!(
+            "SET idle_session_timeout = '{}s'",
+            LEASE.as_secs()
+        ))
+        .doing("setting the lease's idle_session_timeout")?;
+    let client = &mut lease.client;
     let started = Instant::now();
     let mut announced = false;
     loop {
@@ -43,8 +127,7 @@ pub fn acquire(session: &mut Session, wait: Duration) -> Result<RunnerLock> {
             .doing("taking pgmend's runner lock (pg_try_advisory_lock)")?
             .get(0);
         if got {
-            session.holds_runner_lock = true;
-            return Ok(RunnerLock(()));
+            break;
         }
         let holder = describe_holder(client)?;
         if started.elapsed() >= wait {
@@ -61,6 +144,91 @@ pub fn acquire(session: &mut Session, wait: Duration) -> Result<RunnerLock> {
         }
         std::thread::sleep(Duration::from_millis(250).min(wait.saturating_sub(started.elapsed())));
     }
+    wait_for_earlier_transactions(client, wait)?;
+    let backend_start: i64 = client
+        .query_one(
+            "SELECT (extract(epoch FROM backend_start) * 1000000)::bigint FROM pg_stat_get_activity(pg_backend_pid())",
+            &[],
+        )
+        .doing("reading the lease session's start")?
+        .get(0);
+    session
+        .client
+        .batch_execute(&format!(
+            "SET idle_in_transaction_session_timeout = '{}s'",
+            IDLE_IN_TRANSACTION.as_secs()
+        ))
+        .doing("bounding how long the server keeps an idle transaction of pgmend")?;
+    *LEASE_SESSION.lock().unwrap_or_else(|e| e.into_inner()) =
+        Some((lease.backend_pid, backend_start));
+    let (stop, stop_receiver) = mpsc::channel();
+    let (done_sender, done) = mpsc::channel();
+    std::thread::spawn(move || heartbeat(lease, stop_receiver, done_sender));
+    Ok(RunnerLock { stop, done })
+}
+
+/// Waits until no fenced transaction of an earlier pgmend is open (the fence key is free), for
+/// `wait` or [`LEASE`] plus a minute, whichever is longer: such a transaction ends by its own
+/// statement timeout or by [`IDLE_IN_TRANSACTION`].
+fn wait_for_earlier_transactions(client: &mut Client, wait: Duration) -> Result<()> {
+    let limit = wait.max(LEASE + Duration::from_secs(60));
+    let started = Instant::now();
+    let mut announced = false;
+    loop {
+        let free: bool = client
+            .query_one("SELECT pg_try_advisory_xact_lock($1)", &[&FENCE_KEY])
+            .doing("waiting for the transactions of an earlier pgmend (pg_try_advisory_xact_lock)")?
+            .get(0);
+        if free {
+            return Ok(());
+        }
+        if started.elapsed() >= limit {
+            return Err(Stopped::error(format!(
+                "a transaction of an earlier pgmend is still open on this database after {}; nothing was changed. Find it in pg_stat_activity (application_name pgmend) and end it, then rerun",
+                crate::config::format_duration(limit)
+            )));
+        }
+        if !announced {
+            crate::say!(
+                "waiting for a transaction of an earlier pgmend to end (it ends within {} s of its last statement)",
+                IDLE_IN_TRANSACTION.as_secs()
+            );
+            announced = true;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// The lease's thread: a heartbeat every [`HEARTBEAT`] until told to stop, then the unlock.
+/// A heartbeat that fails, or lands on another server connection (a pooler that does not
+/// keep sessions), loses the lease: pgmend says so, and its next fenced transaction stops.
+fn heartbeat(mut lease: Session, stop: mpsc::Receiver<()>, done: mpsc::Sender<()>) {
+    let _bound = super::deadline::at_most(HEARTBEAT_BOUND);
+    let mut lost = false;
+    loop {
+        match stop.recv_timeout(HEARTBEAT) {
+            Err(mpsc::RecvTimeoutError::Timeout) if !lost => {}
+            Err(mpsc::RecvTimeoutError::Timeout) => continue,
+            Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+        match super::connect::simple_row::<1>(&mut lease.client, "SELECT pg_backend_pid()") {
+            Ok([pid]) if pid == lease.backend_pid.to_string() => {}
+            Ok([pid]) => {
+                crate::say!("pgmend: its lease on the runner lock is lost: the heartbeat reached server backend {pid}, not the lease's {} (a pooler that does not keep sessions); the run stops before its next commit", lease.backend_pid);
+                lost = true;
+            }
+            Err(e) => {
+                crate::say!("pgmend: its lease on the runner lock is lost ({}); the run stops before its next commit, and the server releases the lock within {} s", describe(&e), LEASE.as_secs());
+                lost = true;
+            }
+        }
+    }
+    if !lost && !lease.client.is_closed() {
+        let _ = lease
+            .client
+            .batch_execute("SELECT pg_advisory_unlock_all()");
+    }
+    let _ = done.send(());
 }
 
 /// The rows of `pg_locks` (alias `l`) that grant the runner lock in this database (`$1`: the key).

@@ -218,6 +218,7 @@ fn build_index(
             ));
             return Ok(());
         }
+        cancel_orphaned_build(main, name, progress)?;
         progress(&format!(
             "index {name} exists but is {}; dropping it concurrently before building it again",
             found.why_rebuilt()
@@ -427,6 +428,59 @@ enum OnStop {
     FinishInTime,
 }
 
+/// Cancels a build of index `name` that is still running on the server for a pgmend that is
+/// gone: this pgmend holds the runner lock, so no other pgmend is working, and a build still
+/// under way is one whose pgmend was cut off from the server (a silent network path, a kill)
+/// while the server went on. Waiting for it could take hours and would still leave an index
+/// this run did not watch; pgmend cancels it, says so, and waits (up to a minute) for the
+/// cancel to land before the INVALID index is dropped and built again.
+fn cancel_orphaned_build(
+    main: &mut postgres::Client,
+    name: &str,
+    progress: &mut dyn FnMut(&str),
+) -> Result<()> {
+    let orphans: Vec<(i32, String)> = main
+        .query(
+            "SELECT a.pid, coalesce(to_char(a.query_start AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), '')
+               FROM pg_stat_progress_create_index p JOIN pg_stat_activity a USING (pid)
+              WHERE p.index_relid = to_regclass($1)::oid AND a.pid <> pg_backend_pid()",
+            &[&name],
+        )
+        .doing(format!("looking for a build of {name} still running on the server"))?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    for (pid, since) in orphans {
+        progress(&format!(
+            "an earlier build of index {name} is still running on the server (backend pid {pid}, since {since}) for a pgmend that is gone; cancelling it (pg_cancel_backend) before building the index again"
+        ));
+        let cancelled: bool = main
+            .query_one("SELECT pg_cancel_backend($1)", &[&pid])
+            .doing(format!(
+                "cancelling the orphaned build of {name} (backend pid {pid})"
+            ))?
+            .get(0);
+        let started = Instant::now();
+        while cancelled && started.elapsed() < Duration::from_secs(60) {
+            let running: bool = main
+                .query_one(
+                    "SELECT EXISTS (SELECT FROM pg_stat_progress_create_index WHERE pid = $1)",
+                    &[&pid],
+                )
+                .doing("waiting for the orphaned build to end")?
+                .get(0);
+            if !running {
+                break;
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+    Ok(())
+}
+
+/// The server-side time a look at a running build may take before the margin: 30 s.
+const WATCH_BOUND: Duration = Duration::from_secs(30);
+
 /// Work for the main session while the watched statement runs: a census, whose findings are
 /// reported, or whose error cancels the statement.
 type Alongside<'a> = &'a mut dyn FnMut(&mut postgres::Client) -> Result<Vec<evaluate::Finding>>;
@@ -460,6 +514,9 @@ fn run_watched(
     let (sender, receiver) = mpsc::channel();
     let owned_sql = sql.to_string();
     let handle = std::thread::spawn(move || {
+        // No client-side bound: the build may rightly run for hours; the watcher on the main
+        // session bounds it by its progress instead.
+        let _unbounded = crate::db::deadline::unbounded();
         let result = worker.client.batch_execute(&owned_sql);
         let _ = sender.send(result);
     });
@@ -495,7 +552,12 @@ fn run_watched(
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {}
         }
-        let (waiting, report) = watch(main, pid)?;
+        // The watcher's look is a catalog read of milliseconds: bounded tightly, so that a
+        // silent path stops pgmend within a minute while it waits for a build.
+        let (waiting, report) = {
+            let _bounded = crate::db::deadline::within(WATCH_BOUND);
+            watch(main, pid)?
+        };
         if waiting {
             waited += POLL;
         }

@@ -49,6 +49,10 @@ pub struct Server {
     pub port: u16,
     pub dbname: String,
     pub role: String,
+    /// The server's timeline: a promoted standby keeps its old primary's system identifier
+    /// but starts a new timeline, so a plan made before a failover is refused after it.
+    #[serde(default)]
+    pub timeline: i64,
 }
 
 /// A pending repair step's predicted figures.
@@ -102,7 +106,9 @@ pub fn take(
         .query_one(
             "SELECT (SELECT system_identifier::text FROM pg_control_system()),
                     (SELECT oid::int8 FROM pg_database WHERE datname = current_database()),
-                    current_user::text, current_schema()::text",
+                    current_user::text, current_schema()::text,
+                    CASE WHEN pg_is_in_recovery() THEN (SELECT timeline_id::int8 FROM pg_control_checkpoint())
+                         ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int8 END",
             &[],
         )
         .doing("reading the server's identity (pg_control_system(), pg_database)")?;
@@ -127,6 +133,7 @@ pub fn take(
             port: params.port,
             dbname: params.dbname.clone(),
             role: row.get(2),
+            timeline: row.get(4),
         },
         schema: row.get::<_, Option<String>>(3).unwrap_or_default(),
         pgmend_version: env!("CARGO_PKG_VERSION").into(),
@@ -407,8 +414,12 @@ fn check_identity(saved: &Fingerprint, now: &Fingerprint) -> Result<()> {
     differ("host", &a.host, &b.host);
     differ("port", &a.port, &b.port);
     differ("role", &a.role, &b.role);
+    differ("server timeline", &a.timeline, &b.timeline);
     differ("schema", &saved.schema, &now.schema);
     differ("pgmend version", &saved.pgmend_version, &now.pgmend_version);
+    if a.timeline != b.timeline || a.host != b.host || a.port != b.port {
+        other.push("the server reached is not the one the plan was made on (after a failover a promoted standby starts a new timeline): what the plan predicted may not hold on it".into());
+    }
     if !other.is_empty() {
         bail!(
             "the plan was made for another target: {}; nothing was changed. Apply it where it was made, or make a plan here",
@@ -528,6 +539,7 @@ mod tests {
                 port: 5432,
                 dbname: "shop".into(),
                 role: "owner".into(),
+                timeline: 1,
             },
             schema: "public".into(),
             pgmend_version: "0".into(),

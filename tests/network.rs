@@ -1,0 +1,418 @@
+//! The network between pgmend and the server: a path that goes silent (the forwarder in
+//! `tests/common/forwarder.rs` stops passing bytes and closes nothing) in the middle of a batch,
+//! with workers, and during a concurrent build; the lease of the runner lock and its fence; a
+//! failover with a real streaming standby behind one multi-host URL. Each compares the end state
+//! with an uninterrupted run's, and counts what the server still holds.
+//!
+//! The silent-path tests wait by design (pgmend's own bounds: 90 s, 60 s): they run on one
+//! PostgreSQL version only (`common::slow_tests_skipped`).
+
+mod common;
+
+#[path = "common/held.rs"]
+mod held;
+#[allow(dead_code)]
+#[path = "../examples/kill_campaign.rs"]
+mod kill_campaign;
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::forwarder::Forwarder;
+use common::*;
+use held::*;
+use kill_campaign::{end_state, CONFIRM};
+
+/// Rows of `pg_locks` granted to pgmend's sessions in `db` other than the runner lock:
+/// row, table and transaction locks of a transaction still open on the server.
+fn pgmend_locks(db: &TestDb) -> i64 {
+    db.scalar_i64(
+        "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+          WHERE a.datname = current_database() AND a.application_name = 'pgmend'
+            AND l.granted AND l.locktype <> 'advisory' AND l.locktype <> 'virtualxid'
+            AND a.pid <> pg_backend_pid()",
+    )
+}
+
+/// Whether some session holds pgmend's runner lock in `db`.
+fn runner_lock_held(db: &TestDb) -> bool {
+    db.scalar_i64(&format!(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
+            AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+            AND classid::bigint = ({key}::bigint >> 32) AND objid::bigint = ({key}::bigint & 4294967295)",
+        key = pgmend::db::runner_lock::RUNNER_LOCK_KEY
+    )) > 0
+}
+
+/// Polls `f` every 250 ms until it holds; returns how long that took, or panics after `limit`.
+fn within(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Duration {
+    let started = Instant::now();
+    loop {
+        if f() {
+            return started.elapsed();
+        }
+        assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
+        thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// The run's committed checkpoint of the void, 0 before it starts.
+fn void_checkpoint(db: &TestDb) -> i64 {
+    db.scalar_i64(
+        "SELECT coalesce(max(checkpoint), 0) FROM pgmend.repair_runs WHERE repair = 'void-duplicate-coupons'",
+    )
+}
+
+/// The silent path in the middle of the void, with `extra` options: pgmend exits 2 within its
+/// bound, the server lets go of its transaction and of the runner lock, and the rerun through
+/// the restored path ends as an uninterrupted run.
+fn silent_in_the_middle_of_the_void(extra: &[&str], hold_a_batch: bool) {
+    let source = fresh_db();
+    source.make_legacy_baselined(2000);
+    let expected = reference(&source);
+    let db = copy_of(&source);
+    let out = db.run(&["migrate", "apply", "--yes", "--target", "3"]);
+    assert_eq!(out.code, 0, "{}", out.both());
+    let forwarder = Forwarder::to(&db.params);
+    let through = forwarder.conninfo(&db.params);
+
+    // Optionally hold a coupon of the middle duplicate group, so that a batch waits for it
+    // inside its transaction: the silence then falls in the middle of that batch.
+    let mut coupon = db.client();
+    if hold_a_batch {
+        coupon
+            .batch_execute(
+                "BEGIN; SELECT 1 FROM issued_coupons WHERE (campaign_id, member_id) =
+                   (SELECT campaign_id, member_id FROM issued_coupons GROUP BY 1, 2 HAVING count(*) > 1
+                     ORDER BY 1, 2 LIMIT 1 OFFSET (SELECT count(*) / 2 FROM (SELECT 1 FROM issued_coupons
+                                                    GROUP BY campaign_id, member_id HAVING count(*) > 1) g)) FOR SHARE",
+            )
+            .unwrap();
+    }
+    let args: Vec<String> = confirm_with(&["--batch-target", "5ms"])
+        .into_iter()
+        .chain(extra.iter().map(|s| s.to_string()))
+        .collect();
+    let child = spawn(
+        &exe(),
+        &through,
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    if hold_a_batch {
+        within(
+            "a void batch waiting for the held coupon",
+            Duration::from_secs(60),
+            || {
+                db.scalar_i64(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+                    AND application_name = 'pgmend' AND wait_event_type = 'Lock' AND query LIKE '%FOR UPDATE%'",
+            ) > 0
+            },
+        );
+    } else {
+        within("a committed void batch", Duration::from_secs(60), || {
+            db.exists("pgmend.repair_runs") && void_checkpoint(&db) > 0
+        });
+    }
+    forwarder.silence();
+    let silent_at = Instant::now();
+    if hold_a_batch {
+        // The batch goes on on the server, and its answers go nowhere.
+        coupon.batch_execute("COMMIT").unwrap();
+    }
+    let checkpoint = void_checkpoint(&db);
+
+    // The server ends pgmend's transaction and its locks within 60 s of the silence.
+    let locks_gone = within(
+        "pgmend's transaction ended on the server",
+        Duration::from_secs(60),
+        || pgmend_locks(&db) == 0,
+    );
+    eprintln!("pgmend's locks gone {locks_gone:?} after the silence");
+    // pgmend gives up within its statement timeout plus the margin: 90 s with the defaults.
+    let r = finish(
+        child,
+        Duration::from_secs(100),
+        "apply through a silent path",
+    );
+    let exited = silent_at.elapsed();
+    eprintln!("pgmend exited {exited:?} after the silence:\n{}", r.stderr);
+    assert!(
+        exited < Duration::from_secs(95),
+        "pgmend exited after {exited:?}"
+    );
+    assert_eq!(r.code, 2, "{}", r.both());
+    assert!(r.stderr.contains("went silent"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("idle_in_transaction_session_timeout"),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.both().contains(&db.password()), "the password leaked");
+    // The runner lock is free within 180 s, with nobody terminating anything.
+    let lock_free = within("the runner lock free", Duration::from_secs(180), || {
+        !runner_lock_held(&db)
+    });
+    eprintln!(
+        "runner lock free {:?} after the silence",
+        silent_at.elapsed()
+    );
+    let _ = lock_free;
+    // Nothing half-done: every committed batch whole.
+    let (ledger, marked) = (
+        db.scalar_i64("SELECT count(*) FROM pgmend.ledger_records"),
+        db.scalar_i64("SELECT count(*) FROM issued_coupons WHERE legacy_duplicate"),
+    );
+    assert_eq!(ledger, marked, "every committed batch is whole");
+    assert!(void_checkpoint(&db) >= checkpoint);
+
+    forwarder.restore();
+    rerun_resumes(&through, &expected, &db.password());
+}
+
+#[test]
+fn a_silent_path_in_the_middle_of_a_batch_ends_pgmend_and_its_locks_and_the_rerun_resumes() {
+    if slow_tests_skipped("a_silent_path_in_the_middle_of_a_batch") {
+        return;
+    }
+    silent_in_the_middle_of_the_void(&[], true);
+}
+
+#[test]
+fn a_silent_path_with_three_workers_ends_pgmend_and_its_locks_and_the_rerun_resumes() {
+    if slow_tests_skipped("a_silent_path_with_three_workers") {
+        return;
+    }
+    silent_in_the_middle_of_the_void(&["--jobs", "3"], false);
+}
+
+/// The path goes silent while pgmend waits for a concurrent build (a reader makes it wait):
+/// pgmend exits within a minute and a half, the runner lock is free within 180 s, and the
+/// next run finds the build still running on the server, cancels it, says so, and ends as an
+/// uninterrupted run.
+#[test]
+fn a_silent_path_during_a_concurrent_build_frees_the_lock_and_the_next_run_cancels_the_orphan() {
+    if slow_tests_skipped("a_silent_path_during_a_concurrent_build") {
+        return;
+    }
+    let source = fresh_db();
+    source.make_legacy_baselined(500);
+    let expected = reference(&source);
+    let db = copy_of(&source);
+    let out = db.run(&["migrate", "apply", "--yes", "--target", "2"]);
+    assert_eq!(out.code, 0, "{}", out.both());
+    let forwarder = Forwarder::to(&db.params);
+    let through = forwarder.conninfo(&db.params);
+    let mut reader = db.client();
+    reader
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM campaigns")
+        .unwrap();
+    let args = confirm_with(&["--build-wait", "10m"]);
+    let child = spawn(
+        &exe(),
+        &through,
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    within(
+        "the concurrent build waiting for the reader",
+        Duration::from_secs(60),
+        || {
+            db.scalar_i64(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+                AND application_name = 'pgmend' AND query ILIKE 'CREATE%INDEX CONCURRENTLY%'
+                AND wait_event_type IS NOT NULL",
+            ) > 0
+        },
+    );
+    forwarder.silence();
+    let silent_at = Instant::now();
+    let r = finish(
+        child,
+        Duration::from_secs(100),
+        "apply through a silent path",
+    );
+    let exited = silent_at.elapsed();
+    eprintln!("pgmend exited {exited:?} after the silence:\n{}", r.stderr);
+    assert!(
+        exited < Duration::from_secs(95),
+        "pgmend exited after {exited:?}"
+    );
+    assert_eq!(r.code, 2, "{}", r.both());
+    assert!(r.stderr.contains("went silent"), "{}", r.stderr);
+    within("the runner lock free", Duration::from_secs(180), || {
+        !runner_lock_held(&db)
+    });
+    // The orphaned build is still running on the server, waiting for the reader.
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM pg_stat_progress_create_index"),
+        1,
+        "the build goes on on the server after pgmend is gone"
+    );
+    forwarder.restore();
+    // The reader ends only after the next run has begun: until then the orphan keeps waiting.
+    let next = spawn(&exe(), &db.conninfo(), &CONFIRM);
+    thread::sleep(Duration::from_secs(3));
+    reader.batch_execute("COMMIT").unwrap();
+    let r = finish(next, Duration::from_secs(300), "the next run");
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(
+        r.stderr.contains("is still running on the server") && r.stderr.contains("cancelling it"),
+        "the next run says it cancels the orphaned build:\n{}",
+        r.stderr
+    );
+    assert_eq!(db.invalid_indexes(), 0);
+    assert_same(&expected, &end_state(&exe(), &db.conninfo()).unwrap());
+}
+
+/// A worker of a pgmend whose lease has expired cannot commit a batch: once the lease's
+/// session is gone (terminated here, as the server does after 60 s without a heartbeat), the
+/// next batch fails its fence, nothing more is committed, and the rerun ends exact.
+#[test]
+fn a_worker_whose_lease_expired_cannot_commit_a_batch() {
+    let source = fresh_db();
+    source.make_legacy_baselined(2000);
+    let expected = reference(&source);
+    let db = copy_of(&source);
+    let out = db.run(&["migrate", "apply", "--yes", "--target", "3"]);
+    assert_eq!(out.code, 0, "{}", out.both());
+    let args = confirm_with(&["--jobs", "3", "--batch-target", "5ms", "--pause", "200ms"]);
+    let child = spawn(
+        &exe(),
+        &db.conninfo(),
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    within("a committed void batch", Duration::from_secs(60), || {
+        db.exists("pgmend.repair_runs") && void_checkpoint(&db) > 0
+    });
+    // The lease: the session that holds the runner lock.
+    let lease: i32 = db
+        .client()
+        .query_one(
+            &format!(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted
+                    AND classid::bigint = ({key}::bigint >> 32) AND objid::bigint = ({key}::bigint & 4294967295)",
+                key = pgmend::db::runner_lock::RUNNER_LOCK_KEY
+            ),
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    let mut admin = db.client();
+    let terminated: bool = admin
+        .query_one("SELECT pg_terminate_backend($1)", &[&lease])
+        .unwrap()
+        .get(0);
+    assert!(terminated);
+    within("the lease's session gone", Duration::from_secs(10), || {
+        db.scalar_i64(&format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = {lease}"
+        )) == 0
+    });
+    let ledger_at_expiry = db.scalar_i64("SELECT count(*) FROM pgmend.ledger_records");
+    let r = finish(
+        child,
+        Duration::from_secs(60),
+        "apply after its lease expired",
+    );
+    eprintln!("{}", r.stderr);
+    assert_eq!(r.code, 2, "{}", r.both());
+    assert!(r.stderr.contains("lease"), "{}", r.stderr);
+    let ledger_after = db.scalar_i64("SELECT count(*) FROM pgmend.ledger_records");
+    // A batch whose fence passed before the lease ended may commit after it; no batch that
+    // started after it does. With three workers that is at most three batches of the sizes
+    // already committed.
+    assert!(
+        ledger_after - ledger_at_expiry <= 3 * 50,
+        "batches committed after the lease expired: {} ledger records",
+        ledger_after - ledger_at_expiry
+    );
+    rerun_resumes(&db.conninfo(), &expected, &db.password());
+}
+
+/// `pg_ctl ARGS` on `pg`'s data directory, as the server's user when the tests run as root.
+fn pg_ctl(pg: &pgmend::localpg::LocalPg, args: &[&str]) {
+    use std::process::{Command, Stdio};
+    let pg_ctl = pg.bin_dir.join("pg_ctl");
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false);
+    let mut c = if root {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(&pg_ctl);
+        c
+    } else {
+        Command::new(&pg_ctl)
+    };
+    let out = c
+        .arg("-D")
+        .arg(pg.data_dir())
+        .arg("-l")
+        .arg(pg.root.join("server.log"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "pg_ctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Failover with a real streaming standby behind one URL that lists both servers with
+/// `target_session_attrs=read-write`: the primary stopped (immediate) in the middle of the
+/// void, the standby promoted; pgmend exits 2, and the rerun with the same URL finds the new
+/// primary by itself, redoes what the old one lost, and ends as an uninterrupted run.
+#[test]
+fn after_a_failover_the_rerun_with_a_multi_host_url_finds_the_new_primary_and_ends_exact() {
+    use pgmend::localpg::LocalPg;
+    let primary = LocalPg::start_with(false, &[], &[("synchronous_commit", "on")]).unwrap();
+    let conn = |db: &str| primary.conninfo(db);
+    let exe = exe();
+    kill_campaign::create_legacy_source(&exe, &conn, "src", 2000).unwrap();
+    kill_campaign::copy_database(&conn, "src", "reference").unwrap();
+    let r = kill_campaign::run_pgmend(&exe, &conn("reference"), &CONFIRM).unwrap();
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let expected = end_state(&exe, &conn("reference")).unwrap();
+    kill_campaign::copy_database(&conn, "src", "faulty").unwrap();
+
+    let standby = primary.start_standby().unwrap();
+    let mut c = kill_campaign::connect(&conn("postgres")).unwrap();
+    within("the standby streaming", Duration::from_secs(30), || {
+        c.query_one(
+            "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'",
+            &[],
+        )
+        .unwrap()
+        .get::<_, i64>(0)
+            > 0
+    });
+    drop(c);
+    let both = format!(
+        "host=127.0.0.1,127.0.0.1 port={},{} user={} password={} dbname=faulty sslmode=disable target_session_attrs=read-write",
+        primary.port, standby.port, primary.superuser, primary.password
+    );
+    let (child, holder, _pid, _run_id, checkpoint) = hold_in_the_middle_of_a_batch(&both);
+    assert!(checkpoint > 0);
+    pg_ctl(&primary, &["stop", "-m", "immediate", "-w", "-t", "60"]);
+    drop(holder);
+    let r = finish(child, Duration::from_secs(60), "apply");
+    eprintln!("after the primary stopped:\n{}", r.stderr);
+    assert_eq!(r.code, 2, "{}", r.both());
+    assert!(!r.both().contains(&primary.password), "the password leaked");
+    pg_ctl(&standby, &["promote", "-w", "-t", "60"]);
+
+    let r = kill_campaign::run_pgmend(&exe, &both, &CONFIRM).unwrap();
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("resuming run"), "{}", r.stderr);
+    assert!(
+        !r.stdout.contains(&primary.password) && !r.stderr.contains(&primary.password),
+        "the password leaked"
+    );
+    assert_same(
+        &expected,
+        &end_state(&exe, &standby.conninfo("faulty")).unwrap(),
+    );
+}
