@@ -169,6 +169,11 @@ const RUNBOOKS: &[Runbook] = &[
         check: check_failed_concurrent_index_build,
     },
     Runbook {
+        file: "failover-during-a-release.md",
+        prepare: prepare_failover_during_a_release,
+        check: check_failover_during_a_release,
+    },
+    Runbook {
         file: "finance-overrun-report.md",
         prepare: prepare_finance_overrun_report,
         check: check_finance_overrun_report,
@@ -651,6 +656,187 @@ fn check_failed_concurrent_index_build(db: &TestDb, _work: &Path) {
 #[test]
 fn failed_concurrent_index_build() {
     run_runbook("failed-concurrent-index-build.md");
+}
+
+// ---------------------------------------------------------------------------------------
+// failover-during-a-release.md: the release (`pgmend apply --yes`) is in the middle of the
+// void run when every connection it has is cut, as when the primary goes away: a session
+// holds the coupons of the last duplicate group FOR SHARE, so the batch that reaches them
+// waits (the earlier batches have committed), and then every pgmend backend is terminated.
+// The server stands in for the promoted standby: what it holds is what the batches
+// committed, as on a standby that received them.
+
+/// How long the interrupted release may take to notice its connections are gone.
+const LOST_PRIMARY_EXIT_WITHIN: Duration = Duration::from_secs(60);
+
+fn lose_the_primary_in_the_middle_of_the_void_run(db: &TestDb) -> Run {
+    let mut holder = db.client();
+    holder
+        .batch_execute(
+            "BEGIN; SELECT 1 FROM issued_coupons WHERE (campaign_id, member_id) =
+               (SELECT campaign_id, member_id FROM issued_coupons GROUP BY 1, 2 HAVING count(*) > 1
+                 ORDER BY member_id DESC, campaign_id DESC LIMIT 1) FOR SHARE",
+        )
+        .unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let (stdout, stderr) = (out.path().join("stdout"), out.path().join("stderr"));
+    let mut child = db
+        .pgmend()
+        .args([
+            "apply",
+            "--yes",
+            "--batch-target",
+            "5ms",
+            "--lock-timeout",
+            "60s",
+        ])
+        .stdout(std::fs::File::create(&stdout).unwrap())
+        .stderr(std::fs::File::create(&stderr).unwrap())
+        .spawn()
+        .unwrap();
+    let mut watch = db.client();
+    let started = Instant::now();
+    loop {
+        let waiting = watch
+            .query(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database()
+                    AND application_name = 'pgmend' AND wait_event_type = 'Lock'
+                    AND query LIKE '%FOR UPDATE%'",
+                &[],
+            )
+            .unwrap();
+        if !waiting.is_empty() {
+            break;
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the release ended before its void run reached the held group:\n{}",
+            std::fs::read_to_string(&stderr).unwrap()
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no void batch waited for the held group"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The primary goes away: every connection pgmend has ends at once.
+    let terminated = watch
+        .query_one(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+              WHERE datname = current_database() AND application_name = 'pgmend'",
+            &[],
+        )
+        .unwrap()
+        .get::<_, i64>(0);
+    assert!(terminated >= 1);
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > LOST_PRIMARY_EXIT_WITHIN {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!(
+                "pgmend did not exit within {LOST_PRIMARY_EXIT_WITHIN:?} of losing its connections:\n{}",
+                std::fs::read_to_string(&stderr).unwrap()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    holder.batch_execute("COMMIT").unwrap();
+    Run {
+        code: status.code().unwrap_or(-1),
+        stdout: std::fs::read_to_string(&stdout).unwrap(),
+        stderr: std::fs::read_to_string(&stderr).unwrap(),
+    }
+}
+
+fn prepare_failover_during_a_release() -> Prepared {
+    let db = fresh_db();
+    // Enough members for several ranges of targets, so that batches commit before the last.
+    db.make_legacy_baselined(1000);
+    ok(&db, &["migrate", "apply", "--yes", "--target", "3"]);
+    let r = lose_the_primary_in_the_middle_of_the_void_run(&db);
+    eprintln!("the release when its primary went away:\n{}", r.both());
+    assert_eq!(r.code, 2, "{}", r.both());
+    assert!(
+        r.stderr.contains("pgmend apply --yes"),
+        "stderr names the command that continues:\n{}",
+        r.stderr
+    );
+    assert_eq!(running_runs(&db), 1);
+    assert!(
+        db.scalar_i64("SELECT checkpoint FROM pgmend.repair_runs WHERE run_id = 1") > 0,
+        "batches committed before the failover"
+    );
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'pgmend'"
+        ),
+        0,
+        "no pgmend session is left"
+    );
+    Prepared::new(db)
+}
+
+fn check_failover_during_a_release(db: &TestDb, work: &Path) {
+    assert_eq!(running_runs(db), 0);
+    // One void run, resumed and finished: its targets all done, one ledger record per
+    // coupon it marked, and exactly the coupons ranked after the first of their group marked.
+    let row = db
+        .client()
+        .query_one(
+            "SELECT state, processed, (SELECT count(*) FROM pgmend.repair_targets t WHERE t.run_id = r.run_id),
+                    (SELECT count(*) FROM pgmend.ledger_records l WHERE l.run_id = r.run_id)
+               FROM pgmend.repair_runs r WHERE repair = 'void-duplicate-coupons'",
+            &[],
+        )
+        .unwrap();
+    let (state, processed, targets, ledger): (String, i64, i64, i64) =
+        (row.get(0), row.get(1), row.get(2), row.get(3));
+    assert_eq!(state, "finished");
+    assert_eq!(processed, targets);
+    let ranked_after_first = db.scalar_i64(
+        "SELECT count(*) FROM (SELECT row_number() OVER (PARTITION BY campaign_id, member_id
+                                   ORDER BY redeemed_at IS NULL, issued_at, coupon_id) AS rank
+                                 FROM issued_coupons) r WHERE rank > 1",
+    );
+    assert!(ranked_after_first > 0);
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM issued_coupons WHERE legacy_duplicate"),
+        ranked_after_first
+    );
+    assert_eq!(
+        ledger, ranked_after_first,
+        "each marked coupon once in the ledger"
+    );
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) FROM pgmend.repair_runs WHERE state = 'finished'
+                AND repair IN ('rebuild-campaign-budgets', 'rebuild-member-monthly-usage')"
+        ),
+        2
+    );
+    // The release went on to the gate, and the rerun said it resumed the run.
+    assert_eq!(db.history().len(), 4);
+    assert_eq!(db.invalid_indexes(), 0);
+    assert_eq!(db.scalar_i64("SELECT count(*) FROM pgmend.gates"), 0);
+    let log = std::fs::read_to_string(work.join("apply-after-failover.log")).unwrap();
+    assert!(log.contains("resuming run 1"), "{log}");
+    assert_eq!(files_matching(work, "ledger-1-after-failover", ".csv"), 1);
+    let r = db.run(&["verify", "--format", "json"]);
+    let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    for check in doc["checks"].as_array().unwrap() {
+        if check["name"] != "check_issued_within_budget" {
+            assert_eq!(check["ok"], true, "{check}");
+        }
+    }
+}
+
+#[test]
+fn failover_during_a_release() {
+    run_runbook("failover-during-a-release.md");
 }
 
 // ---------------------------------------------------------------------------------------
