@@ -240,6 +240,18 @@ fn left_behind() -> String {
     }
 }
 
+/// Ends pgmend with exit 2 when it has lost its lease on the runner lock and the run did not
+/// stop by itself within the grace the lease gives it (a statement still waits on a server
+/// that pgmend can no longer reach): says why, what may still be held, and how to continue.
+pub fn exit_lease_lost(why: &str) -> ! {
+    say!(
+        "pgmend: error: stopped: {why}. {} {}",
+        in_flight(),
+        left_behind()
+    );
+    std::process::exit(2);
+}
+
 /// What is still left behind, for the end of a stop: `None` when nothing is.
 pub fn leftovers() -> Option<String> {
     state()

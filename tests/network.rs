@@ -89,7 +89,8 @@ fn silent_in_the_middle_of_the_void(extra: &[&str], hold_a_batch: bool) {
             )
             .unwrap();
     }
-    let args: Vec<String> = confirm_with(&["--batch-target", "5ms"])
+    // The forwarder stands between pgmend and the server as a session pooler would.
+    let args: Vec<String> = confirm_with(&["--batch-target", "5ms", "--pooler", "session"])
         .into_iter()
         .chain(extra.iter().map(|s| s.to_string()))
         .collect();
@@ -167,7 +168,18 @@ fn silent_in_the_middle_of_the_void(extra: &[&str], hold_a_batch: bool) {
     assert!(void_checkpoint(&db) >= checkpoint);
 
     forwarder.restore();
-    rerun_resumes(&through, &expected, &db.password());
+    let r = kill_campaign::run_pgmend(
+        &exe(),
+        &through,
+        &confirm_with(&["--pooler", "session"])
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    )
+    .unwrap();
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("resuming run"), "{}", r.stderr);
+    assert_same(&expected, &end_state(&exe(), &db.conninfo()).unwrap());
 }
 
 #[test]
@@ -183,7 +195,8 @@ fn a_silent_path_with_three_workers_ends_pgmend_and_its_locks_and_the_rerun_resu
     if slow_tests_skipped("a_silent_path_with_three_workers") {
         return;
     }
-    silent_in_the_middle_of_the_void(&["--jobs", "3"], false);
+    // Pauses between batches, so that the void is still running when the path goes silent.
+    silent_in_the_middle_of_the_void(&["--jobs", "3", "--pause", "300ms"], false);
 }
 
 /// The path goes silent while pgmend waits for a concurrent build (a reader makes it wait):
@@ -207,7 +220,7 @@ fn a_silent_path_during_a_concurrent_build_frees_the_lock_and_the_next_run_cance
     reader
         .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM campaigns")
         .unwrap();
-    let args = confirm_with(&["--build-wait", "10m"]);
+    let args = confirm_with(&["--build-wait", "10m", "--pooler", "session"]);
     let child = spawn(
         &exe(),
         &through,
@@ -415,4 +428,31 @@ fn after_a_failover_the_rerun_with_a_multi_host_url_finds_the_new_primary_and_en
         &expected,
         &end_state(&exe, &standby.conninfo("faulty")).unwrap(),
     );
+}
+
+/// The bound itself, fast: through a silenced forwarder a query fails once the thread's bound
+/// has passed (here 2 s), as a lost connection, and not before; a live path is unaffected.
+#[test]
+fn a_query_through_a_silent_path_fails_after_its_bound() {
+    let db = fresh_db();
+    let forwarder = Forwarder::to(&db.params);
+    let params =
+        pgmend::db::conninfo::resolve(Some(&forwarder.conninfo(&db.params)), &|_| None).unwrap();
+    let mut session = pgmend::db::connect(&params).unwrap();
+    let _bound = pgmend::db::deadline::at_most(Duration::from_secs(2));
+    // Idle longer than the bound first: a wait starts when pgmend waits, not before.
+    thread::sleep(Duration::from_secs(3));
+    session.client.batch_execute("SELECT 1").unwrap();
+    forwarder.silence();
+    let started = Instant::now();
+    let error = session.client.batch_execute("SELECT 1").unwrap_err();
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(1900) && waited < Duration::from_secs(10),
+        "{waited:?}"
+    );
+    assert!(pgmend::db::deadline::is_silent_path(&error), "{error:?}");
+    let described = pgmend::error::describe(&error).to_string();
+    assert!(described.contains("went silent"), "{described}");
+    assert!(session.client.is_closed());
 }

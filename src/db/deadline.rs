@@ -140,7 +140,8 @@ impl Wake for TimerWake {
 /// the client waited for it.
 pub struct Watched<S> {
     inner: S,
-    /// When the current silence began, while the client waits; `None` once a byte moved.
+    /// When the server was last heard from or written to (or the current wait began, when
+    /// that was later): the start of the silence a wait measures.
     since: Option<Instant>,
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
     wake: Arc<TimerWake>,
@@ -231,7 +232,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
         match Pin::new(&mut this.inner).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
                 if buf.filled().len() > before {
-                    this.since = None;
+                    this.since = Some(Instant::now());
                 }
                 Poll::Ready(Ok(()))
             }
@@ -251,7 +252,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
         let written = Pin::new(&mut this.inner).poll_write(cx, buf);
         if let Poll::Ready(Ok(n)) = written {
             if n > 0 {
-                this.since = None;
+                this.since = Some(Instant::now());
             }
         }
         written

@@ -54,6 +54,9 @@ pub const LEASE: Duration = Duration::from_secs(60);
 /// How often the lease's thread shows the server that pgmend is alive.
 pub const HEARTBEAT: Duration = Duration::from_secs(10);
 
+/// How long the run has, once the lease is lost, to stop by itself before pgmend exits 2.
+const LOST_GRACE: Duration = Duration::from_secs(20);
+
 /// The client-side bound of one heartbeat: past it the lease's path is taken as silent.
 const HEARTBEAT_BOUND: Duration = Duration::from_secs(20);
 
@@ -206,9 +209,19 @@ fn heartbeat(mut lease: Session, stop: mpsc::Receiver<()>, done: mpsc::Sender<()
     let _bound = super::deadline::at_most(HEARTBEAT_BOUND);
     let mut lost = false;
     loop {
+        if lost {
+            // The run stops at its next fenced transaction; one still waiting on a server
+            // pgmend cannot reach would never get there, and the lock may soon be another's.
+            if let Err(mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(LOST_GRACE) {
+                crate::signals::exit_lease_lost(&format!(
+                    "pgmend lost its lease on the runner lock {} s ago and the run did not stop by itself (a statement still waits on the server)",
+                    LOST_GRACE.as_secs()
+                ));
+            }
+            break;
+        }
         match stop.recv_timeout(HEARTBEAT) {
-            Err(mpsc::RecvTimeoutError::Timeout) if !lost => {}
-            Err(mpsc::RecvTimeoutError::Timeout) => continue,
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
             Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
         match super::connect::simple_row::<1>(&mut lease.client, "SELECT pg_backend_pid()") {
