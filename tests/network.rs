@@ -66,7 +66,12 @@ fn void_checkpoint(db: &TestDb) -> i64 {
 /// The silent path in the middle of the void, with `extra` options: pgmend exits 2 within its
 /// bound, the server lets go of its transaction and of the runner lock, and the rerun through
 /// the restored path ends as an uninterrupted run.
-fn silent_in_the_middle_of_the_void(extra: &[&str], hold_a_batch: bool) {
+fn silent_in_the_middle_of_the_void(
+    extra: &[&str],
+    hold_a_batch: bool,
+    exit_within: Duration,
+    says: &str,
+) {
     let source = fresh_db();
     source.make_legacy_baselined(2000);
     let expected = reference(&source);
@@ -138,12 +143,10 @@ fn silent_in_the_middle_of_the_void(extra: &[&str], hold_a_batch: bool) {
     );
     let exited = silent_at.elapsed();
     eprintln!("pgmend exited {exited:?} after the silence:\n{}", r.stderr);
-    assert!(
-        exited < Duration::from_secs(95),
-        "pgmend exited after {exited:?}"
-    );
+    assert!(exited < exit_within, "pgmend exited after {exited:?}");
     assert_eq!(r.code, 2, "{}", r.both());
     assert!(r.stderr.contains("went silent"), "{}", r.stderr);
+    assert!(r.stderr.contains(says), "{}", r.stderr);
     assert!(
         r.stderr.contains("idle_in_transaction_session_timeout"),
         "{}",
@@ -187,7 +190,24 @@ fn a_silent_path_in_the_middle_of_a_batch_ends_pgmend_and_its_locks_and_the_reru
     if slow_tests_skipped("a_silent_path_in_the_middle_of_a_batch") {
         return;
     }
-    silent_in_the_middle_of_the_void(&[], true);
+    // The lease's heartbeat finds the path silent within 30 s and pgmend exits 20 s later,
+    // before the batch's own bound (1m + 30 s) would end it.
+    silent_in_the_middle_of_the_void(&[], true, Duration::from_secs(90), "lost its lease");
+}
+
+/// With a short --statement-timeout the batch's own bound (5 s + 30 s) ends pgmend first, with
+/// the connection's error: the bound follows what the wait is for.
+#[test]
+fn a_silent_path_ends_a_batch_at_its_statement_timeout_plus_the_margin() {
+    if slow_tests_skipped("a_silent_path_ends_a_batch_at_its_statement_timeout") {
+        return;
+    }
+    silent_in_the_middle_of_the_void(
+        &["--statement-timeout", "5s"],
+        true,
+        Duration::from_secs(40),
+        "the bound of this wait: 35s",
+    );
 }
 
 #[test]
@@ -196,7 +216,12 @@ fn a_silent_path_with_three_workers_ends_pgmend_and_its_locks_and_the_rerun_resu
         return;
     }
     // Pauses between batches, so that the void is still running when the path goes silent.
-    silent_in_the_middle_of_the_void(&["--jobs", "3", "--pause", "300ms"], false);
+    silent_in_the_middle_of_the_void(
+        &["--jobs", "3", "--pause", "300ms"],
+        false,
+        Duration::from_secs(90),
+        "lost its lease",
+    );
 }
 
 /// The path goes silent while pgmend waits for a concurrent build (a reader makes it wait):
@@ -257,7 +282,9 @@ fn a_silent_path_during_a_concurrent_build_frees_the_lock_and_the_next_run_cance
     });
     // The orphaned build is still running on the server, waiting for the reader.
     assert_eq!(
-        db.scalar_i64("SELECT count(*) FROM pg_stat_progress_create_index"),
+        db.scalar_i64(
+            "SELECT count(*) FROM pg_stat_progress_create_index WHERE datname = current_database()"
+        ),
         1,
         "the build goes on on the server after pgmend is gone"
     );

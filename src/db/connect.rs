@@ -91,6 +91,16 @@ pub struct Session {
     /// The server backend the session started on (`pg_backend_pid()`): a session that keeps
     /// it has kept its session state (see [`ensure_backend`]).
     pub backend_pid: i32,
+    /// Last, so that it drops after the client: bounds the client's close (see `Drop`).
+    closing: super::deadline::Closing,
+}
+
+/// Closing a client waits for the server to hang up after pgmend's goodbye; on a silent path
+/// it never does, so the close is bounded by [`CLOSE_BOUND`](super::deadline::CLOSE_BOUND).
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.closing.begin();
+    }
 }
 
 impl Session {
@@ -229,6 +239,7 @@ fn connect_one(params: &ConnParams) -> Result<Session> {
         server_version_num,
         server_version,
         backend_pid,
+        closing: Default::default(),
     })
 }
 

@@ -47,6 +47,32 @@ thread_local! {
     static BOUND: Cell<Option<Duration>> = const { Cell::new(Some(SESSION_BOUND)) };
 }
 
+/// How long closing a connection waits for the server to hang up after pgmend's goodbye.
+pub const CLOSE_BOUND: Duration = Duration::from_secs(2);
+
+/// A session's last field: [`Closing::begin`], called from the session's `Drop`, bounds the
+/// thread's waits by [`CLOSE_BOUND`] while the fields before it drop (the client's close waits
+/// for the server to hang up, which on a silent path it never does), and this restores the
+/// thread's bound when it drops in turn.
+#[derive(Default)]
+pub struct Closing {
+    previous: Option<Option<Duration>>,
+}
+
+impl Closing {
+    pub fn begin(&mut self) {
+        self.previous = Some(BOUND.with(|b| b.replace(Some(CLOSE_BOUND))));
+    }
+}
+
+impl Drop for Closing {
+    fn drop(&mut self) {
+        if let Some(previous) = self.previous.take() {
+            BOUND.with(|b| b.set(previous));
+        }
+    }
+}
+
 /// Restores the thread's previous bound when dropped.
 #[must_use = "the bound holds only while the guard lives"]
 pub struct Guard {
@@ -145,6 +171,9 @@ pub struct Watched<S> {
     since: Option<Instant>,
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
     wake: Arc<TimerWake>,
+    /// Set once the deadline has passed: the connection is given up for good, and every later
+    /// read or write fails at once (the client's close would otherwise wait on it again).
+    gave_up: Option<(Duration, Duration)>,
 }
 
 impl<S: std::fmt::Debug> std::fmt::Debug for Watched<S> {
@@ -163,7 +192,15 @@ impl<S> Watched<S> {
             since: None,
             timer: None,
             wake: Arc::default(),
+            gave_up: None,
         }
+    }
+
+    /// The error of a connection given up, for every read and write after the first.
+    fn given_up(&self) -> Option<io::Error> {
+        self.gave_up.map(|(waited, bound)| {
+            io::Error::new(io::ErrorKind::TimedOut, SilentPath { waited, bound })
+        })
     }
 
     /// Arms the timer for `deadline`, with a fresh fired flag.
@@ -187,13 +224,8 @@ impl<S> Watched<S> {
         let since = match self.since {
             Some(since) if now < since + bound => since,
             Some(since) if self.wake.fired.load(Ordering::SeqCst) => {
-                return Poll::Ready(Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    SilentPath {
-                        waited: now - since,
-                        bound,
-                    },
-                )));
+                self.gave_up = Some((now - since, bound));
+                return Poll::Ready(Err(self.given_up().expect("just set")));
             }
             // Past the deadline without the timer firing: nobody was waiting; start afresh.
             _ => {
@@ -228,6 +260,9 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if let Some(e) = this.given_up() {
+            return Poll::Ready(Err(e));
+        }
         let before = buf.filled().len();
         match Pin::new(&mut this.inner).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
@@ -249,6 +284,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
+        if let Some(e) = this.given_up() {
+            return Poll::Ready(Err(e));
+        }
         let written = Pin::new(&mut this.inner).poll_write(cx, buf);
         if let Poll::Ready(Ok(n)) = written {
             if n > 0 {
