@@ -74,6 +74,16 @@ pub fn format_duration(d: Duration) -> String {
     crate::human::duration(d)
 }
 
+/// How long the server keeps the runner lock's lease of a pgmend it no longer hears from
+/// (`idle_session_timeout` on the lease session, `db::runner_lock`).
+pub const LEASE: Duration = Duration::from_secs(60);
+
+/// How long a transaction of pgmend idles at most on the server between two of its statements
+/// (`idle_in_transaction_session_timeout` in every write transaction): pgmend's own work between
+/// two statements takes milliseconds, so a transaction idle for this long belongs to a pgmend
+/// that is gone or cut off, and the server ends it and releases its locks.
+pub const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(30);
+
 /// Checks the relations between safety options that clap cannot.
 pub fn check_lock_options(lock_timeout: Duration, statement_timeout: Duration) -> Result<()> {
     if lock_timeout.is_zero() {

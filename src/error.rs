@@ -132,8 +132,7 @@ pub fn describe(error: &postgres::Error) -> DbFailure {
         }
         broken
     };
-    let silent = crate::db::deadline::is_silent_path(error);
-    if !silent && (error.is_closed() || broken_io) {
+    if error.is_closed() || broken_io {
         // The driver does not always keep the server's last message (a FATAL from
         // pg_terminate_backend or a shutdown): say what this usually means.
         text.push_str(
@@ -148,13 +147,6 @@ pub fn describe(error: &postgres::Error) -> DbFailure {
             text.push_str(&cause_text);
         }
         source = cause.source();
-    }
-    if silent {
-        text.push_str(&format!(
-            ". What may still be held on the server: a transaction of this connection and its row and table locks until the server ends it, {} s after its last statement (idle_in_transaction_session_timeout), or when a statement still running there reaches its statement_timeout; pgmend's runner lock until its lease runs out, {} s after the last heartbeat that reached the server. Each committed batch and step is complete; a rerun continues from there once the path is back (it waits for what is left, or use --runner-wait)",
-            crate::db::runner_lock::IDLE_IN_TRANSACTION.as_secs(),
-            crate::db::runner_lock::LEASE.as_secs()
-        ));
     }
     DbFailure {
         sqlstate: error.code().map(|c| c.code().to_string()),

@@ -452,6 +452,9 @@ impl LocalPg {
                     "-R",
                     "-X",
                     "stream",
+                    // An immediate checkpoint: the default spread one waits up to 4.5 min
+                    // on a primary just written to (checkpoint_completion_target of 5 min).
+                    "--checkpoint=fast",
                 ],
             )?;
         } else {

@@ -37,8 +37,8 @@ const REPORT_MARGIN: Duration = Duration::from_secs(3);
 fn in_flight() -> String {
     format!(
         "A batch in flight is rolled back by the server: at once when it sees the connection close; if the network path to it is silent, when the transaction has idled {} s (idle_in_transaction_session_timeout) or a statement still running there reaches its statement_timeout. pgmend's runner lock is released with its lease, at most {} s after the last heartbeat that reached the server.",
-        crate::db::runner_lock::IDLE_IN_TRANSACTION.as_secs(),
-        crate::db::runner_lock::LEASE.as_secs()
+        crate::config::IDLE_IN_TRANSACTION.as_secs(),
+        crate::config::LEASE.as_secs()
     )
 }
 

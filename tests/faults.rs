@@ -13,7 +13,7 @@ mod held;
 #[path = "../examples/kill_campaign.rs"]
 mod kill_campaign;
 
-use std::process::{Command, Stdio};
+
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -67,36 +67,6 @@ fn assert_explains(stderr: &str, happened: &[&str], password: &str) {
     );
     assert!(stderr.contains("pgmend: error: "), "{stderr}");
     assert!(!stderr.contains(password), "the password leaked:\n{stderr}");
-}
-
-fn pg_ctl(pg: &LocalPg, args: &[&str]) {
-    let pg_ctl = pg.bin_dir.join("pg_ctl");
-    let root = Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false);
-    let mut c = if root {
-        let mut c = Command::new("runuser");
-        c.args(["-u", "postgres", "--"]).arg(&pg_ctl);
-        c
-    } else {
-        Command::new(&pg_ctl)
-    };
-    let out = c
-        .arg("-D")
-        .arg(pg.data_dir())
-        .arg("-l")
-        .arg(pg.root.join("server.log"))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "pg_ctl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 fn server_restart_in_the_middle_of_a_batch(mode: &str) {

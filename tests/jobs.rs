@@ -200,7 +200,7 @@ fn a_run_stopped_with_three_workers_resumes_with_two_and_ends_as_one_worker_does
 fn jobs_that_the_connection_limit_cannot_serve_are_refused_before_any_change_and_plan_says_so() {
     let db = source();
     db.client()
-        .batch_execute(&format!("ALTER DATABASE {} CONNECTION LIMIT 4", db.name))
+        .batch_execute(&format!("ALTER DATABASE {} CONNECTION LIMIT 5", db.name))
         .unwrap();
     let before = snapshot(&db);
     // The plan says so first: a blocker, exit 2; with two workers, how many connections.
@@ -208,13 +208,13 @@ fn jobs_that_the_connection_limit_cannot_serve_are_refused_before_any_change_and
     assert_eq!(r.code, 2, "{}", r.both());
     assert!(
         r.both()
-            .contains("apply would be refused: --jobs 4 needs 6 connections"),
+            .contains("apply would be refused: --jobs 4 needs 7 connections"),
         "{}",
         r.both()
     );
     let r = db.run(&["plan", "--jobs", "2"]);
     assert_eq!(r.code, 0, "{}", r.both());
-    assert!(r.stdout.contains("--jobs 2: 4 connections"), "{}", r.stdout);
+    assert!(r.stdout.contains("--jobs 2: 5 connections"), "{}", r.stdout);
     let r = db.run(&[
         "repair",
         "apply",
@@ -225,13 +225,13 @@ fn jobs_that_the_connection_limit_cannot_serve_are_refused_before_any_change_and
     ]);
     assert_eq!(r.code, 2, "{}", r.both());
     assert!(
-        r.stderr.contains("--jobs 4 needs 6 connections")
-            && r.stderr.contains("CONNECTION LIMIT 4"),
+        r.stderr.contains("--jobs 4 needs 7 connections")
+            && r.stderr.contains("CONNECTION LIMIT 5"),
         "{}",
         r.stderr
     );
     assert_eq!(snapshot(&db), before);
-    // Two workers fit: 4 connections in all.
+    // Two workers fit: 5 connections in all (the lease among them).
     let r = db.run(&[
         "repair",
         "apply",

@@ -15,13 +15,15 @@
 //! raises `work_mem` to 64 MB for one transaction (a larger setting is kept): a freeze, a census
 //! (inside its savepoint) and a reconciliation each aggregate a whole table, and at the default 4
 //! MB they spilled to disk. It is not set for the session: there it made the finance report's plan
-//! slower (4.0 s against 2.7 s on 1.1 million coupons). `connect` also enables TCP keepalives and
-//! prints server notices to stderr. `Session::ensure_writable` refuses hot standbys and
-//! `default_transaction_read_only`. A `Session` whose `holds_runner_lock` is set runs
-//! `pg_advisory_unlock_all()` when it drops: the server ends a closed session's backend
-//! asynchronously, so without it a pgmend started right after this one exits could find the lock
-//! still held and refuse. A closed connection's error says what usually closes one (the driver does
-//! not always keep the server's last FATAL message).
+//! slower (4.0 s against 2.7 s on 1.1 million coupons). `connect` opens the socket itself (TCP
+//! with the keepalives and `tcp_user_timeout` of `ConnParams`, or the unix socket) and runs the
+//! client over `deadline::Watched`, so that no wait on the server goes without a bound; with
+//! several hosts it tries them in order until one has the `target_session_attrs` asked for, and
+//! pins the session's parameters to it. It sets the server's TCP keepalives for its own session
+//! and prints server notices to stderr. `Session::ensure_writable` refuses hot standbys and
+//! `default_transaction_read_only`. A `Session`'s close waits `deadline::CLOSE_BOUND` at most for
+//! the server to hang up. A closed connection's error says what usually closes one (the driver
+//! does not always keep the server's last FATAL message).
 
 use std::path::PathBuf;
 
@@ -61,7 +63,9 @@ pub const RAISE_WORK_MEM: &str = "SELECT set_config('work_mem', '64MB', true)
 ///   of reads and of its own tables; a minute bounds a wait behind someone else's DDL.
 /// - `idle_in_transaction_session_timeout = 0` (and `transaction_timeout = 0` from
 ///   PostgreSQL 17): a read-only transaction streams its output, which a pager can hold up
-///   for as long as a person reads; write transactions are bounded per statement.
+///   for as long as a person reads. Commands that write set 30 s once they hold the runner
+///   lock, and every transaction under a lock policy sets it with `SET LOCAL`
+///   (`runner_lock::IDLE_IN_TRANSACTION`).
 /// - `default_transaction_isolation = 'read committed'`, `default_transaction_deferrable =
 ///   off`: what the batches are written for; snapshots ask for REPEATABLE READ themselves.
 /// - `client_connection_check_interval = 1s`: a backend whose client died (kill -9, a lost

@@ -21,7 +21,9 @@
 //! with that one function added (vendor/README.md).
 //!
 //! When the deadline passes the connection fails with [`SilentPath`] inside an `io::Error` of
-//! kind `TimedOut`; what holds on the server then is said by `crate::error::describe`.
+//! kind `TimedOut`, which says what may still be held on the server and until when; every later
+//! read or write of that connection fails the same way at once, and a session's close waits
+//! [`CLOSE_BOUND`] at most.
 
 use std::cell::Cell;
 use std::future::Future;
@@ -114,9 +116,16 @@ pub fn current() -> Option<Duration> {
     BOUND.with(Cell::get)
 }
 
-/// The error a silent path ends a connection with.
+/// The error a silent path ends a connection with. It says what may still be held on the
+/// server and until when, since nothing else in the error's chain can.
 #[derive(Debug, thiserror::Error)]
-#[error("the server sent nothing for {} while pgmend waited for it (the bound of this wait: {}): the network path to the server went silent (a hung proxy, port-forward or NAT entry), so pgmend gave this connection up", crate::config::format_duration(*.waited), crate::config::format_duration(*.bound))]
+#[error(
+    "the server sent nothing for {} while pgmend waited for it (the bound of this wait: {}): the network path to the server went silent (a hung proxy, port-forward or NAT entry), so pgmend gave this connection up. What may still be held on the server: a transaction of this connection and its row and table locks until the server ends it, {} s after its last statement (idle_in_transaction_session_timeout), or when a statement still running there reaches its statement_timeout; pgmend's runner lock until its lease runs out, {} s after the last heartbeat that reached the server. Each committed batch and step is complete; a rerun continues from there once the path is back (`--runner-wait 2m` waits for the old lease)",
+    crate::config::format_duration(*.waited),
+    crate::config::format_duration(*.bound),
+    super::runner_lock::IDLE_IN_TRANSACTION.as_secs(),
+    super::runner_lock::LEASE.as_secs()
+)]
 pub struct SilentPath {
     pub waited: Duration,
     pub bound: Duration,

@@ -48,8 +48,8 @@ pub const RUNNER_LOCK_KEY: i64 = 0x7067_6d65_6e64;
 pub const FENCE_KEY: i64 = 0x7067_6d66_6e63;
 
 /// How long the server keeps the lease of a pgmend it no longer hears from
-/// (`idle_session_timeout` on the lease session).
-pub const LEASE: Duration = Duration::from_secs(60);
+/// (`idle_session_timeout` on the lease session); in `config`, so that `signals` can say it.
+pub use crate::config::LEASE;
 
 /// How often the lease's thread shows the server that pgmend is alive.
 pub const HEARTBEAT: Duration = Duration::from_secs(10);
@@ -61,10 +61,8 @@ const LOST_GRACE: Duration = Duration::from_secs(20);
 const HEARTBEAT_BOUND: Duration = Duration::from_secs(20);
 
 /// How long a transaction of pgmend idles at most on the server between two of its statements
-/// (`idle_in_transaction_session_timeout` in every write transaction): pgmend's own work between
-/// two statements takes milliseconds, so a transaction idle for this long belongs to a pgmend
-/// that is gone or cut off, and the server ends it and releases its locks.
-pub const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(30);
+/// (`idle_in_transaction_session_timeout` in every write transaction).
+pub use crate::config::IDLE_IN_TRANSACTION;
 
 /// The lease session of this process while it holds the lock: its backend pid and start (in
 /// microseconds since the epoch), which the fence checks.

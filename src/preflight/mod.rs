@@ -272,7 +272,10 @@ pub fn connection_slots_for(
         .doing("counting the server's free connection slots for --jobs")?;
     let (free, role_limit, role_used, db_limit, db_used): (i32, i32, i32, i32, i32) =
         (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
-    let more = jobs as i32 + 1;
+    // This session, the runner lock's lease, the workers and an online build's connection;
+    // the lease is open already when `apply` asks, not when `plan` does.
+    let total = jobs as i32 + 3;
+    let more = total - 1 - i32::from(crate::db::runner_lock::lease_pid().is_some());
     let mut short = Vec::new();
     if free < more {
         short.push(format!("the server has {free} free connection slots (max_connections less the reserved slots and the client connections open now)"));
@@ -292,14 +295,12 @@ pub fn connection_slots_for(
     }
     if !short.is_empty() {
         return Ok(Err(format!(
-            "--jobs {jobs} needs {} connections ({jobs} workers, this session and one for an online build), {more} more than this one, but {}. Lower --jobs, or free connections",
-            jobs + 2,
+            "--jobs {jobs} needs {total} connections ({jobs} workers, this session, the runner lock's lease and one for an online build), {more} more than are open, but {}. Lower --jobs, or free connections",
             short.join(", and ")
         )));
     }
     Ok(Ok(format!(
-        "--jobs {jobs}: {} connections to the server ({jobs} batch workers, this session, one for an online build); {free} free slots now",
-        jobs + 2
+        "--jobs {jobs}: {total} connections to the server ({jobs} batch workers, this session, the runner lock's lease, one for an online build); {free} free slots now"
     )))
 }
 

@@ -13,6 +13,44 @@ use std::time::{Duration, Instant};
 use crate::common::*;
 use crate::kill_campaign::{self, differences, end_state, EndState, CONFIRM};
 
+/// `pg_ctl ARGS` on `pg`'s data directory, as the server's user when the tests run as root.
+pub fn pg_ctl(pg: &pgmend::localpg::LocalPg, args: &[&str]) {
+    let pg_ctl = pg.bin_dir.join("pg_ctl");
+    let root = std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false);
+    let mut c = if root {
+        let mut c = std::process::Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(&pg_ctl);
+        c
+    } else {
+        std::process::Command::new(&pg_ctl)
+    };
+    let out = c
+        .arg("-D")
+        .arg(pg.data_dir())
+        .arg("-l")
+        .arg(pg.root.join("server.log"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "pg_ctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Holds a coupon of the middle duplicate group FOR SHARE in an open transaction, so that the
+/// void batch that reaches the group waits for it inside its transaction.
+pub const HOLD_THE_MIDDLE_GROUP: &str = "BEGIN; SELECT 1 FROM issued_coupons WHERE (campaign_id, member_id) =
+   (SELECT campaign_id, member_id FROM issued_coupons GROUP BY 1, 2 HAVING count(*) > 1
+     ORDER BY 1, 2 LIMIT 1 OFFSET (SELECT count(*) / 2 FROM (SELECT 1 FROM issued_coupons
+                                    GROUP BY campaign_id, member_id HAVING count(*) > 1) g)) FOR SHARE";
+
 pub fn exe() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_pgmend"))
 }
@@ -121,14 +159,7 @@ pub fn hold_in_the_middle_of_a_batch(conninfo: &str) -> (Child, postgres::Client
     .unwrap();
     assert_eq!(out.code, 0, "{}", out.stderr);
     let mut coupon = kill_campaign::connect(conninfo).unwrap();
-    coupon
-        .batch_execute(
-            "BEGIN; SELECT 1 FROM issued_coupons WHERE (campaign_id, member_id) =
-               (SELECT campaign_id, member_id FROM issued_coupons GROUP BY 1, 2 HAVING count(*) > 1
-                 ORDER BY 1, 2 LIMIT 1 OFFSET (SELECT count(*) / 2 FROM (SELECT 1 FROM issued_coupons
-                                                GROUP BY campaign_id, member_id HAVING count(*) > 1) g)) FOR SHARE",
-        )
-        .unwrap();
+    coupon.batch_execute(HOLD_THE_MIDDLE_GROUP).unwrap();
     let child = spawn(
         &exe(),
         conninfo,
