@@ -13,7 +13,6 @@ mod held;
 #[path = "../examples/kill_campaign.rs"]
 mod kill_campaign;
 
-
 use std::thread;
 use std::time::{Duration, Instant};
 
