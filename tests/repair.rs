@@ -1305,9 +1305,12 @@ fn killed_at_random_the_release_resumes_to_the_same_state_and_ledger() {
             .spawn()
             .unwrap();
         // Eight kills at random moments, then a run left to finish: on a loaded machine a
-        // run may never get through in the random window, and the point is the resume.
+        // run may never get through in the random window, and the point is the resume. The
+        // window is short: a killed pgmend's lease ends with its process, so the next run
+        // starts at once (it used to wait about a second for the killed session's lock), and
+        // with up to 430 ms a run could finish the release after two kills.
         let delay = if kills < 8 {
-            Duration::from_millis(rng.between(30, 430))
+            Duration::from_millis(rng.between(30, 230))
         } else {
             Duration::from_secs(600)
         };

@@ -521,6 +521,22 @@ fn run_watched(
         let _ = sender.send(result);
     });
     if let Some(work) = alongside {
+        // The census is taken while the statement runs: wait until the server has started it,
+        // so that a cancel on the census's findings cannot land before the statement begins.
+        let sent = Instant::now();
+        while sent.elapsed() < Duration::from_secs(5) {
+            let started = main
+                .query_one(
+                    "SELECT coalesce((SELECT state = 'active' FROM pg_stat_activity WHERE pid = $1), true)",
+                    &[&pid],
+                )
+                .map(|r| r.get::<_, bool>(0))
+                .unwrap_or(true);
+            if started || handle.is_finished() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
         match work(main) {
             Ok(findings) => findings.iter().for_each(|f| progress(&f.describe())),
             Err(e) => {
