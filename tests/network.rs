@@ -283,8 +283,9 @@ fn a_silent_path_during_a_concurrent_build_frees_the_lock_and_the_next_run_cance
         1,
         "the build goes on on the server after pgmend is gone"
     );
-    forwarder.restore();
-    // The reader ends only after the next run has begun: until then the orphan keeps waiting.
+    // The next run connects directly while the old path stays silent (were it restored, the
+    // server would see the gone pgmend's connection close and end the build itself). The
+    // reader ends only after the next run has begun: until then the orphan keeps waiting.
     let next = spawn(&exe(), &db.conninfo(), &CONFIRM);
     thread::sleep(Duration::from_secs(3));
     reader.batch_execute("COMMIT").unwrap();
@@ -297,6 +298,7 @@ fn a_silent_path_during_a_concurrent_build_frees_the_lock_and_the_next_run_cance
     );
     assert_eq!(db.invalid_indexes(), 0);
     assert_same(&expected, &end_state(&exe(), &db.conninfo()).unwrap());
+    drop(forwarder);
 }
 
 /// A worker of a pgmend whose lease has expired cannot commit a batch: once the lease's
