@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use held::*;
 use kill_campaign::{end_state, EndState, CONFIRM};
-use pgmend::localpg::LocalPg;
 
 // ---------------------------------------------------------------------------------------
 // 1. The kill campaign, bounded.
@@ -69,18 +68,8 @@ fn assert_explains(stderr: &str, happened: &[&str], password: &str) {
 }
 
 fn server_restart_in_the_middle_of_a_batch(mode: &str) {
-    // Durable commits, as in production: the throwaway default (synchronous_commit off)
-    // lets an immediate shutdown lose the last commits, the run's own row among them.
-    let pg = LocalPg::start_with(false, &[], &[("synchronous_commit", "on")]).unwrap();
-    let conn = |db: &str| pg.conninfo(db);
-    let exe = exe();
-    kill_campaign::create_legacy_source(&exe, &conn, "src", 2000).unwrap();
-    kill_campaign::copy_database(&conn, "src", "reference").unwrap();
-    let r = kill_campaign::run_pgmend(&exe, &conn("reference"), &CONFIRM).unwrap();
-    assert_eq!(r.code, 0, "{}", r.stderr);
-    let expected = end_state(&exe, &conn("reference")).unwrap();
-    kill_campaign::copy_database(&conn, "src", "faulty").unwrap();
-    let conninfo = conn("faulty");
+    let (pg, expected) = durable_server_with_faulty_copy();
+    let conninfo = pg.conninfo("faulty");
 
     let (child, holder, _pid, run_id, checkpoint) = hold_in_the_middle_of_a_batch(&conninfo);
     pg_ctl(&pg, &["restart", "-m", mode, "-w", "-t", "60"]);

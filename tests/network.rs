@@ -384,16 +384,9 @@ fn lease_expires_in_the_middle_of_the_void(jobs: &str) {
 /// primary by itself, redoes what the old one lost, and ends as an uninterrupted run.
 #[test]
 fn after_a_failover_the_rerun_with_a_multi_host_url_finds_the_new_primary_and_ends_exact() {
-    use pgmend::localpg::LocalPg;
-    let primary = LocalPg::start_with(false, &[], &[("synchronous_commit", "on")]).unwrap();
+    let (primary, expected) = durable_server_with_faulty_copy();
     let conn = |db: &str| primary.conninfo(db);
     let exe = exe();
-    kill_campaign::create_legacy_source(&exe, &conn, "src", 2000).unwrap();
-    kill_campaign::copy_database(&conn, "src", "reference").unwrap();
-    let r = kill_campaign::run_pgmend(&exe, &conn("reference"), &CONFIRM).unwrap();
-    assert_eq!(r.code, 0, "{}", r.stderr);
-    let expected = end_state(&exe, &conn("reference")).unwrap();
-    kill_campaign::copy_database(&conn, "src", "faulty").unwrap();
 
     let standby = primary.start_standby().unwrap();
     let mut c = kill_campaign::connect(&conn("postgres")).unwrap();

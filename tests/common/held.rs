@@ -51,6 +51,23 @@ pub const HOLD_THE_MIDDLE_GROUP: &str = "BEGIN; SELECT 1 FROM issued_coupons WHE
      ORDER BY 1, 2 LIMIT 1 OFFSET (SELECT count(*) / 2 FROM (SELECT 1 FROM issued_coupons
                                     GROUP BY campaign_id, member_id HAVING count(*) > 1) g)) FOR SHARE";
 
+/// A server of its own with durable commits, as in production (the throwaway default,
+/// synchronous_commit off, lets an immediate shutdown lose the last commits), holding the
+/// legacy data for 2,000 members as `faulty`, and the end state of an uninterrupted release on
+/// a copy of the same data.
+pub fn durable_server_with_faulty_copy() -> (pgmend::localpg::LocalPg, EndState) {
+    let pg =
+        pgmend::localpg::LocalPg::start_with(false, &[], &[("synchronous_commit", "on")]).unwrap();
+    let conn = |db: &str| pg.conninfo(db);
+    kill_campaign::create_legacy_source(&exe(), &conn, "src", 2000).unwrap();
+    kill_campaign::copy_database(&conn, "src", "reference").unwrap();
+    let r = kill_campaign::run_pgmend(&exe(), &conn("reference"), &CONFIRM).unwrap();
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let expected = end_state(&exe(), &conn("reference")).unwrap();
+    kill_campaign::copy_database(&conn, "src", "faulty").unwrap();
+    (pg, expected)
+}
+
 pub fn exe() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_pgmend"))
 }
