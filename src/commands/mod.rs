@@ -28,7 +28,7 @@ use crate::db::{self, conninfo, Session};
 use crate::migrate::source::{Migration, Source};
 use crate::preflight::{self, Environment};
 use crate::repair::definition::RepairSource;
-use crate::repair::runner::RunOptions;
+use crate::repair::options::RunOptions;
 
 pub use crate::db::connect::{read_only, snapshot};
 
@@ -80,16 +80,16 @@ pub fn run_options(safety: &SafetyArgs, batch: &BatchArgs) -> Result<RunOptions>
 pub fn workers(
     session: &mut Session,
     batch: &BatchArgs,
-) -> Result<Option<crate::repair::workers::Workers>> {
+) -> Result<Option<crate::repair::options::Workers>> {
     let jobs = usize::from(batch.jobs);
     if jobs > 1 {
         preflight::connection_slots(&mut session.client, jobs)?;
     }
-    Ok(Some(crate::repair::workers::Workers {
+    Ok(Some(crate::repair::options::Workers {
         jobs,
         params: session.params.clone(),
         // The workers check in every batch that the lease holding the runner lock is alive.
-        main_pid: crate::db::runner_lock::lease_pid().unwrap_or(session.backend_pid),
+        lock_pid: crate::db::runner_lock::lease_pid().unwrap_or(session.backend_pid),
     }))
 }
 

@@ -16,7 +16,7 @@ use anyhow::Result;
 use postgres::Client;
 use rand::Rng;
 
-use crate::error::{describe, sqlstate, PgContext, Stopped};
+use crate::error::{describe, sqlstate, DbFailure, PgContext, Stopped};
 
 /// How long pgmend lets a statement wait for a lock, and for how long it keeps trying.
 #[derive(Debug, Clone, Copy)]
@@ -62,13 +62,16 @@ pub fn execute_with_lock_retry(
         let mut tx = c.transaction()?;
         tx.batch_execute(&policy.set_local_sql())?;
         tx.batch_execute(sql)?;
-        tx.commit()
+        Ok(tx.commit()?)
     })
 }
 
 /// Runs `attempt` (which opens, fills and commits one transaction, setting the policy's
 /// timeouts itself) until it succeeds, fails for a reason a retry cannot fix, or the retry
-/// budget is spent. Each attempt's waits on the server are bounded on the client side by the
+/// budget is spent. Whether a failure is retried is decided by the server's SQLSTATE alone
+/// (the `postgres::Error` or [`DbFailure`] in the error's chain); an error of pgmend's own
+/// (a checkpoint that moved, a lease lost) is returned at once, as it is, and a server's
+/// error is rendered with [`describe`] under `what`. Each attempt's waits on the server are bounded on the client side by the
 /// policy's `statement_timeout` plus [`MARGIN`](super::deadline::MARGIN) (see `db::deadline`). `what` names the work for messages; `tables` are the relations whose
 /// lock holders are named when the budget runs out.
 pub fn with_lock_retry<T>(
@@ -76,7 +79,7 @@ pub fn with_lock_retry<T>(
     policy: &LockPolicy,
     what: &str,
     tables: &[String],
-    mut attempt: impl FnMut(&mut Client) -> Result<T, postgres::Error>,
+    mut attempt: impl FnMut(&mut Client) -> Result<T>,
 ) -> Result<T> {
     let started = Instant::now();
     let mut tries: u32 = 0;
@@ -89,9 +92,11 @@ pub fn with_lock_retry<T>(
             Ok(value) => return Ok(value),
             Err(e) => e,
         };
-        let code = sqlstate(&error).map(str::to_owned);
-        if !code.as_deref().is_some_and(|c| RETRYABLE.contains(&c)) {
-            return Err(anyhow::Error::new(describe(&error)).context(what.to_string()));
+        if !sqlstate_in(&error).is_some_and(|c| RETRYABLE.contains(&c.as_str())) {
+            return Err(match error.downcast::<postgres::Error>() {
+                Ok(server) => anyhow::Error::new(describe(&server)).context(what.to_string()),
+                Err(other) => other,
+            });
         }
         let ceiling = BACKOFF_BASE
             .saturating_mul(1u32 << (tries - 1).min(16))
@@ -114,16 +119,38 @@ pub fn with_lock_retry<T>(
                     format!("--lock-retry-for {}", crate::config::format_duration(policy.retry_for))
                 },
                 crate::config::format_duration(policy.lock_timeout),
-                describe(&error),
+                rendered(&error),
                 if tables.is_empty() { "its tables".to_string() } else { tables.join(", ") },
             )));
         }
         crate::say!(
             "{what}: {} (attempt {tries}); retrying in {}",
-            describe(&error),
+            rendered(&error),
             crate::config::format_duration(pause)
         );
         std::thread::sleep(pause);
+    }
+}
+
+/// The server's SQLSTATE somewhere in `error`'s chain: a `postgres::Error` an attempt passed
+/// on with `?`, or one already rendered as a [`DbFailure`].
+fn sqlstate_in(error: &anyhow::Error) -> Option<String> {
+    error.chain().find_map(|cause| {
+        if let Some(server) = cause.downcast_ref::<postgres::Error>() {
+            sqlstate(server).map(str::to_owned)
+        } else {
+            cause
+                .downcast_ref::<DbFailure>()
+                .and_then(|f| f.sqlstate.clone())
+        }
+    })
+}
+
+/// An attempt's error as a line: the server's words for a `postgres::Error`, else the chain.
+fn rendered(error: &anyhow::Error) -> String {
+    match error.downcast_ref::<postgres::Error>() {
+        Some(server) => describe(server).to_string(),
+        None => format!("{error:#}"),
     }
 }
 

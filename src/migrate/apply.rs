@@ -59,7 +59,7 @@ pub fn execute(
             let mut tx = c.transaction()?;
             tx.batch_execute(&policy.set_local_sql())?;
             history::ensure_table(&mut tx)?;
-            tx.commit()
+            Ok(tx.commit()?)
         })?;
     }
     let mut done = Vec::new();
@@ -105,7 +105,7 @@ pub fn execute(
                 tx.batch_execute(&policy.set_local_sql())?;
                 tx.batch_execute(&migration.sql)?;
                 history::record(&mut tx, migration)?;
-                tx.commit()
+                Ok(tx.commit()?)
             })?;
         }
         let elapsed = started.elapsed();

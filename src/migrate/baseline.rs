@@ -212,6 +212,6 @@ pub fn record(client: &mut postgres::Client, v1: &Migration, policy: &LockPolicy
         tx.batch_execute(&policy.set_local_sql())?;
         history::ensure_table(&mut tx)?;
         history::record(&mut tx, v1)?;
-        tx.commit()
+        Ok(tx.commit()?)
     })
 }

@@ -54,7 +54,8 @@ use crate::error::{PgContext, Stopped, Violators};
 use crate::migrate::source::Migration;
 use crate::migrate::{apply as migrate_apply, history, plan as migrate_plan};
 use crate::repair::definition::{self, Kind, Repair, Spec};
-use crate::repair::runner::{RunOptions, RunReport};
+use crate::repair::options::RunOptions;
+use crate::repair::runner::RunReport;
 use crate::repair::{guard, verdict};
 use crate::store;
 

@@ -28,146 +28,19 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use serde::Serialize;
 
-use super::counter::{BatchResult, CounterEngine, Drift};
-use super::definition::{Repair, Spec};
-use super::neighbour::{self, Neighbour};
-use super::void::VoidEngine;
-use super::workers::{self, Workers};
+use super::batch::{self, Checkpoint, Pace, Progress, Tally, Targets};
+use super::counter::CounterEngine;
+use super::definition::Repair;
+use super::engine::Engine;
+use super::neighbour;
+use super::options::{RunOptions, Workers};
+use super::workers;
 use crate::db::retry::{with_lock_retry, LockPolicy};
-use crate::db::sql_text::{Ident, KeyRange};
+use crate::db::sql_text::Ident;
 use crate::error::{PgContext, Stopped};
 use crate::human;
 use crate::store::runs::RangeSample;
 use crate::store::{self, Run};
-
-#[derive(Clone)]
-pub struct RunOptions {
-    pub policy: LockPolicy,
-    /// Aim for batches that take about this long.
-    pub batch_target: Duration,
-    /// Pause between batches while a streaming replica replays later than this.
-    pub max_replica_lag: Option<Duration>,
-    /// Several workers for a run in ranges (`--jobs`); None: one stream on the main session.
-    pub workers: Option<Workers>,
-    /// Pauses between batches and the throttle on batches that make sessions wait.
-    pub neighbour: Neighbour,
-    /// A later step asks at once what the run's final reconciliation would (set by the release:
-    /// V4's census after the void; the same counter's rebuild after the deploy gate, before
-    /// it). The run then ends without that pass over the table (`left_over` is `None`), unless
-    /// the reconciliation decides the run's outcome (a counter after the gate).
-    pub checked_later: bool,
-}
-
-pub enum Engine {
-    Void(VoidEngine),
-    Counter(CounterEngine),
-}
-
-impl Engine {
-    pub fn prepare(client: &mut impl postgres::GenericClient, repair: &Repair) -> Result<Engine> {
-        Ok(match &repair.spec {
-            Spec::VoidDuplicates(v) => Engine::Void(VoidEngine::prepare(client, v)?),
-            Spec::RebuildCounter(c) => Engine::Counter(CounterEngine::prepare(client, c)?),
-        })
-    }
-
-    /// The shapes of the compact ledger records the engine's batches write.
-    fn ledger_shapes(&self) -> Vec<store::runs::LedgerShape> {
-        match self {
-            Engine::Void(e) => e.ledger_shapes(),
-            Engine::Counter(e) => e.ledger_shapes(),
-        }
-    }
-
-    /// Whether a new run walks ranges of keys rather than frozen keys: a counter run before
-    /// the gate (nearly every key differs), a void run where an index covers its groups.
-    fn freezes_ranges(&self, after_gate: bool) -> bool {
-        match self {
-            Engine::Void(e) => e.range_by.is_some(),
-            Engine::Counter(_) => !after_gate,
-        }
-    }
-
-    /// The column a run in ranges cuts its ranges of.
-    fn range_column(&self) -> Option<&Ident> {
-        match self {
-            Engine::Void(e) => e.range_by.as_ref().map(|(column, _)| column),
-            Engine::Counter(e) => e.spec.key.first(),
-        }
-    }
-
-    /// The table whose rows a run in ranges is cut by.
-    fn range_table(&self) -> &Ident {
-        match self {
-            Engine::Void(e) => e.range_table(),
-            Engine::Counter(e) => e.range_table(),
-        }
-    }
-
-    /// The freeze: of ranges, read as `sample` says (`Some` for a run in ranges), or of every
-    /// group or key.
-    fn freeze_sql(&self, sample: Option<RangeSample>) -> String {
-        match (self, sample) {
-            (Engine::Void(e), Some(sample)) => e.freeze_ranges_sql(sample),
-            (Engine::Void(e), None) => e.freeze_sql(),
-            (Engine::Counter(e), Some(sample)) => e.freeze_ranges_sql(sample),
-            (Engine::Counter(e), None) => e.freeze_sql(),
-        }
-    }
-
-    /// What a batch reads before its transaction: for counters, each key's drift (the sum
-    /// of a hot campaign's coupons is read without holding its counter row), over the keys
-    /// of targets ($lo, $hi], or over the key ranges they bound.
-    pub(super) fn read(
-        &self,
-        client: &mut postgres::Client,
-        run_id: i64,
-        (lo, hi): (i64, i64),
-        bounds: Option<&Bounds>,
-    ) -> Result<Vec<Drift>, postgres::Error> {
-        match (self, bounds) {
-            // A batch over ranges of keys reads and writes in one statement (`batch_range`).
-            (Engine::Void(_), _) | (Engine::Counter(_), Some(_)) => Ok(Vec::new()),
-            (Engine::Counter(e), None) => e.read_drift(client, run_id, lo, hi),
-        }
-    }
-
-    pub(super) fn batch(
-        &self,
-        tx: &mut postgres::Transaction<'_>,
-        run_id: i64,
-        (lo, hi): (i64, i64),
-        bounds: Option<&Bounds>,
-        drift: &[Drift],
-        merge: bool,
-    ) -> Result<BatchResult, postgres::Error> {
-        let changed = match (self, bounds) {
-            (Engine::Counter(e), Some((after, up_to))) => {
-                return e.batch_range(tx, run_id, after.as_deref(), up_to.as_deref())
-            }
-            (Engine::Counter(e), None) => return e.batch(tx, run_id, drift, merge),
-            (Engine::Void(e), Some((after, up_to))) => {
-                let (range, values) = KeyRange::bind(after.as_deref(), up_to.as_deref(), 2);
-                let mut params: Vec<&(dyn postgres::types::ToSql + Sync)> = vec![&run_id];
-                params.extend(
-                    values
-                        .iter()
-                        .map(|v| v as &(dyn postgres::types::ToSql + Sync)),
-                );
-                tx.execute(&e.range_batch_sql(range), &params)?
-            }
-            (Engine::Void(e), None) => tx.execute(&e.batch_sql(), &[&run_id, &lo, &hi])?,
-        };
-        Ok(BatchResult {
-            changed: changed as i64,
-            skipped: Vec::new(),
-        })
-    }
-}
-
-/// The bounds of a batch of a run in ranges: after the first (None: from the first value) and
-/// up to the second (None: to the last), as text.
-pub(super) type Bounds = (Option<String>, Option<String>);
 
 /// Whether the run's targets from `lo` on are ranges of keys: a run frozen in ranges, up to
 /// the keys a later pass of a counter run appended (`repass_from`).
@@ -259,155 +132,28 @@ pub fn apply(
     // what the run's compact ledger records leave out, which the ledger's view reads them with.
     store::runs::record_shapes(client, run.run_id, &engine.ledger_shapes())?;
 
-    // The first batch is one target: what one target costs is unknown until then (a
-    // campaign's counter sums 370,000 coupons where a member-month's sums four), and a
-    // first batch of 200 campaigns would hold their locks for as long as that takes.
-    let mut size: i64 = 1;
-    let mut times: Vec<u64> = Vec::new();
-    let started = Instant::now();
-    let mut last_line = Instant::now();
-    let mut interrupted = false;
-    let bar = progress_bar(&repair.name, run.targets, run.checkpoint);
+    let mut tally = Tally::default();
     let mut repasses = 0;
-    let mut blocking: u64 = 0;
-    let parallel = parallel(client, &run, options)?;
-    let mut sessions = Vec::new();
-    if let Some(w) = parallel {
-        for _ in 0..w.jobs {
-            sessions.push(crate::db::connect(&w.params).map_err(|e| {
-                e.context(format!(
-                    "opening a connection for a worker of {} (--jobs {})",
-                    repair.name, w.jobs
-                ))
-            })?);
-        }
-        progress(&format!(
-            "{}: {} workers, each on its own connection, over ranges of the run's targets",
-            repair.name, w.jobs
-        ));
-    }
     let left_over = loop {
-        if let Some(w) = parallel {
-            let walked = workers::walk(
-                &engine,
-                &repair.name,
-                &run,
-                options,
-                w,
-                &mut sessions,
-                client,
-                progress,
-            )?;
-            times.extend(walked.times);
-            blocking += walked.blocking;
-            interrupted = walked.interrupted;
-            run = store::run(client, run.run_id)?.expect("the run exists");
-            if !interrupted && run.checkpoint < run.targets {
-                anyhow::bail!(
-                    "{}: the workers of run {} stopped with {} of {} targets done and no error; check `pgmend repair status` and rerun the command to resume",
-                    repair.name, run.run_id, human::int(run.checkpoint), human::int(run.targets)
-                );
+        let walked = match parallel(client, &run, options)? {
+            Some(w) => {
+                let walked =
+                    workers::walk(&engine, &repair.name, &run, options, w, client, progress)?;
+                run = store::run(client, run.run_id)?.expect("the run exists");
+                if !walked.interrupted && run.checkpoint < run.targets {
+                    anyhow::bail!(
+                        "{}: the workers of run {} stopped with {} of {} targets done and no error; check `pgmend repair status` and rerun the command to resume",
+                        repair.name, run.run_id, human::int(run.checkpoint), human::int(run.targets)
+                    );
+                }
+                walked
             }
-        }
-        while parallel.is_none() && run.checkpoint < run.targets {
-            if crate::signals::requested().is_some() {
-                interrupted = true;
-                break;
-            }
-            if let Some(max_lag) = options.max_replica_lag {
-                wait_for_replicas(client, max_lag, progress)?;
-            }
-            let (lo, hi) = (run.checkpoint, (run.checkpoint + size).min(run.targets));
-            let t = Instant::now();
-            let result = with_lock_retry(
-                client,
-                &options.policy,
-                &format!("{} batch {lo}..{hi}", repair.name),
-                &[],
-                |c| {
-                    let bounds = if in_ranges(&run, lo) {
-                        Some(store::runs::range_bounds(c, run.run_id, lo, hi)?)
-                    } else {
-                        None
-                    };
-                    let drift = engine.read(c, run.run_id, (lo, hi), bounds.as_ref())?;
-                    let t = Instant::now();
-                    let mut tx = c.transaction()?;
-                    tx.batch_execute(&options.policy.set_local_sql())?;
-                    let merge = run.repass_from.is_some_and(|from| lo >= from);
-                    let r = engine.batch(
-                        &mut tx,
-                        run.run_id,
-                        (lo, hi),
-                        bounds.as_ref(),
-                        &drift,
-                        merge,
-                    )?;
-                    let advanced =
-                        store::runs::advance(&mut tx, run.run_id, (lo, hi), r.changed, &r.skipped)?;
-                    if advanced != 1 {
-                        // Dropping the transaction rolls the batch back.
-                        return Ok(Err(anyhow::anyhow!(
-                        "{} batch {lo}..{hi}: run {} is gone or its checkpoint moved under this process; the batch was rolled back. Check `pgmend repair status` before running it again",
-                        repair.name, run.run_id
-                    )));
-                    }
-                    let waiting = neighbour::sessions_waiting_on_me(&mut tx, &[])?;
-                    tx.commit()?;
-                    Ok(Ok((r, t.elapsed(), waiting)))
-                },
-            )??;
-            let (result, in_transaction, waiting) = result;
-            let took = t.elapsed();
-            times.push(in_transaction.as_millis() as u64);
-            run.checkpoint = hi;
-            run.processed += hi - lo;
-            run.changed += result.changed;
-            if let serde_json::Value::Array(list) = &mut run.skipped {
-                list.extend(result.skipped);
-            }
-            size = next_batch_size(size, options.batch_target, took);
-            if in_ranges(&run, run.checkpoint) {
-                // A range holds about ROWS_PER_RANGE rows of its table: about the same bound
-                // on keys per batch as for frozen keys.
-                size = size.min(MAX_BATCH / store::runs::ROWS_PER_RANGE);
-            }
-            let (next, pause) = options.neighbour.after_batch(hi - lo, size, took, waiting);
-            size = next;
-            blocking += u64::from(waiting > 0);
-            if let Some(bar) = &bar {
-                bar.set_position(run.checkpoint as u64);
-                bar.set_message(format!(
-                    "{} changed, last batch {} in {}",
-                    human::count(run.changed, "row"),
-                    human::int(hi - lo),
-                    human::duration(took)
-                ));
-            } else if last_line.elapsed() >= Duration::from_secs(2) || run.checkpoint == run.targets
-            {
-                let rate = run.processed as f64 / started.elapsed().as_secs_f64().max(0.001);
-                let eta = ((run.targets - run.checkpoint) as f64 / rate.max(0.001)) as u64;
-                progress(&format!(
-                    "{}: {}/{} targets ({}), {} changed, {} targets, ETA {}, last batch {} in {}",
-                    repair.name,
-                    human::int(run.checkpoint),
-                    human::int(run.targets),
-                    human::percent(run.checkpoint, run.targets),
-                    human::count(run.changed, "row"),
-                    human::rate(rate),
-                    human::duration(Duration::from_secs(eta)),
-                    human::int(hi - lo),
-                    human::duration(took)
-                ));
-                last_line = Instant::now();
-            }
-            if run.checkpoint < run.targets {
-                neighbour::sleep(pause);
-            }
-        }
+            None => stream(client, &engine, repair, options, &mut run, progress)?,
+        };
+        tally.add(walked);
         // A run that froze nothing found every target agreeing a moment ago; checking again
         // would cost another pass over the source for nothing.
-        if interrupted || run.targets == 0 {
+        if tally.interrupted || run.targets == 0 {
             break Some(0);
         }
         if options.checked_later && !after_gate {
@@ -429,20 +175,7 @@ pub fn apply(
         human::int(added),
         repasses + 1
     ));
-        if let Some(bar) = &bar {
-            bar.set_length(run.targets as u64);
-        }
     };
-    if let Some(bar) = bar {
-        bar.finish_and_clear();
-        progress(&format!(
-            "{}: {}/{} targets, {} changed",
-            repair.name,
-            human::int(run.checkpoint),
-            human::int(run.targets),
-            human::count(run.changed, "row")
-        ));
-    }
     let left_over_keys = match &engine {
         Engine::Counter(counter) if after_gate && left_over.is_some_and(|n| n > 0) => counter
             .differing_keys(client, 10)
@@ -452,10 +185,15 @@ pub fn apply(
             .collect(),
         _ => Vec::new(),
     };
-    if !interrupted {
+    if !tally.interrupted {
         store::runs::finish(client, run.run_id)?;
     }
     let run = store::run(client, run.run_id)?.expect("the run exists");
+    let Tally {
+        interrupted,
+        mut times,
+        blocking,
+    } = tally;
     times.sort_unstable();
     let pct = |p: f64| {
         times
@@ -476,6 +214,66 @@ pub fn apply(
         after_gate,
         run,
     })
+}
+
+/// Walks what is left of `run` in one stream of batches on the main session, to the end or to
+/// a stop, keeping `run`'s checkpoint and counts as its batches commit them.
+fn stream(
+    client: &mut postgres::Client,
+    engine: &Engine,
+    repair: &Repair,
+    options: &RunOptions,
+    run: &mut Run,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Tally> {
+    let mut tally = Tally::default();
+    let mut pace = Pace::new();
+    let mut shown = Progress::new(&repair.name, run.targets, run.checkpoint, None);
+    while run.checkpoint < run.targets {
+        if crate::signals::requested().is_some() {
+            tally.interrupted = true;
+            break;
+        }
+        if let Some(max_lag) = options.max_replica_lag {
+            wait_for_replicas(client, max_lag, progress)?;
+        }
+        let lo = run.checkpoint;
+        let targets = Targets {
+            lo,
+            hi: (lo + pace.size()).min(run.targets),
+            in_ranges: in_ranges(run, lo),
+            merge: run.repass_from.is_some_and(|from| lo >= from),
+        };
+        let done = batch::run(
+            client,
+            engine,
+            &repair.name,
+            run.run_id,
+            options,
+            Checkpoint::Run,
+            targets,
+        )?;
+        tally.times.push(done.in_transaction.as_millis() as u64);
+        tally.blocking += u64::from(done.waiting > 0);
+        run.checkpoint = targets.hi;
+        run.processed += targets.hi - targets.lo;
+        run.changed += done.result.changed;
+        if let serde_json::Value::Array(list) = &mut run.skipped {
+            list.extend(done.result.skipped.iter().cloned());
+        }
+        let pause = pace.after(options, targets, &done, in_ranges(run, run.checkpoint));
+        shown.show(
+            (run.checkpoint, run.targets),
+            run.changed,
+            Some((targets.hi - targets.lo, done.took)),
+            progress,
+        );
+        if run.checkpoint < run.targets {
+            neighbour::sleep(pause);
+        }
+    }
+    shown.finish((run.checkpoint, run.targets), run.changed, progress);
+    Ok(tally)
 }
 
 /// The workers that walk `run`, or None for one stream on the main session: several for a run
@@ -530,50 +328,6 @@ fn repass(
     run.targets += n;
     run.repass_from.get_or_insert(from);
     Ok(n)
-}
-
-/// On a terminal, a progress bar on stderr with rate and ETA; elsewhere plain lines instead.
-fn progress_bar(name: &str, targets: i64, done: i64) -> Option<indicatif::ProgressBar> {
-    use std::io::IsTerminal;
-    if !std::io::stderr().is_terminal() || targets == 0 {
-        return None;
-    }
-    let bar = indicatif::ProgressBar::new(targets as u64);
-    // Rate and ETA written as every other line of pgmend writes them (`human`), not in
-    // indicatif's own forms (`29428.7221/s`, `3 minutes`).
-    if let Ok(style) = indicatif::ProgressStyle::with_template(
-        "{prefix} [{bar:30}] {count} targets, {rate}, ETA {left}: {msg}",
-    ) {
-        let style = style
-            .with_key(
-                "count",
-                |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
-                    let _ = write!(
-                        w,
-                        "{}/{}",
-                        human::int(s.pos()),
-                        human::int(s.len().unwrap_or(0))
-                    );
-                },
-            )
-            .with_key(
-                "rate",
-                |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
-                    let _ = write!(w, "{}", human::rate(s.per_sec()));
-                },
-            )
-            .with_key(
-                "left",
-                |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
-                    let whole_seconds = Duration::from_secs(s.eta().as_secs());
-                    let _ = write!(w, "{}", human::duration(whole_seconds));
-                },
-            );
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar.set_prefix(name.to_string());
-    bar.set_position(done as u64);
-    Some(bar)
 }
 
 /// Creates the run and freezes its targets in one transaction, then ANALYZEs them (if any).
@@ -696,46 +450,5 @@ fn wait_for_replicas(
             announced = true;
         }
         std::thread::sleep(Duration::from_millis(500));
-    }
-}
-
-/// The size of the next batch: aimed at `target` from how long `size` targets took, changing
-/// by at most 2x at a time, between 1 and 50,000. Rounded up when growing: from one target,
-/// rounding down would never grow again once a batch's fixed cost passes half the target.
-pub(super) fn next_batch_size(size: i64, target: Duration, took: Duration) -> i64 {
-    let ratio = (target.as_secs_f64() / took.as_secs_f64().max(0.001)).clamp(0.5, 2.0);
-    let next = size as f64 * ratio;
-    let next = if ratio > 1.0 {
-        next.ceil()
-    } else {
-        next.floor()
-    };
-    (next as i64).clamp(1, MAX_BATCH)
-}
-
-/// The most targets one batch takes.
-pub(super) const MAX_BATCH: i64 = 50_000;
-
-#[cfg(test)]
-mod tests {
-    use super::next_batch_size;
-    use std::time::Duration;
-
-    fn ms(n: u64) -> Duration {
-        Duration::from_millis(n)
-    }
-
-    #[test]
-    fn a_batch_of_one_grows_while_it_is_under_the_target() {
-        // 150 ms of fixed cost against a 200 ms target: 1 * 1.33 must not round back to 1.
-        assert_eq!(next_batch_size(1, ms(200), ms(150)), 2);
-        assert_eq!(next_batch_size(2, ms(200), ms(160)), 3);
-        // Fast batches double, slow ones halve, and the size stays between 1 and 50,000.
-        assert_eq!(next_batch_size(100, ms(200), ms(10)), 200);
-        assert_eq!(next_batch_size(100, ms(200), ms(2000)), 50);
-        assert_eq!(next_batch_size(1, ms(200), ms(2000)), 1);
-        assert_eq!(next_batch_size(40_000, ms(200), ms(1)), 50_000);
-        // On target: unchanged.
-        assert_eq!(next_batch_size(300, ms(200), ms(200)), 300);
     }
 }

@@ -226,7 +226,15 @@ pub fn undo(
             policy,
             &format!("undoing run {}", run.run_id),
             &[],
-            |c| restore_batch(c, policy, &statements, (run.run_id, undo_run), checkpoint),
+            |c| {
+                Ok(restore_batch(
+                    c,
+                    policy,
+                    &statements,
+                    (run.run_id, undo_run),
+                    checkpoint,
+                )?)
+            },
         )?;
         let Some((last, r, d)) = batch else { break };
         checkpoint = last;

@@ -5,7 +5,8 @@
 use anyhow::Result;
 
 use super::definition::{Kind, Repair};
-use super::runner::{self, RunOptions, RunReport};
+use super::options::RunOptions;
+use super::runner::{self, RunReport};
 use crate::error::{Outcome, Stopped};
 use crate::human;
 

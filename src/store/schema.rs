@@ -274,7 +274,7 @@ pub fn ensure(client: &mut postgres::Client, policy: &LockPolicy) -> Result<()> 
     if found == Some(CURRENT) {
         return Ok(());
     }
-    let outcome = with_lock_retry(
+    with_lock_retry(
         client,
         policy,
         "creating or upgrading pgmend's tables (schema pgmend)",
@@ -283,13 +283,8 @@ pub fn ensure(client: &mut postgres::Client, policy: &LockPolicy) -> Result<()> 
             let mut tx = c.transaction()?;
             tx.batch_execute(&policy.set_local_sql())?;
             tx.execute("SELECT pg_advisory_xact_lock($1, $2)", &[&LOCK.0, &LOCK.1])?;
-            let now = match version(&mut tx) {
-                Ok(v) => v,
-                Err(e) => return Ok(Err(e)),
-            };
-            if let Err(e) = refuse_newer(now) {
-                return Ok(Err(e));
-            }
+            let now = version(&mut tx)?;
+            refuse_newer(now)?;
             let from = now.unwrap_or(0);
             for (to, sql) in STEPS {
                 // Version 1's statements are idempotent and complete any older schema.
@@ -303,8 +298,7 @@ pub fn ensure(client: &mut postgres::Client, policy: &LockPolicy) -> Result<()> 
                 &[&CURRENT],
             )?;
             tx.commit()?;
-            Ok(Ok(()))
+            Ok(())
         },
-    )?;
-    outcome
+    )
 }

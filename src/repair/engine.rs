@@ -1,0 +1,125 @@
+//! The two repair engines behind one face, for the batch path ([`super::batch`]), the runner
+//! and the workers: how a run freezes its targets (keys, or ranges of one column's values), what
+//! a batch reads before its transaction and what it writes in it, and the compact ledger records
+//! it leaves. A new repair kind is one more variant here and one module of SQL builders beside
+//! `void` and `counter`.
+
+use anyhow::Result;
+
+use super::counter::{BatchResult, CounterEngine, Drift};
+use super::definition::{Repair, Spec};
+use super::void::VoidEngine;
+use crate::db::sql_text::{Ident, KeyRange};
+use crate::store;
+use crate::store::runs::RangeSample;
+
+pub enum Engine {
+    Void(VoidEngine),
+    Counter(CounterEngine),
+}
+
+impl Engine {
+    pub fn prepare(client: &mut impl postgres::GenericClient, repair: &Repair) -> Result<Engine> {
+        Ok(match &repair.spec {
+            Spec::VoidDuplicates(v) => Engine::Void(VoidEngine::prepare(client, v)?),
+            Spec::RebuildCounter(c) => Engine::Counter(CounterEngine::prepare(client, c)?),
+        })
+    }
+
+    /// The shapes of the compact ledger records the engine's batches write.
+    pub(super) fn ledger_shapes(&self) -> Vec<store::runs::LedgerShape> {
+        match self {
+            Engine::Void(e) => e.ledger_shapes(),
+            Engine::Counter(e) => e.ledger_shapes(),
+        }
+    }
+
+    /// Whether a new run walks ranges of keys rather than frozen keys: a counter run before
+    /// the gate (nearly every key differs), a void run where an index covers its groups.
+    pub(super) fn freezes_ranges(&self, after_gate: bool) -> bool {
+        match self {
+            Engine::Void(e) => e.range_by.is_some(),
+            Engine::Counter(_) => !after_gate,
+        }
+    }
+
+    /// The column a run in ranges cuts its ranges of.
+    pub(super) fn range_column(&self) -> Option<&Ident> {
+        match self {
+            Engine::Void(e) => e.range_by.as_ref().map(|(column, _)| column),
+            Engine::Counter(e) => e.spec.key.first(),
+        }
+    }
+
+    /// The table whose rows a run in ranges is cut by.
+    pub(super) fn range_table(&self) -> &Ident {
+        match self {
+            Engine::Void(e) => e.range_table(),
+            Engine::Counter(e) => e.range_table(),
+        }
+    }
+
+    /// The freeze: of ranges, read as `sample` says (`Some` for a run in ranges), or of every
+    /// group or key.
+    pub(super) fn freeze_sql(&self, sample: Option<RangeSample>) -> String {
+        match (self, sample) {
+            (Engine::Void(e), Some(sample)) => e.freeze_ranges_sql(sample),
+            (Engine::Void(e), None) => e.freeze_sql(),
+            (Engine::Counter(e), Some(sample)) => e.freeze_ranges_sql(sample),
+            (Engine::Counter(e), None) => e.freeze_sql(),
+        }
+    }
+
+    /// What a batch reads before its transaction: for counters, each key's drift (the sum
+    /// of a hot campaign's coupons is read without holding its counter row), over the keys
+    /// of targets ($lo, $hi], or over the key ranges they bound.
+    pub(super) fn read(
+        &self,
+        client: &mut postgres::Client,
+        run_id: i64,
+        (lo, hi): (i64, i64),
+        bounds: Option<&Bounds>,
+    ) -> Result<Vec<Drift>, postgres::Error> {
+        match (self, bounds) {
+            // A batch over ranges of keys reads and writes in one statement (`batch_range`).
+            (Engine::Void(_), _) | (Engine::Counter(_), Some(_)) => Ok(Vec::new()),
+            (Engine::Counter(e), None) => e.read_drift(client, run_id, lo, hi),
+        }
+    }
+
+    pub(super) fn batch(
+        &self,
+        tx: &mut postgres::Transaction<'_>,
+        run_id: i64,
+        (lo, hi): (i64, i64),
+        bounds: Option<&Bounds>,
+        drift: &[Drift],
+        merge: bool,
+    ) -> Result<BatchResult, postgres::Error> {
+        let changed = match (self, bounds) {
+            (Engine::Counter(e), Some((after, up_to))) => {
+                return e.batch_range(tx, run_id, after.as_deref(), up_to.as_deref())
+            }
+            (Engine::Counter(e), None) => return e.batch(tx, run_id, drift, merge),
+            (Engine::Void(e), Some((after, up_to))) => {
+                let (range, values) = KeyRange::bind(after.as_deref(), up_to.as_deref(), 2);
+                let mut params: Vec<&(dyn postgres::types::ToSql + Sync)> = vec![&run_id];
+                params.extend(
+                    values
+                        .iter()
+                        .map(|v| v as &(dyn postgres::types::ToSql + Sync)),
+                );
+                tx.execute(&e.range_batch_sql(range), &params)?
+            }
+            (Engine::Void(e), None) => tx.execute(&e.batch_sql(), &[&run_id, &lo, &hi])?,
+        };
+        Ok(BatchResult {
+            changed: changed as i64,
+            skipped: Vec::new(),
+        })
+    }
+}
+
+/// The bounds of a batch of a run in ranges: after the first (None: from the first value) and
+/// up to the second (None: to the last), as text.
+pub(super) type Bounds = (Option<String>, Option<String>);

@@ -1,0 +1,37 @@
+//! How a run's batches are run, as the command's options say: the lock policy, the batch
+//! target, replica lag, the good-neighbour pauses, and the workers of `--jobs`.
+
+use std::time::Duration;
+
+use super::neighbour::Neighbour;
+use crate::db::conninfo::ConnParams;
+use crate::db::retry::LockPolicy;
+
+/// The options of a run's batches.
+#[derive(Clone)]
+pub struct RunOptions {
+    pub policy: LockPolicy,
+    /// Aim for batches that take about this long.
+    pub batch_target: Duration,
+    /// Pause between batches while a streaming replica replays later than this.
+    pub max_replica_lag: Option<Duration>,
+    /// Several workers for a run in ranges (`--jobs`); None: one stream on the main session.
+    pub workers: Option<Workers>,
+    /// Pauses between batches and the throttle on batches that make sessions wait.
+    pub neighbour: Neighbour,
+    /// A later step asks at once what the run's final reconciliation would (set by the release:
+    /// V4's census after the void; the same counter's rebuild after the deploy gate, before
+    /// it). The run then ends without that pass over the table (`left_over` is `None`), unless
+    /// the reconciliation decides the run's outcome (a counter after the gate).
+    pub checked_later: bool,
+}
+
+/// How the command lets a run use several workers: how many, where to connect them, and the
+/// backend that holds the runner lock (the lease's session), which every worker's batch checks
+/// before it commits.
+#[derive(Clone)]
+pub struct Workers {
+    pub jobs: usize,
+    pub params: ConnParams,
+    pub lock_pid: i32,
+}
