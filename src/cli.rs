@@ -249,6 +249,8 @@ pub struct ReleasePlanArgs {
     pub migrations: MigrationsArgs,
     #[command(flatten)]
     pub repairs: RepairsArgs,
+    #[command(flatten)]
+    pub long_locks: LongLockArgs,
     /// How many changed rows each repair's diff shows.
     #[arg(long, default_value_t = 20)]
     pub sample: usize,
@@ -275,6 +277,8 @@ pub struct ReleaseApplyArgs {
     pub migrations: MigrationsArgs,
     #[command(flatten)]
     pub repairs: RepairsArgs,
+    #[command(flatten)]
+    pub long_locks: LongLockArgs,
     #[command(flatten)]
     pub safety: SafetyArgs,
     #[command(flatten)]
@@ -427,6 +431,8 @@ pub struct PlanArgs {
     /// Stop at this version (inclusive) instead of the newest.
     #[arg(long, value_name = "VERSION")]
     pub target: Option<i32>,
+    #[command(flatten)]
+    pub long_locks: LongLockArgs,
 }
 
 #[derive(Debug, Args)]
@@ -500,6 +506,16 @@ pub struct MigrationsArgs {
     /// Read migrations from this directory instead of the ones built into pgmend.
     #[arg(long, env = "PGMEND_MIGRATIONS_DIR", value_name = "DIR")]
     pub migrations_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct LongLockArgs {
+    /// Refuse a statement that would hold a strong lock while it reads or rewrites a table of
+    /// more rows than this (a FOREIGN KEY without NOT VALID, SET NOT NULL without a valid check,
+    /// a rewriting type change, CREATE INDEX without CONCURRENTLY, ...), unless its migration
+    /// accepts it with a `-- pgmend:long-lock <why>` line right before it.
+    #[arg(long, default_value_t = crate::migrate::long_locks::DEFAULT_ROWS, value_parser = clap::value_parser!(i64).range(0..), value_name = "ROWS")]
+    pub long_lock_rows: i64,
 }
 
 #[derive(Debug, Args)]

@@ -87,6 +87,22 @@ pub fn duration(d: Duration) -> String {
     }
 }
 
+/// A size on disk: `512 B`, `8.0 kB`, `1.2 MB`, `3.4 GB` (powers of 1024, as PostgreSQL's
+/// `pg_size_pretty` counts them).
+pub fn bytes(n: i64) -> String {
+    const UNITS: [&str; 5] = ["kB", "MB", "GB", "TB", "PB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut value = n as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
 /// Milliseconds from a batch timer, as [`duration`] writes them.
 pub fn millis(ms: u64) -> String {
     duration(Duration::from_millis(ms))
@@ -95,6 +111,13 @@ pub fn millis(ms: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_on_disk() {
+        assert_eq!(bytes(512), "512 B");
+        assert_eq!(bytes(8192), "8.0 kB");
+        assert_eq!(bytes(3 * 1024 * 1024 + 200 * 1024), "3.2 MB");
+    }
 
     #[test]
     fn groups_thousands() {

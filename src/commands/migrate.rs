@@ -26,7 +26,7 @@ use crate::db::conninfo::ConnParams;
 use crate::db::runner_lock;
 use crate::error::{Outcome, PgContext};
 use crate::migrate::source::{by_version, Migration};
-use crate::migrate::{apply, baseline, history, plan, status};
+use crate::migrate::{apply, baseline, history, long_locks, plan, status};
 use crate::online::{catalog, validate};
 use crate::preflight::privileges;
 
@@ -129,7 +129,14 @@ pub fn status(args: &StatusArgs, format: Format) -> Result<Outcome> {
 pub fn plan(args: &PlanArgs, format: Format) -> Result<Outcome> {
     let files = load(&args.migrations)?;
     let mut session = open(&args.conn)?;
-    let plan = plan::build(&mut session.client, files, args.target)?;
+    let mut plan = plan::build(&mut session.client, files, args.target)?;
+    let refused = long_locks::flag(
+        &mut session.client,
+        &mut plan,
+        args.long_locks.long_lock_rows,
+        |_| true,
+    )?;
+    plan.blockers.extend(refused);
     render_plan(&plan, format)?;
     if !plan.blockers.is_empty() {
         bail!(
@@ -154,12 +161,19 @@ pub fn apply(args: &ApplyArgs, format: Format) -> Result<Outcome> {
     session.ensure_writable()?;
     let _lock = runner_lock::acquire(&mut session, args.safety.runner_wait)?;
     // Planned under the runner lock: what is shown is what is applied.
-    let plan = plan::build_with(
+    let mut plan = plan::build_with(
         &mut session.client,
         files,
         args.plan.target,
         !args.safety.yes,
     )?;
+    let refused = long_locks::flag(
+        &mut session.client,
+        &mut plan,
+        args.plan.long_locks.long_lock_rows,
+        |_| true,
+    )?;
+    plan.blockers.extend(refused);
     if plan.blockers.is_empty() {
         let pending = plan
             .pending

@@ -34,7 +34,7 @@ use super::{confirm, load, open_checked, policy, print_json, run_options, source
 use crate::cli::{Format, ReleaseApplyArgs, ReleasePlanArgs};
 use crate::db::runner_lock;
 use crate::error::Outcome;
-use crate::migrate::{history, plan as migrate_plan};
+use crate::migrate::{history, long_locks, plan as migrate_plan};
 use crate::preflight::{self, privileges};
 use crate::release::dry_run::{self, DryRun, StepPlan};
 use crate::release::engine::{self, Applied, Following, Release, Settings};
@@ -73,7 +73,13 @@ pub fn plan(args: &ReleasePlanArgs, format: Format) -> Result<Outcome> {
             usize::from(jobs),
         )?),
     };
-    let migrations = migrate_plan::build(&mut session.client, files.clone(), None)?;
+    let mut migrations = migrate_plan::build(&mut session.client, files.clone(), None)?;
+    let long_locks = long_locks::flag(
+        &mut session.client,
+        &mut migrations,
+        args.long_locks.long_lock_rows,
+        |version| release::runs_migration(&steps, version),
+    )?;
     let release = Release {
         steps: &steps,
         files: &files,
@@ -115,6 +121,7 @@ pub fn plan(args: &ReleasePlanArgs, format: Format) -> Result<Outcome> {
     let needs = privileges::for_release(&steps, &progress, &files, &repairs, &gates);
     let (role, lacking) = privileges::missing(&mut session.client, &needs)?;
     let mut blockers = migrations.blockers.clone();
+    blockers.extend(long_locks);
     if let Some(Err(short)) = slots {
         blockers.push(format!("apply would be refused: {short}"));
     }
@@ -321,6 +328,22 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
         let progress = release::progress(&mut session.client, applied)?;
         let needs = privileges::for_release(&steps, &progress, &files, &repairs, &args.confirm);
         privileges::check(&mut session.client, "this release", &needs)?;
+        // A pending migration that would hold a strong lock over a large table stops the
+        // release here, not after the repairs before it have run.
+        let mut pending =
+            migrate_plan::build_with(&mut session.client, files.clone(), None, false)?;
+        let refused = long_locks::flag(
+            &mut session.client,
+            &mut pending,
+            args.long_locks.long_lock_rows,
+            |version| release::runs_migration(&steps, version),
+        )?;
+        if !refused.is_empty() {
+            bail!(
+                "the release would hold strong locks over large tables; nothing was changed:\n  - {}",
+                refused.join("\n  - ")
+            );
+        }
     }
     let release = Release {
         steps: &steps,

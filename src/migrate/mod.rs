@@ -3,6 +3,7 @@
 pub mod apply;
 pub mod baseline;
 pub mod history;
+pub mod long_locks;
 pub mod plan;
 pub mod source;
 pub mod status;

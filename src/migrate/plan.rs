@@ -23,6 +23,7 @@ use anyhow::{bail, Result};
 use serde::Serialize;
 
 use super::history;
+use super::long_locks::LongLockFinding;
 use super::source::{by_version, Migration, Mode};
 use super::status::{self, Entry};
 use crate::error::PgContext;
@@ -57,6 +58,10 @@ pub struct PlannedMigration {
     /// What apply does first about indexes this step builds that already exist (an INVALID
     /// one left by a failed build is dropped CONCURRENTLY before the build).
     pub existing_indexes: Vec<String>,
+    /// Statements that would hold a strong lock for a time that grows with their table
+    /// (`long_locks::flag` fills them in; left out of the JSON when there are none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub long_locks: Vec<LongLockFinding>,
     pub sql: String,
 }
 
@@ -160,6 +165,7 @@ pub fn build_with(
                 .filter_map(Statement::strongest_lock)
                 .max(),
             statements: m.statements.clone(),
+            long_locks: Vec::new(),
             sql: m.sql.clone(),
         });
     }
@@ -256,6 +262,18 @@ pub fn render_migration(m: &PlannedMigration, out: &mut impl Write) -> std::io::
     }
     for note in &m.existing_indexes {
         writeln!(out, "   {note}")?;
+    }
+    for finding in &m.long_locks {
+        writeln!(
+            out,
+            "   long lock: {}{}",
+            finding.describe(&format!("V{}", m.version)),
+            if finding.refused {
+                " — apply refuses this (exit 2)"
+            } else {
+                ""
+            }
+        )?;
     }
     if let Some(mode) = m.strongest_lock {
         writeln!(

@@ -67,6 +67,13 @@ pub enum Step {
     },
 }
 
+/// Whether the release's `steps` apply migration `version`.
+pub fn runs_migration(steps: &[Step], version: i32) -> bool {
+    steps
+        .iter()
+        .any(|s| matches!(s, Step::Migrate { version: v, .. } if *v == version))
+}
+
 impl Step {
     pub fn label(&self) -> String {
         match self {

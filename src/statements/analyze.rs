@@ -31,6 +31,7 @@ pub(super) fn analyze(sql: String, line: usize, tokens: &[Token]) -> Statement {
         transaction_control: false,
         lock_assumed: false,
         creates_tables: Vec::new(),
+        long_lock_accepted: None,
     };
     let first = words.first().copied().unwrap_or("");
     let s = &mut statement;

@@ -19,7 +19,10 @@ use analyze::analyze;
 use tokens::{comment_end, tokenize};
 
 mod analyze;
+pub mod long_lock;
 mod tokens;
+
+pub use long_lock::{LongLock, NotNullCheck};
 
 /// PostgreSQL's table-level lock modes, weakest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -90,6 +93,24 @@ pub struct Statement {
     pub lock_assumed: bool,
     /// Tables this statement creates (to refuse re-creating what exists).
     pub creates_tables: Vec<String>,
+    /// Why the migration's author accepts a long lock here: the text after
+    /// [`LONG_LOCK_MARKER`] in a `--` line among the comments right before the statement.
+    #[serde(skip)]
+    pub long_lock_accepted: Option<String>,
+}
+
+/// The `--` comment before a statement that accepts its long lock: `-- pgmend:long-lock <why>`.
+pub const LONG_LOCK_MARKER: &str = "pgmend:long-lock";
+
+/// What `statement` does to a `CHECK (col IS NOT NULL)` (see [`long_lock::NotNullCheck`]).
+pub fn not_null_check(statement: &Statement) -> Option<NotNullCheck> {
+    long_lock::not_null_check(&tokenize(&statement.sql))
+}
+
+/// The forms of `statement` that would hold a strong lock for a time that grows with the
+/// table, from its text (see [`long_lock`]).
+pub fn long_locks(statement: &Statement) -> Vec<LongLock> {
+    long_lock::candidates(statement, &tokenize(&statement.sql))
 }
 
 impl Statement {
@@ -205,7 +226,21 @@ fn push_statement(out: &mut Vec<Statement>, chars: &[char], first_line: usize) {
             break;
         }
     }
-    out.push(analyze(strip_leading_comments(text.trim()), line, &tokens));
+    let mut statement = analyze(strip_leading_comments(text.trim()), line, &tokens);
+    statement.long_lock_accepted = long_lock_accepted(&text);
+    out.push(statement);
+}
+
+/// The reason given by a `-- pgmend:long-lock <why>` line among the comments before the
+/// statement (an empty reason accepts nothing).
+fn long_lock_accepted(text: &str) -> Option<String> {
+    text.trim_start()
+        .lines()
+        .take_while(|l| l.trim().is_empty() || l.trim().starts_with("--"))
+        .filter_map(|l| l.trim().strip_prefix("--"))
+        .filter_map(|c| c.trim().strip_prefix(LONG_LOCK_MARKER))
+        .map(|why| why.trim_start_matches(':').trim().to_string())
+        .find(|why| !why.is_empty())
 }
 
 fn strip_leading_comments(text: &str) -> String {
