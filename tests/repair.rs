@@ -1046,6 +1046,35 @@ fn after_the_gate_an_out_of_step_writer_stops_the_release_at_its_counter_step_be
     );
 }
 
+/// The same with V5 applied early (`migrate apply`): no migration after the counter steps is
+/// left to compare the counters, so only the counter step's own stop keeps the release from
+/// ending complete with a counter a writer keeps moving.
+#[test]
+fn with_v5_already_applied_an_out_of_step_writer_after_the_gate_still_ends_the_release_with_exit_1(
+) {
+    let db = edge_cases();
+    assert_eq!(db.run(&["apply", "--yes"]).code, 0, "stops at the gate");
+    let r = db.run(&["migrate", "apply", "--yes"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(db.history().iter().any(|(v, _)| *v == 5));
+    out_of_step_writer(&db);
+    let r = db.run(&CONFIRM);
+    assert_eq!(r.code, 1, "{}", r.both());
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM pgmend.release_steps WHERE step >= 9"),
+        0,
+        "{}",
+        r.stderr
+    );
+    assert!(
+        r.stderr.contains(
+            "of rebuild-campaign-budgets finished, but 1 counter still differ from their source"
+        ),
+        "{}",
+        r.stderr
+    );
+}
+
 #[test]
 fn before_the_gate_an_out_of_step_writer_is_expected_drift_and_a_note() {
     let db = edge_cases();
