@@ -1050,8 +1050,8 @@ fn after_the_gate_an_out_of_step_writer_stops_the_release_at_its_counter_step_be
 /// left to compare the counters, so only the counter step's own stop keeps the release from
 /// ending complete with a counter a writer keeps moving.
 #[test]
-fn with_v5_already_applied_an_out_of_step_writer_after_the_gate_still_ends_the_release_with_exit_1(
-) {
+fn with_v5_already_applied_an_out_of_step_writer_after_the_gate_still_ends_the_release_with_exit_1()
+{
     let db = edge_cases();
     assert_eq!(db.run(&["apply", "--yes"]).code, 0, "stops at the gate");
     let r = db.run(&["migrate", "apply", "--yes"]);
