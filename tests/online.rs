@@ -254,6 +254,84 @@ fn in_the_release_the_census_during_the_build_cancels_it_on_a_late_duplicate() {
     );
 }
 
+/// [`COUNT_BUILDS`], and each build of one_coupon_per_member is held at its start for as long
+/// as a session holds advisory lock 41 (this database's): a build that cannot read a row, let
+/// alone fail on a duplicate or finish, until the test lets it go.
+const HOLD_BUILDS: &str = "
+    CREATE SEQUENCE unique_index_builds;
+    CREATE FUNCTION hold_unique_index_builds() RETURNS event_trigger LANGUAGE plpgsql AS $$
+    BEGIN
+      IF current_query() ILIKE '%CREATE UNIQUE INDEX%one_coupon_per_member%' THEN
+        PERFORM nextval('unique_index_builds');
+        PERFORM pg_advisory_lock_shared(41);
+        PERFORM pg_advisory_unlock_shared(41);
+      END IF;
+    END $$;
+    CREATE EVENT TRIGGER hold_unique_index_builds ON ddl_command_start WHEN TAG IN ('CREATE INDEX')
+      EXECUTE FUNCTION hold_unique_index_builds();";
+
+/// The census taken alongside the build cancels it as soon as it finds the late duplicate,
+/// not once the build has run to its end: the first build is held at its start, and the
+/// second starts (after the void's next pass) while it still would be. A build left to run
+/// would end the same way, failing with 23505 and sent back by the next census, at the cost of
+/// a whole build; only the server's count of builds started under the hold tells the two
+/// apart (issue 41).
+#[test]
+fn in_the_release_the_census_cancels_a_build_held_at_its_start_before_it_reads_a_row() {
+    let db = fresh_db();
+    db.voided_before_the_release_reaches_v4(200);
+    db.client().batch_execute(HOLD_BUILDS).unwrap();
+    db.client()
+        .batch_execute(
+            "INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen)
+             SELECT gen_random_uuid(), campaign_id, member_id, month, amount_yen FROM issued_coupons
+              WHERE NOT legacy_duplicate ORDER BY coupon_id LIMIT 1",
+        )
+        .unwrap();
+    // A session-level lock, outside any transaction: pgmend's pre-flight sees no open
+    // transaction, so V4's census runs alongside the build.
+    let mut hold = db.client();
+    hold.batch_execute("SELECT pg_advisory_lock(41)").unwrap();
+    // A --build-wait far past the wait below: only the census can end the held build.
+    let child = db
+        .pgmend()
+        .args(["apply", "--yes", "--build-wait", "10m"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while builds_started(&db) < 2 && started.elapsed() < Duration::from_secs(60) {
+        thread::sleep(Duration::from_millis(50));
+    }
+    let under_hold = builds_started(&db);
+    hold.batch_execute("SELECT pg_advisory_unlock(41)").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        under_hold, 2,
+        "the first build was not cancelled while it was held at its start (it would have run to its end); builds started under the hold:\n{stderr}"
+    );
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(builds_started(&db), 2, "{stderr}");
+    assert!(
+        stderr.contains(
+            "was stopped by its census, taken while the index was being built: census one_coupon_per_member: 1 groups"
+        ) && stderr.contains("the cancelled build left no index")
+            && !stderr.contains("23505"),
+        "{stderr}"
+    );
+    assert!(index_is_valid(&db));
+    assert_eq!(db.invalid_indexes(), 0);
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) FROM (SELECT 1 FROM issued_coupons WHERE NOT legacy_duplicate
+                                    GROUP BY campaign_id, member_id HAVING count(*) > 1) d"
+        ),
+        0
+    );
+}
+
 #[test]
 fn an_invalid_or_different_index_of_the_same_name_is_rebuilt_and_a_valid_one_adopted() {
     let db = at_v2();

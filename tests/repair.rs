@@ -983,6 +983,98 @@ fn after_the_gate_an_out_of_step_writer_ends_the_counter_pass_with_exit_1_naming
     );
 }
 
+/// Inside the release, the counter step after the gate that a writer keeps out of step stops
+/// the release itself (step 9, exit 1 with its run's message), before step 10 starts. Without
+/// that stop the walk went on, and only V5's comparison stopped it, a step later and with
+/// another message: a release whose V5 was done, or with the steps in another order, would have
+/// ended complete (issue 41).
+#[test]
+fn after_the_gate_an_out_of_step_writer_stops_the_release_at_its_counter_step_before_the_next_starts(
+) {
+    let db = edge_cases();
+    assert_eq!(db.run(&["apply", "--yes"]).code, 0, "stops at the gate");
+    out_of_step_writer(&db);
+    let runs_of = |repair: &str| {
+        db.scalar_i64(&format!(
+            "SELECT count(*) FROM pgmend.repair_runs WHERE repair = '{repair}'"
+        ))
+    };
+    let member_runs = runs_of("rebuild-member-monthly-usage");
+    let budget_runs = runs_of("rebuild-campaign-budgets");
+    let r = db.run(&CONFIRM);
+    assert_eq!(r.code, 1, "{}", r.both());
+    // The server's record: the gate is confirmed, step 9 ran and is not recorded as done,
+    // and nothing of step 10 or 11 ran.
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM pgmend.gates WHERE gate = 'deploy-new-application'"),
+        1
+    );
+    assert_eq!(
+        runs_of("rebuild-campaign-budgets"),
+        budget_runs + 1,
+        "step 9 ran once"
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM pgmend.release_steps WHERE step >= 9"),
+        0,
+        "no step from 9 on is recorded as done:\n{}",
+        r.stderr
+    );
+    assert_eq!(
+        runs_of("rebuild-member-monthly-usage"),
+        member_runs,
+        "step 10 did not start:\n{}",
+        r.stderr
+    );
+    assert!(
+        db.history().iter().all(|(v, _)| *v != 5),
+        "V5 was not applied"
+    );
+    // The message is step 9's own: its run, its repair and the key.
+    assert!(
+        r.stderr.contains("== step 9: repair rebuild-campaign-budgets")
+            && r.stderr.contains(
+                "of rebuild-campaign-budgets finished, but 1 counter still differ from their source"
+            )
+            && r.stderr.contains("C-BIG")
+            && !r.stderr.contains("== step 10")
+            && !r
+                .stderr
+                .contains("counters differ from their source before a migration"),
+        "{}",
+        r.stderr
+    );
+}
+
+/// The same with V5 applied early (`migrate apply`): no migration after the counter steps is
+/// left to compare the counters, so only the counter step's own stop keeps the release from
+/// ending complete with a counter a writer keeps moving.
+#[test]
+fn with_v5_already_applied_an_out_of_step_writer_after_the_gate_still_ends_the_release_with_exit_1()
+{
+    let db = edge_cases();
+    assert_eq!(db.run(&["apply", "--yes"]).code, 0, "stops at the gate");
+    let r = db.run(&["migrate", "apply", "--yes"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(db.history().iter().any(|(v, _)| *v == 5));
+    out_of_step_writer(&db);
+    let r = db.run(&CONFIRM);
+    assert_eq!(r.code, 1, "{}", r.both());
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM pgmend.release_steps WHERE step >= 9"),
+        0,
+        "{}",
+        r.stderr
+    );
+    assert!(
+        r.stderr.contains(
+            "of rebuild-campaign-budgets finished, but 1 counter still differ from their source"
+        ),
+        "{}",
+        r.stderr
+    );
+}
+
 #[test]
 fn before_the_gate_an_out_of_step_writer_is_expected_drift_and_a_note() {
     let db = edge_cases();
