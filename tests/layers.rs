@@ -165,7 +165,10 @@ fn graph(files: &[(String, String)]) -> BTreeMap<String, BTreeSet<String>> {
 fn module_path(rel: &str) -> Vec<String> {
     let rel = rel.strip_suffix(".rs").unwrap_or(rel);
     let mut path: Vec<String> = rel.split('/').map(String::from).collect();
-    if matches!(path.last().map(String::as_str), Some("mod" | "lib" | "main")) {
+    if matches!(
+        path.last().map(String::as_str),
+        Some("mod" | "lib" | "main")
+    ) {
         path.pop();
     }
     path
@@ -471,7 +474,10 @@ fn the_file_check_sees_a_circle_inside_a_folder_and_follows_super_and_crate_path
     let files = made_up(&[
         ("lib.rs", "pub mod release;"),
         ("store.rs", "use crate::release::Step;"),
-        ("release/mod.rs", "pub mod engine;\nuse crate::store;\npub enum Step {}"),
+        (
+            "release/mod.rs",
+            "pub mod engine;\nuse crate::store;\npub enum Step {}",
+        ),
         (
             "release/dry_run.rs",
             "use super::engine::Release;\nuse super::{fingerprint::{self, Inputs}, Step};",
@@ -482,7 +488,10 @@ fn the_file_check_sees_a_circle_inside_a_folder_and_follows_super_and_crate_path
             "fn f(p: &[crate::release::dry_run::StepPlan]) {}",
         ),
         ("repair/mod.rs", ""),
-        ("repair/runner.rs", "use super::workers;\nuse crate::release::Step;"),
+        (
+            "repair/runner.rs",
+            "use super::workers;\nuse crate::release::Step;",
+        ),
         (
             "repair/workers.rs",
             "pub fn g() { super::runner::run() }\n// super::mod",
@@ -492,18 +501,31 @@ fn the_file_check_sees_a_circle_inside_a_folder_and_follows_super_and_crate_path
             "use super::repair::runner;\npub use crate::online::evaluate::f;",
         ),
         ("online/evaluate.rs", "pub fn f() {}"),
-        ("online/census.rs", "use super::*;\nuse super::super::store;"),
+        (
+            "online/census.rs",
+            "use super::*;\nuse super::super::store;",
+        ),
     ]);
     let graph = file_graph(&files);
     assert_eq!(
         graph["release/dry_run.rs"],
-        ["release/engine.rs", "release/fingerprint.rs", "release/mod.rs"]
-            .map(String::from)
-            .into()
+        [
+            "release/engine.rs",
+            "release/fingerprint.rs",
+            "release/mod.rs"
+        ]
+        .map(String::from)
+        .into()
     );
     assert!(graph["release/mod.rs"].is_empty());
-    assert_eq!(graph["online/mod.rs"], ["online/evaluate.rs".to_string()].into());
-    assert_eq!(graph["online/census.rs"], ["online/mod.rs".to_string()].into());
+    assert_eq!(
+        graph["online/mod.rs"],
+        ["online/evaluate.rs".to_string()].into()
+    );
+    assert_eq!(
+        graph["online/census.rs"],
+        ["online/mod.rs".to_string()].into()
+    );
     assert!(!graph.contains_key("store.rs"));
     assert_eq!(
         cycles(&graph),
@@ -515,7 +537,10 @@ fn the_file_check_sees_a_circle_inside_a_folder_and_follows_super_and_crate_path
     let clean = made_up(&[
         ("release/mod.rs", "pub struct Release;\npub enum Step {}"),
         ("release/dry_run.rs", "use super::{fingerprint, Release};"),
-        ("release/engine.rs", "use super::{fingerprint, Release, Step};"),
+        (
+            "release/engine.rs",
+            "use super::{fingerprint, Release, Step};",
+        ),
         ("release/fingerprint.rs", "use super::Step;"),
     ]);
     assert!(cycles(&file_graph(&clean)).is_empty());

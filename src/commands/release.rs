@@ -37,9 +37,9 @@ use crate::error::Outcome;
 use crate::migrate::{history, plan as migrate_plan};
 use crate::preflight::{self, privileges};
 use crate::release::dry_run::{self, DryRun, StepPlan};
-use crate::release::engine::{self, Applied, Following, Release, Settings};
+use crate::release::engine::{self, Applied, Following, Settings};
 use crate::release::fingerprint::{self, Fingerprint, Limits};
-use crate::release::{self, Step};
+use crate::release::{self, Release, Step};
 use crate::release::{compare, markdown};
 use crate::repair::preview;
 

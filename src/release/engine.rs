@@ -47,11 +47,10 @@ use anyhow::Result;
 use postgres::GenericClient;
 use serde::Serialize;
 
-use super::{fingerprint, progress, Step};
+use super::{fingerprint, progress, Release, Step};
 use crate::db::conninfo::ConnParams;
 use crate::db::retry::LockPolicy;
 use crate::error::{PgContext, Stopped, Violators};
-use crate::migrate::source::Migration;
 use crate::migrate::{apply as migrate_apply, history, plan as migrate_plan};
 use crate::repair::definition::{self, Kind, Repair, Spec};
 use crate::repair::runner::{RunOptions, RunReport};
@@ -61,13 +60,6 @@ use crate::store;
 /// How many times a migration whose census found violators sends its `retry_with` repair
 /// back over what arrived meanwhile.
 const CENSUS_PASSES: u32 = 3;
-
-/// What the release is made of: its steps and the files they resolve to.
-pub struct Release<'a> {
-    pub steps: &'a [Step],
-    pub files: &'a [Migration],
-    pub repairs: &'a [Repair],
-}
 
 /// How the steps run.
 pub struct Settings<'a> {
