@@ -10,7 +10,7 @@
 //! for each step: a stop request returns `Stopped` (`SIGTERM received; stopped before step N (...);
 //! every step before it is complete. Continue with: ...`, the command `signals::install` was
 //! given); with `--pooler session` the session's server backend is checked
-//! (`db::connect::ensure_backend`); the history and the progress are read again and a done step is
+//! (`db::runner_lock::ensure_backend`); the history and the progress are read again and a done step is
 //! skipped. One function per step kind:
 //!
 //! - `migration` plans the step's version alone (`migrate::plan::build_with`, no censuses:
@@ -180,7 +180,7 @@ pub fn apply(
 /// `--pooler session`, whether the session still has its server backend.
 fn done(client: &mut postgres::Client, settings: &Settings, i: usize, step: &Step) -> Result<bool> {
     if let Some(pid) = settings.keep_backend {
-        crate::db::connect::ensure_backend(client, pid)?;
+        crate::db::runner_lock::ensure_backend(client, pid)?;
     }
     let applied: Vec<i32> = history::read(client)?.iter().map(|a| a.version).collect();
     Ok(progress(client, applied)?.done(i, step))
