@@ -80,30 +80,10 @@ fn module_of(rel: &str) -> Option<&str> {
 
 /// The names that follow `prefix` in `text`: `prefix::a`, and each of `prefix::{a, b::c}`.
 fn names_after(text: &str, prefix: &str) -> BTreeSet<String> {
-    let mut names = BTreeSet::new();
-    let ident = |s: &str| -> String {
-        s.chars()
-            .take_while(|c| c.is_alphanumeric() || *c == '_')
-            .collect()
-    };
-    let mut rest = text;
-    while let Some(i) = rest.find(prefix) {
-        let before = rest[..i].chars().last();
-        rest = &rest[i + prefix.len()..];
-        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
-            continue; // `my_crate::` or `a::crate::`
-        }
-        if let Some(group) = rest.strip_prefix('{') {
-            let end = matching_brace(group);
-            for item in split_top_level(&group[..end]) {
-                names.insert(ident(item.trim()));
-            }
-        } else {
-            names.insert(ident(rest));
-        }
-    }
-    names.remove("");
-    names
+    paths_after(text, prefix)
+        .into_iter()
+        .filter_map(|path| path.into_iter().next())
+        .collect()
 }
 
 fn matching_brace(s: &str) -> usize {

@@ -10,8 +10,8 @@
 //! for each step: a stop request returns `Stopped` (`SIGTERM received; stopped before step N (...);
 //! every step before it is complete. Continue with: ...`, the command `signals::install` was
 //! given); with `--pooler session` the session's server backend is checked
-//! (`db::runner_lock::ensure_backend`); the history and the progress are read again and a done step is
-//! skipped. One function per step kind:
+//! (`db::runner_lock::ensure_backend`); the history and the progress are read again and a done
+//! step is skipped. One function per step kind:
 //!
 //! - `migration` plans the step's version alone (`migrate::plan::build_with`, no censuses:
 //!   `migrate::apply::execute` takes them right before the step) and executes it. On an error whose
