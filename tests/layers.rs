@@ -8,6 +8,11 @@
 //!
 //! - `db/` talks to PostgreSQL and knows nothing above it: it may use only [`DB_MAY_USE`].
 //! - No cycle between the top-level modules of `src/`: the module graph is a layering.
+//! - No cycle between the files of a folder either (deeper folders included): each file is a
+//!   node (a folder's `mod.rs` is the folder module itself), and a `super::X` or
+//!   `crate::dir::X` path leads to the file whose module it names (`X.rs` when `X` is a
+//!   module, the folder's `mod.rs` when `X` is an item of it). A `mod.rs`'s bare paths to its
+//!   own children (`engine::apply`) are not read.
 //! - No command module uses another: what two commands share lives in the library or in
 //!   `commands/mod.rs`.
 
@@ -75,30 +80,10 @@ fn module_of(rel: &str) -> Option<&str> {
 
 /// The names that follow `prefix` in `text`: `prefix::a`, and each of `prefix::{a, b::c}`.
 fn names_after(text: &str, prefix: &str) -> BTreeSet<String> {
-    let mut names = BTreeSet::new();
-    let ident = |s: &str| -> String {
-        s.chars()
-            .take_while(|c| c.is_alphanumeric() || *c == '_')
-            .collect()
-    };
-    let mut rest = text;
-    while let Some(i) = rest.find(prefix) {
-        let before = rest[..i].chars().last();
-        rest = &rest[i + prefix.len()..];
-        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
-            continue; // `my_crate::` or `a::crate::`
-        }
-        if let Some(group) = rest.strip_prefix('{') {
-            let end = matching_brace(group);
-            for item in split_top_level(&group[..end]) {
-                names.insert(ident(item.trim()));
-            }
-        } else {
-            names.insert(ident(rest));
-        }
-    }
-    names.remove("");
-    names
+    paths_after(text, prefix)
+        .into_iter()
+        .filter_map(|path| path.into_iter().next())
+        .collect()
 }
 
 fn matching_brace(s: &str) -> usize {
@@ -153,6 +138,138 @@ fn graph(files: &[(String, String)]) -> BTreeMap<String, BTreeSet<String>> {
         );
     }
     graph
+}
+
+/// The module path of a file: `release/engine.rs` is `release::engine`, `release/mod.rs` is
+/// `release`, `lib.rs` and `main.rs` the crate root (no segment).
+fn module_path(rel: &str) -> Vec<String> {
+    let rel = rel.strip_suffix(".rs").unwrap_or(rel);
+    let mut path: Vec<String> = rel.split('/').map(String::from).collect();
+    if matches!(
+        path.last().map(String::as_str),
+        Some("mod" | "lib" | "main")
+    ) {
+        path.pop();
+    }
+    path
+}
+
+/// The whole paths that follow `prefix` in `text`, as segments: `prefix::a::B`, each path of
+/// `prefix::{a, b::{self, C}}` (`self` ends a path at its parent), and `prefix::*` as none.
+fn paths_after(text: &str, prefix: &str) -> BTreeSet<Vec<String>> {
+    fn read(rest: &str, mut at: Vec<String>, out: &mut BTreeSet<Vec<String>>) {
+        let mut rest = rest;
+        loop {
+            if let Some(group) = rest.strip_prefix('{') {
+                let end = matching_brace(group);
+                for item in split_top_level(&group[..end]) {
+                    read(item.trim(), at.clone(), out);
+                }
+                return;
+            }
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            if name.is_empty() {
+                break;
+            }
+            rest = &rest[name.len()..];
+            if name != "self" {
+                at.push(name);
+            }
+            match rest.strip_prefix("::") {
+                Some(r) => rest = r,
+                None => break,
+            }
+        }
+        out.insert(at);
+    }
+    let mut paths = BTreeSet::new();
+    let mut rest = text;
+    while let Some(i) = rest.find(prefix) {
+        let before = rest[..i].chars().last();
+        rest = &rest[i + prefix.len()..];
+        if !before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+            read(rest, Vec::new(), &mut paths);
+        }
+    }
+    paths
+}
+
+/// Each file of a folder of `src/` (deeper folders included) with the files of the same
+/// top-level folder it uses, itself left out: a `crate::` or `super::` path leads to the file
+/// of the longest module the path starts with.
+fn file_graph(files: &[(String, String)]) -> BTreeMap<String, BTreeSet<String>> {
+    let by_module: BTreeMap<Vec<String>, &str> = files
+        .iter()
+        .map(|(rel, _)| (module_path(rel), rel.as_str()))
+        .collect();
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (rel, text) in files.iter().filter(|(rel, _)| rel.contains('/')) {
+        let own = module_path(rel);
+        let mut used: Vec<Vec<String>> = paths_after(text, "crate::").into_iter().collect();
+        for path in paths_after(text, "super::") {
+            let ups = 1 + path.iter().take_while(|s| *s == "super").count();
+            if ups <= own.len() {
+                let mut whole = own[..own.len() - ups].to_vec();
+                whole.extend(path.into_iter().skip(ups - 1));
+                used.push(whole);
+            }
+        }
+        let entry = graph.entry(rel.clone()).or_default();
+        for whole in used {
+            let target = (1..=whole.len())
+                .rev()
+                .find_map(|n| by_module.get(&whole[..n]));
+            if let Some(&target) = target {
+                if target != rel && whole[0] == own[0] {
+                    entry.insert(target.to_string());
+                }
+            }
+        }
+    }
+    graph
+}
+
+/// Every circle of `graph`: for each set of nodes that reach one another, one cycle through
+/// them, as `a -> b -> a`.
+fn cycles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    let reach = |from: &str| -> BTreeSet<&str> {
+        let (mut seen, mut todo) = (BTreeSet::new(), vec![from]);
+        while let Some(node) = todo.pop() {
+            for next in graph.get(node).into_iter().flatten() {
+                if seen.insert(next.as_str()) {
+                    todo.push(next);
+                }
+            }
+        }
+        seen
+    };
+    let mut placed: BTreeSet<&str> = BTreeSet::new();
+    let mut rings = Vec::new();
+    for node in graph.keys().map(String::as_str) {
+        if placed.contains(node) {
+            continue;
+        }
+        let ring: BTreeSet<&str> = reach(node)
+            .into_iter()
+            .filter(|n| *n != node && reach(n).contains(node))
+            .chain([node])
+            .collect();
+        placed.extend(&ring);
+        if ring.len() > 1 {
+            let within = ring
+                .iter()
+                .map(|n| {
+                    let next = graph[*n].iter().filter(|m| ring.contains(m.as_str()));
+                    (n.to_string(), next.cloned().collect())
+                })
+                .collect();
+            rings.extend(cycle(&within));
+        }
+    }
+    rings
 }
 
 /// The files of `db/` that use a module outside [`DB_MAY_USE`], with what they use.
@@ -255,6 +372,26 @@ fn no_cycle_between_top_level_modules() {
 }
 
 #[test]
+fn no_cycle_between_the_files_of_a_folder() {
+    let graph = file_graph(&sources());
+    assert!(graph.contains_key("release/engine.rs") && graph.contains_key("db/mod.rs"));
+    let rings: Vec<String> = cycles(&graph)
+        .iter()
+        .map(|ring| {
+            ring.split(" -> ")
+                .map(|f| format!("src/{f}"))
+                .collect::<Vec<_>>()
+                .join(" -> ")
+        })
+        .collect();
+    assert!(
+        rings.is_empty(),
+        "files of a folder of src/ import each other in a circle:\n  {}\nMove the type they share into a file below both (or the folder's mod.rs), or have one pass the other plain values.",
+        rings.join("\n  ")
+    );
+}
+
+#[test]
 fn commands_do_not_use_each_other() {
     let found = command_violations(&sources());
     assert!(
@@ -310,4 +447,81 @@ fn the_checks_see_an_upward_import_a_cycle_and_a_command_calling_a_command() {
     assert!(db_violations(&clean).is_empty());
     assert_eq!(cycle(&graph(&clean)), None);
     assert!(command_violations(&clean).is_empty());
+}
+
+#[test]
+fn the_file_check_sees_a_circle_inside_a_folder_and_follows_super_and_crate_paths() {
+    let files = made_up(&[
+        ("lib.rs", "pub mod release;"),
+        ("store.rs", "use crate::release::Step;"),
+        (
+            "release/mod.rs",
+            "pub mod engine;\nuse crate::store;\npub enum Step {}",
+        ),
+        (
+            "release/dry_run.rs",
+            "use super::engine::Release;\nuse super::{fingerprint::{self, Inputs}, Step};",
+        ),
+        ("release/engine.rs", "use super::{fingerprint, Step};"),
+        (
+            "release/fingerprint.rs",
+            "fn f(p: &[crate::release::dry_run::StepPlan]) {}",
+        ),
+        ("repair/mod.rs", ""),
+        (
+            "repair/runner.rs",
+            "use super::workers;\nuse crate::release::Step;",
+        ),
+        (
+            "repair/workers.rs",
+            "pub fn g() { super::runner::run() }\n// super::mod",
+        ),
+        (
+            "online/mod.rs",
+            "use super::repair::runner;\npub use crate::online::evaluate::f;",
+        ),
+        ("online/evaluate.rs", "pub fn f() {}"),
+        (
+            "online/census.rs",
+            "use super::*;\nuse super::super::store;",
+        ),
+    ]);
+    let graph = file_graph(&files);
+    assert_eq!(
+        graph["release/dry_run.rs"],
+        [
+            "release/engine.rs",
+            "release/fingerprint.rs",
+            "release/mod.rs"
+        ]
+        .map(String::from)
+        .into()
+    );
+    assert!(graph["release/mod.rs"].is_empty());
+    assert_eq!(
+        graph["online/mod.rs"],
+        ["online/evaluate.rs".to_string()].into()
+    );
+    assert_eq!(
+        graph["online/census.rs"],
+        ["online/mod.rs".to_string()].into()
+    );
+    assert!(!graph.contains_key("store.rs"));
+    assert_eq!(
+        cycles(&graph),
+        [
+            "release/dry_run.rs -> release/engine.rs -> release/fingerprint.rs -> release/dry_run.rs",
+            "repair/runner.rs -> repair/workers.rs -> repair/runner.rs",
+        ]
+    );
+    let clean = made_up(&[
+        ("release/mod.rs", "pub struct Release;\npub enum Step {}"),
+        ("release/dry_run.rs", "use super::{fingerprint, Release};"),
+        (
+            "release/engine.rs",
+            "use super::{fingerprint, Release, Step};",
+        ),
+        ("release/fingerprint.rs", "use super::Step;"),
+    ]);
+    assert!(cycles(&file_graph(&clean)).is_empty());
 }

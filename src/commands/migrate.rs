@@ -26,7 +26,7 @@ use crate::db::conninfo::ConnParams;
 use crate::db::runner_lock;
 use crate::error::{Outcome, PgContext};
 use crate::migrate::source::{by_version, Migration};
-use crate::migrate::{apply, baseline, history, long_locks, plan, status};
+use crate::migrate::{apply, baseline, history, plan, status};
 use crate::online::{catalog, validate};
 use crate::preflight::privileges;
 
@@ -130,12 +130,10 @@ pub fn plan(args: &PlanArgs, format: Format) -> Result<Outcome> {
     let files = load(&args.migrations)?;
     let mut session = open(&args.conn)?;
     let mut plan = plan::build(&mut session.client, files, args.target)?;
-    let refused = long_locks::flag(
-        &mut session.client,
-        &mut plan,
-        args.long_locks.long_lock_rows,
-        |_| true,
-    )?;
+    let refused =
+        plan.flag_long_locks(&mut session.client, args.long_locks.long_lock_rows, |_| {
+            true
+        })?;
     plan.blockers.extend(refused);
     render_plan(&plan, format)?;
     if !plan.blockers.is_empty() {
@@ -167,9 +165,8 @@ pub fn apply(args: &ApplyArgs, format: Format) -> Result<Outcome> {
         args.plan.target,
         !args.safety.yes,
     )?;
-    let refused = long_locks::flag(
+    let refused = plan.flag_long_locks(
         &mut session.client,
-        &mut plan,
         args.plan.long_locks.long_lock_rows,
         |_| true,
     )?;

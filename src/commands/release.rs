@@ -34,12 +34,12 @@ use super::{confirm, load, open_checked, policy, print_json, run_options, source
 use crate::cli::{Format, ReleaseApplyArgs, ReleasePlanArgs};
 use crate::db::runner_lock;
 use crate::error::Outcome;
-use crate::migrate::{history, long_locks, plan as migrate_plan};
+use crate::migrate::{history, plan as migrate_plan};
 use crate::preflight::{self, privileges};
 use crate::release::dry_run::{self, DryRun, StepPlan};
-use crate::release::engine::{self, Applied, Following, Release, Settings};
+use crate::release::engine::{self, Applied, Following, Settings};
 use crate::release::fingerprint::{self, Fingerprint, Limits};
-use crate::release::{self, Step};
+use crate::release::{self, Release, Step};
 use crate::release::{compare, markdown};
 use crate::repair::preview;
 
@@ -74,9 +74,8 @@ pub fn plan(args: &ReleasePlanArgs, format: Format) -> Result<Outcome> {
         )?),
     };
     let mut migrations = migrate_plan::build(&mut session.client, files.clone(), None)?;
-    let long_locks = long_locks::flag(
+    let long_locks = migrations.flag_long_locks(
         &mut session.client,
-        &mut migrations,
         args.long_locks.long_lock_rows,
         |version| release::runs_migration(&steps, version),
     )?;
@@ -332,9 +331,8 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
         // release here, not after the repairs before it have run.
         let mut pending =
             migrate_plan::build_with(&mut session.client, files.clone(), None, false)?;
-        let refused = long_locks::flag(
+        let refused = pending.flag_long_locks(
             &mut session.client,
-            &mut pending,
             args.long_locks.long_lock_rows,
             |version| release::runs_migration(&steps, version),
         )?;

@@ -93,7 +93,7 @@ pub struct Session {
     pub server_version_num: i32,
     pub server_version: String,
     /// The server backend the session started on (`pg_backend_pid()`): a session that keeps
-    /// it has kept its session state (see [`ensure_backend`]).
+    /// it has kept its session state (see [`super::runner_lock::ensure_backend`]).
     pub backend_pid: i32,
     /// Last, so that it drops after the client: bounds the client's close (see `Drop`).
     closing: super::deadline::Closing,
@@ -622,39 +622,6 @@ pub fn snapshot(client: &mut postgres::Client) -> Result<postgres::Transaction<'
         .read_only(true)
         .start()
         .doing("opening a read-only snapshot")
-}
-
-/// Whether `client` still talks to server backend `backend_pid` (the one its session started
-/// on): through a pooler that does not keep sessions it would not, and the runner lock and
-/// session settings would be lost. Checked by the pre-flight and before every release step.
-pub fn ensure_backend(client: &mut postgres::Client, backend_pid: i32) -> Result<()> {
-    for _ in 0..2 {
-        let [pid] = simple_row(client, "SELECT pg_backend_pid()")
-            .doing("checking that the server session is still the same")?;
-        let pid: i32 = pid.parse().unwrap_or_default();
-        if pid != backend_pid {
-            // The lock stays with the server connection that took it, which through such a
-            // pool need not be the one the session started on: name the ones holding it now.
-            let lock = match super::runner_lock::holder_pids(client) {
-                Ok(pids) if pids.is_empty() => "No server connection holds pgmend's runner lock now.".to_string(),
-                Ok(pids) => format!(
-                    "pgmend's runner lock stays with server {} until {} closed: restart the pool, or run {} once no client uses {}.",
-                    crate::human::count(pids.len() as i64, "connection"),
-                    if pids.len() == 1 { "it is" } else { "they are" },
-                    pids.iter()
-                        .map(|p| format!("SELECT pg_terminate_backend({p})"))
-                        .collect::<Vec<_>>()
-                        .join(" and "),
-                    if pids.len() == 1 { "it" } else { "them" },
-                ),
-                Err(_) => "pgmend's runner lock may stay with a pooled server connection: restart the pool.".to_string(),
-            };
-            bail!(
-                "the server session changed under pgmend (backend {backend_pid} at the start, {pid} now): what stands between pgmend and the server does not keep sessions (a pooler in transaction or statement mode), so pgmend's runner lock and prepared statements would be lost. {lock} Then connect to the server directly, or through a pool in session mode. Every step committed so far is complete; a rerun continues from there"
-            );
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

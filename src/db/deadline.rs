@@ -123,8 +123,8 @@ pub fn current() -> Option<Duration> {
     "the server sent nothing for {} while pgmend waited for it (the bound of this wait: {}): the network path to the server went silent (a hung proxy, port-forward or NAT entry), so pgmend gave this connection up. What may still be held on the server: a transaction of this connection and its row and table locks until the server ends it, {} s after its last statement (idle_in_transaction_session_timeout), or when a statement still running there reaches its statement_timeout; pgmend's runner lock until its lease runs out, {} s after the last heartbeat that reached the server. Each committed batch and step is complete; a rerun continues from there once the path is back (`--runner-wait 2m` waits for the old lease)",
     crate::config::format_duration(*.waited),
     crate::config::format_duration(*.bound),
-    super::runner_lock::IDLE_IN_TRANSACTION.as_secs(),
-    super::runner_lock::LEASE.as_secs()
+    crate::config::IDLE_IN_TRANSACTION.as_secs(),
+    crate::config::LEASE.as_secs()
 )]
 pub struct SilentPath {
     pub waited: Duration,

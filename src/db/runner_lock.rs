@@ -27,12 +27,15 @@
 //! commits beside it. The returned `RunnerLock` is proof of holding it; dropping it unlocks
 //! explicitly (the server ends a closed session's backend asynchronously, so a pgmend started
 //! right after this one exits could otherwise find the lock still held for a moment).
+//!
+//! With `--pooler session`, [`ensure_backend`] checks that a session still talks to the server
+//! backend it started on, and otherwise names the connections that hold the lock now.
 
 use std::sync::mpsc;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use postgres::Client;
 
 use super::Session;
@@ -261,6 +264,39 @@ pub fn holder_pids(client: &mut Client) -> Result<Vec<i32>> {
         .iter()
         .map(|r| r.get(0))
         .collect())
+}
+
+/// Whether `client` still talks to server backend `backend_pid` (the one its session started
+/// on): through a pooler that does not keep sessions it would not, and the runner lock and
+/// session settings would be lost. Checked by the pre-flight and before every release step.
+pub fn ensure_backend(client: &mut Client, backend_pid: i32) -> Result<()> {
+    for _ in 0..2 {
+        let [pid] = super::connect::simple_row(client, "SELECT pg_backend_pid()")
+            .doing("checking that the server session is still the same")?;
+        let pid: i32 = pid.parse().unwrap_or_default();
+        if pid != backend_pid {
+            // The lock stays with the server connection that took it, which through such a
+            // pool need not be the one the session started on: name the ones holding it now.
+            let lock = match holder_pids(client) {
+                Ok(pids) if pids.is_empty() => "No server connection holds pgmend's runner lock now.".to_string(),
+                Ok(pids) => format!(
+                    "pgmend's runner lock stays with server {} until {} closed: restart the pool, or run {} once no client uses {}.",
+                    crate::human::count(pids.len() as i64, "connection"),
+                    if pids.len() == 1 { "it is" } else { "they are" },
+                    pids.iter()
+                        .map(|p| format!("SELECT pg_terminate_backend({p})"))
+                        .collect::<Vec<_>>()
+                        .join(" and "),
+                    if pids.len() == 1 { "it" } else { "them" },
+                ),
+                Err(_) => "pgmend's runner lock may stay with a pooled server connection: restart the pool.".to_string(),
+            };
+            bail!(
+                "the server session changed under pgmend (backend {backend_pid} at the start, {pid} now): what stands between pgmend and the server does not keep sessions (a pooler in transaction or statement mode), so pgmend's runner lock and prepared statements would be lost. {lock} Then connect to the server directly, or through a pool in session mode. Every step committed so far is complete; a rerun continues from there"
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Who holds the runner lock, in words.

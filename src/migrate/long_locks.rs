@@ -20,8 +20,7 @@ use anyhow::Result;
 use postgres::GenericClient;
 use serde::Serialize;
 
-use super::plan::Plan;
-use super::source::{by_version, Mode};
+use super::source::{Migration, Mode};
 use crate::error::PgContext;
 use crate::human;
 use crate::statements::long_lock::{after_strong_locks, Form};
@@ -37,6 +36,9 @@ pub const SCAN_BYTES_PER_SECOND: i64 = 100 * 1024 * 1024;
 /// One flagged statement.
 #[derive(Debug, Clone, Serialize)]
 pub struct LongLockFinding {
+    /// The migration's version.
+    #[serde(skip)]
+    pub version: i32,
     pub line: usize,
     pub statement: String,
     pub table: String,
@@ -81,24 +83,22 @@ impl LongLockFinding {
     }
 }
 
-/// Flags the long locks of `plan`'s pending migrations whose version `runs` (a release runs
-/// only its own), as the module says: fills each one's `long_locks`, and returns a blocker for
-/// each one refused.
+/// The long locks of `pending` migrations, in order, as the module says, and a blocker for each
+/// one refused.
 pub fn flag(
     client: &mut postgres::Client,
-    plan: &mut Plan,
+    pending: &[&Migration],
     threshold: i64,
-    runs: impl Fn(i32) -> bool,
-) -> Result<Vec<String>> {
+) -> Result<(Vec<LongLockFinding>, Vec<String>)> {
     let mut tx = client
         .build_transaction()
         .read_only(true)
         .start()
         .doing("opening a read-only transaction to look for long locks")?;
     let mut checks = Checks::default();
+    let mut found = Vec::new();
     let mut refused = Vec::new();
-    for planned in plan.pending.iter_mut().filter(|p| runs(p.version)) {
-        let migration = by_version(&plan.migrations, planned.version);
+    for migration in pending {
         let label = migration.label();
         let mut candidates: Vec<(usize, crate::statements::LongLock)> = migration
             .statements
@@ -112,7 +112,14 @@ pub fn flag(
         }
         for (i, candidate) in candidates {
             let statement = &migration.statements[i];
-            if let Some(finding) = assess(&mut tx, statement, candidate, &checks, threshold)? {
+            if let Some(finding) = assess(
+                &mut tx,
+                migration.version,
+                statement,
+                candidate,
+                &checks,
+                threshold,
+            )? {
                 if finding.refused {
                     refused.push(format!(
                         "{}. Use the online form, or accept the lock with a `-- pgmend:long-lock <why>` line right before the statement (or raise --long-lock-rows, now {})",
@@ -120,7 +127,7 @@ pub fn flag(
                         human::int(threshold)
                     ));
                 }
-                planned.long_locks.push(finding);
+                found.push(finding);
             }
         }
         for statement in &migration.statements {
@@ -128,7 +135,7 @@ pub fn flag(
         }
     }
     tx.rollback().doing("closing the read-only transaction")?;
-    Ok(refused)
+    Ok((found, refused))
 }
 
 /// The `CHECK (col IS NOT NULL)` constraints the earlier pending migrations add: those added
@@ -176,6 +183,7 @@ impl Checks {
 /// says the form is quick here.
 fn assess(
     tx: &mut impl GenericClient,
+    version: i32,
     statement: &crate::statements::Statement,
     candidate: crate::statements::LongLock,
     checks: &Checks,
@@ -236,6 +244,7 @@ fn assess(
     };
     let accepted = statement.long_lock_accepted.clone();
     Ok(Some(LongLockFinding {
+        version,
         line: statement.line,
         statement: statement.summary.clone(),
         table: name,

@@ -23,7 +23,7 @@ use anyhow::{bail, Result};
 use serde::Serialize;
 
 use super::history;
-use super::long_locks::LongLockFinding;
+use super::long_locks::{self, LongLockFinding};
 use super::source::{by_version, Migration, Mode};
 use super::status::{self, Entry};
 use crate::error::PgContext;
@@ -177,6 +177,36 @@ pub fn build_with(
         blockers,
         migrations: files,
     })
+}
+
+impl Plan {
+    /// Flags the long locks of the pending migrations whose version `runs` (a release runs
+    /// only its own; [`long_locks::flag`]): each pending migration's `long_locks` filled in.
+    /// Returns a blocker for each one refused, for the caller to add where it refuses.
+    pub fn flag_long_locks(
+        &mut self,
+        client: &mut postgres::Client,
+        threshold: i64,
+        runs: impl Fn(i32) -> bool,
+    ) -> Result<Vec<String>> {
+        let pending: Vec<&Migration> = self
+            .pending
+            .iter()
+            .filter(|p| runs(p.version))
+            .map(|p| by_version(&self.migrations, p.version))
+            .collect();
+        let (found, refused) = long_locks::flag(client, &pending, threshold)?;
+        for finding in found {
+            if let Some(p) = self
+                .pending
+                .iter_mut()
+                .find(|p| p.version == finding.version)
+            {
+                p.long_locks.push(finding);
+            }
+        }
+        Ok(refused)
+    }
 }
 
 /// The plan for people: each pending migration, its statements with their locks, its SQL.

@@ -10,11 +10,11 @@
 //!
 //! `check` runs on every session `commands::open` opens, before the command's first statement:
 //! something between pgmend and the server (the server's port or socket against the one pgmend
-//! connected to; refused unless `--pooler session`, and then `db::connect::ensure_backend` checks
-//! the backend before the runner lock and every release step), the released schema (the legacy
-//! tables elsewhere, or `pgmend.released_schema` naming another), row-level security that applies
-//! to the role, `session_replication_role`. What it found (`Environment`) is printed by `plan` and
-//! `verify`.
+//! connected to; refused unless `--pooler session`, and then `db::runner_lock::ensure_backend`
+//! checks the backend before the runner lock and every release step), the released schema (the
+//! legacy tables elsewhere, or `pgmend.released_schema` naming another), row-level security that
+//! applies to the role, `session_replication_role`. What it found (`Environment`) is printed by
+//! `plan` and `verify`.
 
 pub mod privileges;
 
@@ -154,7 +154,7 @@ fn intermediary(session: &mut Session) -> Result<Option<String>> {
 /// every transaction. A pooler in transaction mode that the user took for session mode is
 /// caught here at the latest, before the runner lock or a step relies on the session.
 pub fn ensure_session_kept(session: &mut Session) -> Result<()> {
-    crate::db::connect::ensure_backend(&mut session.client, session.backend_pid)
+    crate::db::runner_lock::ensure_backend(&mut session.client, session.backend_pid)
 }
 
 /// The release is tied to the schema that holds the legacy tables: refuses a session whose

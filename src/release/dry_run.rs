@@ -14,10 +14,9 @@
 use anyhow::Result;
 use serde::Serialize;
 
-use super::engine::Release;
 use super::estimate::{self, Estimate};
 use super::fingerprint::{self, Fingerprint, Inputs};
-use super::{Progress, Step};
+use super::{Progress, Release, Step};
 use crate::db::conninfo::ConnParams;
 use crate::error::PgContext;
 use crate::migrate::history;
@@ -95,7 +94,11 @@ pub fn run<'a>(
         files: release.files,
         repairs: release.repairs,
     };
-    let fingerprint = fingerprint::take(&mut tx, params, &inputs, &plans)?;
+    let previews: Vec<(usize, &Preview)> = plans
+        .iter()
+        .filter_map(|p| Some((p.step, p.repair.as_ref()?)))
+        .collect();
+    let fingerprint = fingerprint::take(&mut tx, params, &inputs, &previews)?;
     let applied_plans = store::records::applied_plans(&mut tx)?;
     tx.rollback().doing("closing the read-only transaction")?;
     Ok(DryRun {

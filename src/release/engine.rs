@@ -10,8 +10,8 @@
 //! for each step: a stop request returns `Stopped` (`SIGTERM received; stopped before step N (...);
 //! every step before it is complete. Continue with: ...`, the command `signals::install` was
 //! given); with `--pooler session` the session's server backend is checked
-//! (`db::connect::ensure_backend`); the history and the progress are read again and a done step is
-//! skipped. One function per step kind:
+//! (`db::runner_lock::ensure_backend`); the history and the progress are read again and a done
+//! step is skipped. One function per step kind:
 //!
 //! - `migration` plans the step's version alone (`migrate::plan::build_with`, no censuses:
 //!   `migrate::apply::execute` takes them right before the step) and executes it. On an error whose
@@ -47,11 +47,10 @@ use anyhow::Result;
 use postgres::GenericClient;
 use serde::Serialize;
 
-use super::{fingerprint, progress, Step};
+use super::{fingerprint, progress, Release, Step};
 use crate::db::conninfo::ConnParams;
 use crate::db::retry::LockPolicy;
 use crate::error::{PgContext, Stopped, Violators};
-use crate::migrate::source::Migration;
 use crate::migrate::{apply as migrate_apply, history, plan as migrate_plan};
 use crate::repair::definition::{self, Kind, Repair, Spec};
 use crate::repair::options::RunOptions;
@@ -62,13 +61,6 @@ use crate::store;
 /// How many times a migration whose census found violators sends its `retry_with` repair
 /// back over what arrived meanwhile.
 const CENSUS_PASSES: u32 = 3;
-
-/// What the release is made of: its steps and the files they resolve to.
-pub struct Release<'a> {
-    pub steps: &'a [Step],
-    pub files: &'a [Migration],
-    pub repairs: &'a [Repair],
-}
 
 /// How the steps run.
 pub struct Settings<'a> {
@@ -189,7 +181,7 @@ pub fn apply(
 /// `--pooler session`, whether the session still has its server backend.
 fn done(client: &mut postgres::Client, settings: &Settings, i: usize, step: &Step) -> Result<bool> {
     if let Some(pid) = settings.keep_backend {
-        crate::db::connect::ensure_backend(client, pid)?;
+        crate::db::runner_lock::ensure_backend(client, pid)?;
     }
     let applied: Vec<i32> = history::read(client)?.iter().map(|a| a.version).collect();
     Ok(progress(client, applied)?.done(i, step))

@@ -24,13 +24,13 @@ use postgres::GenericClient;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::dry_run::StepPlan;
 use super::{Progress, Step};
 use crate::db::conninfo::ConnParams;
 use crate::digest::sha256_hex;
 use crate::error::{PgContext, Stopped};
 use crate::migrate::source::Migration;
 use crate::repair::definition::{Repair, Spec};
+use crate::repair::preview::Preview;
 use crate::store::records::{Shapes, Unfinished};
 
 /// The share of a count the next data step may move by between the plan and `apply`; never
@@ -95,12 +95,13 @@ pub struct Inputs<'a> {
     pub repairs: &'a [Repair],
 }
 
-/// The fingerprint of the plan `plans`, read in `tx` (the plan's read-only transaction).
+/// The fingerprint of a plan whose pending repair steps preview `previews` (each with its
+/// 1-based step number, in step order), read in `tx` (the plan's read-only transaction).
 pub fn take(
     tx: &mut impl GenericClient,
     params: &ConnParams,
     inputs: &Inputs,
-    plans: &[StepPlan],
+    previews: &[(usize, &Preview)],
 ) -> Result<Fingerprint> {
     let row = tx
         .query_one(
@@ -141,7 +142,7 @@ pub fn take(
         covers: covers(inputs.steps, &done_steps),
         done_steps,
         files,
-        data_steps: data_steps(tx, inputs, plans)?,
+        data_steps: data_steps(tx, inputs, previews)?,
     })
 }
 
@@ -150,14 +151,11 @@ pub fn take(
 fn data_steps(
     tx: &mut impl GenericClient,
     inputs: &Inputs,
-    plans: &[StepPlan],
+    previews: &[(usize, &Preview)],
 ) -> Result<Vec<StepFigures>> {
     let mut out: Vec<StepFigures> = Vec::new();
-    for (p, r) in plans
-        .iter()
-        .filter_map(|p| p.repair.as_ref().map(|r| (p, r)))
-    {
-        let label = p.what.label();
+    for &(step, r) in previews {
+        let label = inputs.steps[step - 1].label();
         let first = !out.iter().any(|s| s.label == label);
         let resumed = match inputs.repairs.iter().find(|d| d.name == r.repair) {
             Some(d) if first => {
@@ -170,7 +168,7 @@ fn data_steps(
             _ => None,
         };
         out.push(StepFigures {
-            step: p.step,
+            step,
             label,
             changes: r.changes,
             voided_or_created: r.voided_or_created,

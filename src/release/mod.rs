@@ -5,13 +5,14 @@
 //! `release.toml` is compiled in (`include_str!`) and read with `toml` into `Step` values (`Migrate
 //! { version, retry_with }`, `Repair { name }`, `Gate { name, explain }`, serialized with a `kind`
 //! tag); a step that names not exactly one of `migrate`, `repair`, `gate`, or has an unknown key,
-//! is refused. `resolve` checks, before `plan` and `apply` connect, that every step names a file of
-//! the migration set or a repair definition, and returns a note for each migration no step names.
-//! `progress` reads what is done, in the caller's transaction: the applied versions (passed in),
-//! the finished steps and the confirmed gates (`store::records`), or none of the last two when
-//! pgmend's schema does not exist yet (so a read-only plan creates nothing). `Progress::done`
-//! answers per step: migrations by version, repair steps by position, gates by name. A unit test
-//! pins the step order.
+//! is refused. A `Release` is the steps with the migration files and repair definitions they
+//! resolve to, what [`dry_run`] and [`engine`] both take. `resolve` checks, before `plan` and
+//! `apply` connect, that every step names a file of the migration set or a repair definition,
+//! and returns a note for each migration no step names. `progress` reads what is done, in the
+//! caller's transaction: the applied versions (passed in), the finished steps and the confirmed
+//! gates (`store::records`), or none of the last two when pgmend's schema does not exist yet (so
+//! a read-only plan creates nothing). `Progress::done` answers per step: migrations by version,
+//! repair steps by position, gates by name. A unit test pins the step order.
 
 pub mod compare;
 pub mod dry_run;
@@ -24,6 +25,8 @@ use anyhow::{bail, Context, Result};
 use postgres::GenericClient;
 use serde::{Deserialize, Serialize};
 
+use crate::migrate::source::Migration;
+use crate::repair::definition::Repair;
 use crate::store;
 
 const RELEASE: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/release.toml"));
@@ -74,6 +77,13 @@ pub fn runs_migration(steps: &[Step], version: i32) -> bool {
         .any(|s| matches!(s, Step::Migrate { version: v, .. } if *v == version))
 }
 
+/// What the release is made of: its steps and the files they resolve to.
+pub struct Release<'a> {
+    pub steps: &'a [Step],
+    pub files: &'a [Migration],
+    pub repairs: &'a [Repair],
+}
+
 impl Step {
     pub fn label(&self) -> String {
         match self {
@@ -120,8 +130,8 @@ pub fn steps() -> Result<Vec<Step>> {
 /// note for each migration of the set that no step names: the release never applies it.
 pub fn resolve(
     steps: &[Step],
-    migrations: &[crate::migrate::source::Migration],
-    repairs: &[crate::repair::definition::Repair],
+    migrations: &[Migration],
+    repairs: &[Repair],
 ) -> Result<Vec<String>> {
     let mut missing = Vec::new();
     let has_repair = |name: &str| repairs.iter().any(|r| r.name == name);
