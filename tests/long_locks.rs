@@ -48,6 +48,13 @@ fn dir_of(files: &[(&str, &str)]) -> tempfile::TempDir {
 
 const THRESHOLD: &str = "1000";
 
+/// pgmend `args` with the migrations of `dir` and a threshold of 1,000 rows.
+fn below_threshold(db: &TestDb, args: &[&str], dir: &str) -> Run {
+    let mut all = args.to_vec();
+    all.extend(["--migrations-dir", dir, "--long-lock-rows", THRESHOLD]);
+    db.run(&all)
+}
+
 /// Each long form on `lines`, and the same on `few`, with what the plan says it does.
 const FORMS: [(&str, &str); 6] = [
     (
@@ -85,14 +92,7 @@ fn each_long_form_is_flagged_refused_with_nothing_changed_and_accepted_by_its_ma
         let d = dir_arg(dir.path());
         let before = snapshot(&db);
 
-        let r = db.run(&[
-            "migrate",
-            "plan",
-            "--migrations-dir",
-            &d,
-            "--long-lock-rows",
-            THRESHOLD,
-        ]);
+        let r = below_threshold(&db, &["migrate", "plan"], &d);
         assert_eq!(r.code, 2, "{sql}\n{}", r.both());
         assert!(
             r.stdout.contains("long lock: V1 line"),
@@ -108,15 +108,7 @@ fn each_long_form_is_flagged_refused_with_nothing_changed_and_accepted_by_its_ma
         );
         assert!(r.stdout.contains("Online form:"), "{sql}\n{}", r.stdout);
 
-        let r = db.run(&[
-            "migrate",
-            "apply",
-            "--yes",
-            "--migrations-dir",
-            &d,
-            "--long-lock-rows",
-            THRESHOLD,
-        ]);
+        let r = below_threshold(&db, &["migrate", "apply", "--yes"], &d);
         assert_eq!(r.code, 2, "{sql}\n{}", r.both());
         assert!(
             r.stderr.contains("nothing was changed"),
@@ -164,15 +156,7 @@ fn each_long_form_is_flagged_refused_with_nothing_changed_and_accepted_by_its_ma
             .collect();
         let dir = dir_of(&refs);
         let d = dir_arg(dir.path());
-        let r = db.run(&[
-            "migrate",
-            "apply",
-            "--yes",
-            "--migrations-dir",
-            &d,
-            "--long-lock-rows",
-            THRESHOLD,
-        ]);
+        let r = below_threshold(&db, &["migrate", "apply", "--yes"], &d);
         assert_eq!(r.code, 0, "{sql}\n{}", r.both());
         assert_eq!(db.history().len(), i + 1, "{sql}");
     }
@@ -227,28 +211,13 @@ fn a_table_below_the_threshold_and_the_online_forms_pass() {
     all.extend(online);
     let dir = dir_of(&all);
     let d = dir_arg(dir.path());
-    let r = db.run(&[
-        "migrate",
-        "plan",
-        "--migrations-dir",
-        &d,
-        "--long-lock-rows",
-        THRESHOLD,
-    ]);
+    let r = below_threshold(&db, &["migrate", "plan"], &d);
     assert_eq!(r.code, 0, "{}", r.both());
     // Below the threshold a long form is still shown, without a refusal; the online forms on
     // the large table are not long locks at all.
     assert_eq!(r.stdout.matches("long lock: ").count(), 6, "{}", r.stdout);
     assert!(!r.stdout.contains("on lines ("), "{}", r.stdout);
-    let r = db.run(&[
-        "migrate",
-        "apply",
-        "--yes",
-        "--migrations-dir",
-        &d,
-        "--long-lock-rows",
-        THRESHOLD,
-    ]);
+    let r = below_threshold(&db, &["migrate", "apply", "--yes"], &d);
     assert_eq!(r.code, 0, "{}", r.both());
     assert_eq!(db.history().len(), 14);
     assert_eq!(
