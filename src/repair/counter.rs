@@ -53,19 +53,20 @@ use serde_json::json;
 use super::catalog::column_types;
 use super::definition::{Aggregate, CounterSpec, WhenNoSource};
 use crate::db::sql_text::{
-    all_not_null, between_text_params, column_list, key_match, Ident, KeyRange, Literal, SeqRange,
+    all_not_null, between_text_params, column_list, key_match, CheckBody, Ident, KeyRange, Literal,
+    SeqRange, TypeName,
 };
 use crate::error::PgContext;
 use crate::store;
 
 pub struct CounterEngine {
     pub spec: CounterSpec,
-    key_types: Vec<String>,
-    counter_type: String,
+    key_types: Vec<TypeName>,
+    counter_type: TypeName,
     /// Every column of the counter table, for evaluating its checks on proposed values.
     columns: Vec<Ident>,
     /// CHECK expressions on the counter table (NOT VALID ones too: they check updates).
-    checks: Vec<(String, String)>,
+    checks: Vec<(String, CheckBody)>,
 }
 
 /// One key of a batch as [`CounterEngine::read_drift`] found it: the counter (None: no row)
@@ -115,7 +116,7 @@ impl CounterEngine {
         CounterEngine {
             spec,
             key_types: Vec::new(),
-            counter_type: String::new(),
+            counter_type: TypeName::text(),
             columns: Vec::new(),
             checks: Vec::new(),
         }
@@ -168,24 +169,8 @@ impl CounterEngine {
             .iter()
             .map(|r| Ident::new(r.get::<_, String>(0)))
             .collect();
-        let checks = client
-            .query(
-                "SELECT conname::text, pg_get_constraintdef(oid) FROM pg_constraint
-                  WHERE conrelid = to_regclass(quote_ident($1)) AND contype = 'c'",
-                &[&spec.counter_table.as_str()],
-            )
-            .doing("reading the counter table's checks")?
-            .iter()
-            .map(|r| {
-                let def: String = r.get(1);
-                let expr = def
-                    .strip_prefix("CHECK ")
-                    .unwrap_or(&def)
-                    .trim_end_matches(" NOT VALID")
-                    .to_string();
-                (r.get(0), expr)
-            })
-            .collect();
+        let checks = CheckBody::of_table(client, &spec.counter_table)
+            .doing("reading the counter table's checks")?;
         Ok(CounterEngine {
             spec: spec.clone(),
             key_types,
@@ -274,7 +259,8 @@ impl CounterEngine {
         let s = &self.spec;
         let first = &s.key[0];
         // A preview's engine has no types; it reads every key (KeyRange::ALL).
-        let ty = self.key_types.first().map_or("text", String::as_str);
+        let text = TypeName::text();
+        let ty = self.key_types.first().unwrap_or(&text);
         let in_range = |column: String| range.predicate(&column, ty);
         let key_cols = column_list("", &s.key);
         let not_null = |alias: &str| all_not_null(alias, &s.key);
@@ -1109,7 +1095,7 @@ impl CounterEngine {
     /// with `i`) and `wledger` (their ledger records).
     fn write_ctes(&self, input: &str, merge: bool, compact: bool) -> String {
         let s = &self.spec;
-        let typed = |i: usize, ty: &String| format!("u.k{i}::{ty}");
+        let typed = |i: usize, ty: &TypeName| format!("u.k{i}::{ty}");
         let row_key = if compact {
             let values: Vec<String> = self
                 .key_types

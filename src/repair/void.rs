@@ -21,7 +21,9 @@ use anyhow::Result;
 
 use super::catalog::column_types;
 use super::definition::{Order, VoidSpec};
-use crate::db::sql_text::{all_not_null, column_list, key_match, Ident, KeyRange, SeqRange};
+use crate::db::sql_text::{
+    all_not_null, column_list, key_match, Ident, KeyRange, SeqRange, TypeName,
+};
 use crate::error::PgContext;
 use crate::store;
 
@@ -30,11 +32,11 @@ const VOID_SHAPE: i16 = 1;
 
 pub struct VoidEngine {
     pub spec: VoidSpec,
-    group_types: Vec<String>,
+    group_types: Vec<TypeName>,
     /// The first column of a valid index on exactly the group columns, with its type: a run
     /// walks the groups in ranges of it ([`Self::freeze_ranges_sql`]). None: no such index,
     /// so a run freezes every group with duplicates instead.
-    pub range_by: Option<(Ident, String)>,
+    pub range_by: Option<(Ident, TypeName)>,
 }
 
 impl VoidEngine {

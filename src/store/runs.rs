@@ -15,7 +15,7 @@ use anyhow::Result;
 use postgres::{GenericClient, Transaction};
 use serde::Serialize;
 
-use crate::db::sql_text::{Ident, SeqRange};
+use crate::db::sql_text::{Ident, SeqRange, TypeName};
 use crate::error::PgContext;
 
 /// Where a run stands; parsed once, where the row is read.
@@ -389,7 +389,7 @@ pub fn range_targets_sql(rows: &str, sample: RangeSample) -> String {
 
 /// The keys of run $1's frozen targets in `range` (`seq`), cast back from text to the types
 /// of `columns`.
-pub fn frozen_keys_sql(columns: &[Ident], types: &[String], range: SeqRange) -> String {
+pub fn frozen_keys_sql(columns: &[Ident], types: &[TypeName], range: SeqRange) -> String {
     let cols = columns
         .iter()
         .zip(types)
