@@ -282,6 +282,12 @@ pub struct Statement {
 pub struct Param(usize);
 
 impl Param {
+    /// `$1` to `$N`, for a statement whose caller binds its `N` values itself, in this order
+    /// (a public `*_sql` function documents the order; the runner passes the values).
+    pub fn ordered<const N: usize>() -> [Param; N] {
+        std::array::from_fn(|i| Param(i + 1))
+    }
+
     /// The parameter's number, for the fragment builders that take one.
     pub fn number(self) -> usize {
         self.0

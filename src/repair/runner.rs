@@ -363,9 +363,7 @@ pub fn apply(
             run.checkpoint = hi;
             run.processed += hi - lo;
             run.changed += result.changed;
-            if let serde_json::Value::Array(list) = &mut run.skipped {
-                list.extend(result.skipped);
-            }
+            run.skipped.extend(result.skipped);
             size = next_batch_size(size, options.batch_target, took);
             if in_ranges(&run, run.checkpoint) {
                 // A range holds about ROWS_PER_RANGE rows of its table: about the same bound

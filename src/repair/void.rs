@@ -22,7 +22,7 @@ use anyhow::Result;
 use super::catalog::column_types;
 use super::definition::{Order, VoidSpec};
 use crate::db::sql_text::{
-    all_not_null, column_list, key_match, Ident, KeyRange, SeqRange, TypeName,
+    all_not_null, column_list, key_match, Ident, KeyRange, Param, SeqRange, TypeName,
 };
 use crate::error::PgContext;
 use crate::store;
@@ -161,7 +161,8 @@ impl VoidEngine {
 
     /// The groups of one batch: frozen keys `seq` in ($2, $3] of run $1, cast back.
     fn batch_groups(&self, range: SeqRange) -> String {
-        store::runs::frozen_keys_sql(&self.spec.group_by, &self.group_types, range)
+        let [run] = Param::ordered();
+        store::runs::frozen_keys_sql(&self.spec.group_by, &self.group_types, run, range)
     }
 
     fn join_on(&self) -> String {

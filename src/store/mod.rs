@@ -23,7 +23,7 @@ use crate::db::sql_text::Ident;
 use crate::error::PgContext;
 
 pub use records::gates_passed;
-pub use runs::{run, Run, RunKind, RunState};
+pub use runs::{run, Run, RunKind, RunState, Skipped};
 pub use schema::ensure;
 
 /// The schema that holds pgmend's tables.

@@ -2,7 +2,7 @@
 //! checkpoints, and the ledger records `repair log` and undo read.
 //!
 //! `Run` is the run row as served to `repair status` and JSON (timestamps formatted by the server,
-//! `skipped` parsed from `jsonb` text, `state` a `RunState` and `kind` a `RunKind`, parsed where
+//! `skipped` parsed from `jsonb` text into [`Skipped`] keys, `state` a `RunState` and `kind` a `RunKind`, parsed where
 //! the row is read). Functions: `all`, `run`, `unfinished`, `latest_run_id`, `create`,
 //! `set_targets`, `advance` (the checkpoint, in the batch's transaction), `add_repass_targets`,
 //! `analyze_targets`, `finish`, `abandon`; `frozen_keys_sql` (the frozen keys over a
@@ -13,9 +13,9 @@
 
 use anyhow::Result;
 use postgres::{GenericClient, Transaction};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use crate::db::sql_text::{Ident, SeqRange, TypeName};
+use crate::db::sql_text::{Ident, Param, SeqRange, TypeName};
 use crate::error::PgContext;
 
 /// Where a run stands; parsed once, where the row is read.
@@ -73,6 +73,18 @@ impl RunKind {
     }
 }
 
+/// A key a batch could not write, with its counter, its true value and why; the run's
+/// `skipped` column holds a JSON array of these. The fields are in alphabetical order, the
+/// order the column's JSON has always been printed in (`repair status --format json`, the
+/// exit-1 message).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Skipped {
+    pub counter: i64,
+    pub key: Vec<String>,
+    pub reason: String,
+    pub true_value: i64,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Run {
     pub run_id: i64,
@@ -86,7 +98,7 @@ pub struct Run {
     pub checkpoint: i64,
     pub processed: i64,
     pub changed: i64,
-    pub skipped: serde_json::Value,
+    pub skipped: Vec<Skipped>,
     pub started_by: String,
     pub finished_at: Option<String>,
     pub undoes_run: Option<i64>,
@@ -248,14 +260,19 @@ pub fn advance(
     run_id: i64,
     (lo, hi): (i64, i64),
     changed: i64,
-    skipped: &[serde_json::Value],
+    skipped: &[Skipped],
 ) -> Result<u64, postgres::Error> {
     tx.execute(
         "UPDATE pgmend.repair_runs SET checkpoint = $2, processed = processed + ($2 - $3), changed = changed + $4,
                 skipped = skipped || $5::text::jsonb
           WHERE run_id = $1 AND checkpoint = $3",
-        &[&run_id, &hi, &lo, &changed, &serde_json::Value::from(skipped.to_vec()).to_string()],
+        &[&run_id, &hi, &lo, &changed, &skipped_json(skipped)],
     )
+}
+
+/// `skipped` as the jsonb text `skipped || $n::text::jsonb` appends.
+pub(super) fn skipped_json(skipped: &[Skipped]) -> String {
+    serde_json::to_string(skipped).expect("skipped keys serialize")
 }
 
 /// Appends `keys` (each key's parts joined by U+001F) to the run's targets after `from`,
@@ -387,9 +404,14 @@ pub fn range_targets_sql(rows: &str, sample: RangeSample) -> String {
     )
 }
 
-/// The keys of run $1's frozen targets in `range` (`seq`), cast back from text to the types
-/// of `columns`.
-pub fn frozen_keys_sql(columns: &[Ident], types: &[TypeName], range: SeqRange) -> String {
+/// The keys of run `run`'s frozen targets in `range` (`seq`), cast back from text to the
+/// types of `columns`.
+pub fn frozen_keys_sql(
+    columns: &[Ident],
+    types: &[TypeName],
+    run: Param,
+    range: SeqRange,
+) -> String {
     let cols = columns
         .iter()
         .zip(types)
@@ -398,7 +420,7 @@ pub fn frozen_keys_sql(columns: &[Ident], types: &[TypeName], range: SeqRange) -
         .collect::<Vec<_>>()
         .join(", ");
     format!(
-        "SELECT {cols} FROM pgmend.repair_targets WHERE run_id = $1 AND {}",
+        "SELECT {cols} FROM pgmend.repair_targets WHERE run_id = {run} AND {}",
         range.predicate("seq")
     )
 }
@@ -524,10 +546,13 @@ pub fn advance_undo(
 
 /// The undo is done: its run finished, the undone run marked.
 pub fn finish_undo(client: &mut impl GenericClient, undo_run: i64, run_id: i64) -> Result<()> {
+    // One statement, so both rows change together or neither does.
     client
-        .batch_execute(&format!(
-            "UPDATE pgmend.repair_runs SET state = 'finished', finished_at = now() WHERE run_id = {undo_run};
-             UPDATE pgmend.repair_runs SET undone_by_run = {undo_run} WHERE run_id = {run_id}"
-        ))
-        .doing("recording the undo")
+        .execute(
+            "WITH undo AS (UPDATE pgmend.repair_runs SET state = 'finished', finished_at = now() WHERE run_id = $1)
+             UPDATE pgmend.repair_runs SET undone_by_run = $1 WHERE run_id = $2",
+            &[&undo_run, &run_id],
+        )
+        .doing("recording the undo")?;
+    Ok(())
 }

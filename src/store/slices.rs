@@ -135,7 +135,7 @@ pub fn advance(
     worker: i32,
     (lo, hi): (i64, i64),
     changed: i64,
-    skipped: &[serde_json::Value],
+    skipped: &[super::runs::Skipped],
 ) -> Result<u64, postgres::Error> {
     let moved = tx.execute(
         "UPDATE pgmend.run_slices SET checkpoint = $4, worker = $5, updated_at = now()
@@ -156,7 +156,7 @@ pub fn advance(
             &run_id,
             &(hi - lo),
             &changed,
-            &serde_json::Value::from(skipped.to_vec()).to_string(),
+            &super::runs::skipped_json(skipped),
         ],
     )
 }
