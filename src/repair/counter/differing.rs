@@ -268,7 +268,8 @@ impl CounterEngine {
 #[cfg(test)]
 mod tests {
     use super::super::fixtures::{budgets, flat, monthly};
-    use crate::db::sql_text::{Binds, KeyRange};
+    use crate::db::sql_text::{Binds, KeyRange, Param, SeqRange};
+    use crate::store::runs::frozen_keys_sql;
     use crate::repair::definition::WhenNoSource;
     use crate::store::runs::RangeSample;
 
@@ -377,16 +378,23 @@ mod tests {
     #[test]
     fn read_drift_reads_the_frozen_keys_within_their_leading_columns_range() {
         let e = monthly();
+        // The store's frozen keys of run $1, `seq` in ($2, $3].
+        let [run, lo, hi] = Param::ordered();
+        let range = SeqRange::Between {
+            lo: lo.number(),
+            hi: hi.number(),
+        };
+        let keys = frozen_keys_sql(&e.spec.key, &e.key_types, run, range);
+        assert!(keys.starts_with("SELECT key[1]::text AS \"member_id\", key[2]::date AS \"month\" FROM "));
         let bounds = e.batch_bounds_sql(7, 100, 200);
         assert_eq!(
             flat(&bounds.sql),
-            "SELECT min(g.\"member_id\")::text, max(g.\"member_id\")::text FROM (SELECT key[1]::text AS \"member_id\", key[2]::date AS \"month\" \
-             FROM pgmend.repair_targets WHERE run_id = $1 AND seq > $2 AND seq <= $3) g"
+            format!("SELECT min(g.\"member_id\")::text, max(g.\"member_id\")::text FROM ({keys}) g")
         );
         assert_eq!(bounds.binds.shown(), ["7", "100", "200"]);
         let st = e.read_drift_sql(7, (100, 200), (Some("m1".into()), Some("m9".into())));
         let sql = flat(&st.sql);
-        assert!(sql.starts_with("WITH g AS MATERIALIZED (SELECT key[1]::text AS \"member_id\", key[2]::date AS \"month\" FROM pgmend.repair_targets WHERE run_id = $1 AND seq > $2 AND seq <= $3), t AS (SELECT g.\"member_id\", g.\"month\", coalesce(sum(s.\"amount_yen\")"), "{sql}");
+        assert!(sql.starts_with(&format!("WITH g AS MATERIALIZED ({keys}), t AS (SELECT g.\"member_id\", g.\"month\", coalesce(sum(s.\"amount_yen\")")), "{sql}");
         assert!(sql.contains("FROM g LEFT JOIN \"issued_coupons\" s ON s.\"member_id\" = g.\"member_id\" AND s.\"month\" = g.\"month\" AND s.\"member_id\" BETWEEN $4::text::text AND $5::text::text"), "{sql}");
         assert!(sql.ends_with("LEFT JOIN \"member_monthly_usage\" c ON c.\"member_id\" = g.\"member_id\" AND c.\"month\" = g.\"month\" AND c.\"member_id\" BETWEEN $4::text::text AND $5::text::text"), "{sql}");
         assert!(sql.contains("SELECT ARRAY[g.\"member_id\"::text, g.\"month\"::text], c.\"used_yen\"::bigint, t.truth, t.has_source FROM g JOIN t ON t.\"member_id\" = g.\"member_id\" AND t.\"month\" = g.\"month\""), "{sql}");
