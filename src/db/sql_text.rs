@@ -199,7 +199,12 @@ impl CheckBody {
                 &[&table.as_str()],
             )?
             .iter()
-            .map(|r| (r.get(0), CheckBody::from_constraintdef(&r.get::<_, String>(1))))
+            .map(|r| {
+                (
+                    r.get(0),
+                    CheckBody::from_constraintdef(&r.get::<_, String>(1)),
+                )
+            })
             .collect())
     }
 

@@ -419,12 +419,7 @@ mod tests {
     /// The store's frozen groups of run $1 in `range`, cast to the group columns' types.
     fn frozen_keys(range: SeqRange) -> String {
         let [run] = Param::ordered();
-        let keys = frozen_keys_sql(
-            &coupons().spec.group_by,
-            &coupons().group_types,
-            run,
-            range,
-        );
+        let keys = frozen_keys_sql(&coupons().spec.group_by, &coupons().group_types, run, range);
         assert!(keys.starts_with(
             "SELECT key[1]::text AS \"campaign_id\", key[2]::text AS \"member_id\" FROM "
         ));
@@ -437,9 +432,7 @@ mod tests {
 
     /// The window both rankings use, over rows aliased `a`.
     fn window(a: &str) -> String {
-        format!(
-            "row_number() OVER w AS rn, first_value({a}.\"coupon_id\") OVER w AS kept"
-        )
+        format!("row_number() OVER w AS rn, first_value({a}.\"coupon_id\") OVER w AS kept")
     }
 
     fn partition(a: &str) -> String {
@@ -478,7 +471,10 @@ mod tests {
         let mut e = coupons();
         e.spec.keep_when_not_null = None;
         let sql = flat(&e.batch_sql());
-        assert!(sql.contains("l.\"voided_at\" AS before_void, NULL AS keep_value"), "{sql}");
+        assert!(
+            sql.contains("l.\"voided_at\" AS before_void, NULL AS keep_value"),
+            "{sql}"
+        );
         assert!(sql.contains("jsonb_build_array(before_mark, before_void), jsonb_build_array(after_mark, after_void), "), "{sql}");
     }
 

@@ -255,7 +255,9 @@ impl CounterEngine {
         let mut kept = Vec::new();
         for (i, u) in updates.into_iter().enumerate() {
             match rejected.iter().find(|(idx, _)| *idx == i as i64) {
-                Some((_, names)) => skipped.push(u.skipped(format!("writing it would break {names}"))),
+                Some((_, names)) => {
+                    skipped.push(u.skipped(format!("writing it would break {names}")))
+                }
                 None => kept.push(u),
             }
         }

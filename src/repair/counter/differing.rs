@@ -269,8 +269,8 @@ impl CounterEngine {
 mod tests {
     use super::super::fixtures::{budgets, flat, monthly};
     use crate::db::sql_text::{Binds, KeyRange, Param, SeqRange};
-    use crate::store::runs::frozen_keys_sql;
     use crate::repair::definition::WhenNoSource;
+    use crate::store::runs::frozen_keys_sql;
     use crate::store::runs::RangeSample;
 
     #[test]
@@ -355,9 +355,12 @@ mod tests {
              UNION ALL SELECT c.\"campaign_id\" FROM \"campaign_budgets\" c"
         ), "{sql}");
         let sampled = flat(&monthly().freeze_ranges_sql(RangeSample::Percent(1.0)));
-        assert!(sampled.contains(
-            "FROM \"issued_coupons\" s TABLESAMPLE BERNOULLI (1) REPEATABLE (0) WHERE"
-        ), "{sampled}");
+        assert!(
+            sampled.contains(
+                "FROM \"issued_coupons\" s TABLESAMPLE BERNOULLI (1) REPEATABLE (0) WHERE"
+            ),
+            "{sampled}"
+        );
     }
 
     #[test]
@@ -385,11 +388,14 @@ mod tests {
             hi: hi.number(),
         };
         let keys = frozen_keys_sql(&e.spec.key, &e.key_types, run, range);
-        assert!(keys.starts_with("SELECT key[1]::text AS \"member_id\", key[2]::date AS \"month\" FROM "));
+        assert!(keys
+            .starts_with("SELECT key[1]::text AS \"member_id\", key[2]::date AS \"month\" FROM "));
         let bounds = e.batch_bounds_sql(7, 100, 200);
         assert_eq!(
             flat(&bounds.sql),
-            format!("SELECT min(g.\"member_id\")::text, max(g.\"member_id\")::text FROM ({keys}) g")
+            format!(
+                "SELECT min(g.\"member_id\")::text, max(g.\"member_id\")::text FROM ({keys}) g"
+            )
         );
         assert_eq!(bounds.binds.shown(), ["7", "100", "200"]);
         let st = e.read_drift_sql(7, (100, 200), (Some("m1".into()), Some("m9".into())));

@@ -225,7 +225,9 @@ mod fixtures {
     /// create, a CHECK (NOT VALID) on the budget.
     pub fn budgets() -> CounterEngine {
         CounterEngine {
-            spec: spec(include_str!("../../../repairs/rebuild-campaign-budgets.toml")),
+            spec: spec(include_str!(
+                "../../../repairs/rebuild-campaign-budgets.toml"
+            )),
             key_types: vec![TypeName::for_tests("text")],
             counter_type: TypeName::for_tests("integer"),
             columns: ["campaign_id", "discount_yen", "budget_yen", "issued_yen"]
@@ -245,7 +247,9 @@ mod fixtures {
     /// apart), keys from the source, an integer counter with a CHECK.
     pub fn monthly() -> CounterEngine {
         CounterEngine {
-            spec: spec(include_str!("../../../repairs/rebuild-member-monthly-usage.toml")),
+            spec: spec(include_str!(
+                "../../../repairs/rebuild-member-monthly-usage.toml"
+            )),
             key_types: vec![TypeName::for_tests("text"), TypeName::for_tests("date")],
             counter_type: TypeName::for_tests("integer"),
             columns: ["member_id", "month", "used_yen"]

@@ -340,7 +340,11 @@ mod tests {
     #[test]
     fn write_adds_the_drift_where_it_fits_and_passes_the_checks() {
         let e = budgets();
-        let st = e.write_sql(7, &[proposed(&["c1"], 10, 15), proposed(&["c2"], 3, 1)], false);
+        let st = e.write_sql(
+            7,
+            &[proposed(&["c1"], 10, 15), proposed(&["c2"], 3, 1)],
+            false,
+        );
         let sql = flat(&st.sql);
         assert!(sql.starts_with(
             "WITH u AS (SELECT u.*, u.after - u.before AS drift, jsonb_build_object('campaign_id', u.k0::text) AS row_key \
@@ -359,18 +363,30 @@ mod tests {
             "SELECT (SELECT count(*) FROM upd), coalesce((SELECT array_agg(u.i) FROM u WHERE u.i NOT IN (SELECT i FROM upd)), '{}')"
         ), "{sql}");
         assert!(!sql.contains("merged"));
-        assert_eq!(st.binds.shown(), ["7", "[\"c1\", \"c2\"]", "[10, 3]", "[15, 1]"]);
+        assert_eq!(
+            st.binds.shown(),
+            ["7", "[\"c1\", \"c2\"]", "[10, 3]", "[15, 1]"]
+        );
     }
 
     #[test]
     fn a_merging_write_moves_the_runs_earlier_record_instead_of_adding_one() {
-        let sql = flat(&budgets().write_sql(7, &[proposed(&["c1"], 10, 15)], true).sql);
+        let sql = flat(
+            &budgets()
+                .write_sql(7, &[proposed(&["c1"], 10, 15)], true)
+                .sql,
+        );
         assert!(sql.contains(
             "merged AS ( UPDATE \"pgmend\".\"repair_ledger\" l SET after = l.after || jsonb_build_object('issued_yen', m.after), \
              reason = l.reason || format('; corrected again to %s by a later pass of the run', m.after) \
              FROM upd m WHERE l.run_id = $1 AND l.target_table = 'campaign_budgets' AND l.row_key = m.row_key RETURNING l.row_key)"
         ), "{sql}");
-        assert!(sql.contains("FROM upd u WHERE u.row_key NOT IN (SELECT row_key FROM merged) RETURNING 1)"), "{sql}");
+        assert!(
+            sql.contains(
+                "FROM upd u WHERE u.row_key NOT IN (SELECT row_key FROM merged) RETURNING 1)"
+            ),
+            "{sql}"
+        );
     }
 
     #[test]
@@ -412,13 +428,24 @@ mod tests {
              jsonb_build_array(u.before), jsonb_build_array(u.after), jsonb_build_array(u.before, u.after) FROM upd u RETURNING 1)"
         ), "{sql}");
         assert!(sql.contains("v AS (SELECT d.\"member_id\", d.\"month\", d.truth AS value FROM d WHERE d.now IS NULL), w AS (SELECT v.* FROM v)"), "{sql}");
-        assert!(sql.contains("SELECT $1, CASE WHEN l2.created THEN 1 ELSE 3 END, l2.row_key"), "{sql}");
+        assert!(
+            sql.contains("SELECT $1, CASE WHEN l2.created THEN 1 ELSE 3 END, l2.row_key"),
+            "{sql}"
+        );
         assert!(sql.contains("RETURNING t.*, true AS created)"), "{sql}");
-        assert!(sql.contains("jsonb_build_array(ins.\"member_id\", ins.\"month\", ins.\"used_yen\") AS whole"), "{sql}");
+        assert!(
+            sql.contains(
+                "jsonb_build_array(ins.\"member_id\", ins.\"month\", ins.\"used_yen\") AS whole"
+            ),
+            "{sql}"
+        );
         assert_eq!(st.binds.shown(), ["7", "\"m1\""]);
         let upsert = flat(&e.batch_range_sql(7, None, Some("m9"), true).sql);
         assert!(upsert.contains("ON CONFLICT (\"member_id\", \"month\") DO UPDATE SET \"used_yen\" = t.\"used_yen\" + excluded.\"used_yen\" RETURNING t.*, t.xmax = 0 AS created)"), "{upsert}");
-        assert!(upsert.contains("s.\"member_id\" <= $2::text::text"), "{upsert}");
+        assert!(
+            upsert.contains("s.\"member_id\" <= $2::text::text"),
+            "{upsert}"
+        );
     }
 
     #[test]
@@ -426,7 +453,13 @@ mod tests {
         let mut e = monthly();
         e.spec.when_no_source = crate::repair::definition::WhenNoSource::Keep;
         let sql = flat(&e.batch_range_sql(7, None, None, false).sql);
-        assert!(sql.contains("FROM d WHERE d.now IS NOT NULL AND d.has_source) u)"), "{sql}");
-        assert!(sql.contains("FROM d WHERE d.now IS NULL AND false)"), "{sql}");
+        assert!(
+            sql.contains("FROM d WHERE d.now IS NOT NULL AND d.has_source) u)"),
+            "{sql}"
+        );
+        assert!(
+            sql.contains("FROM d WHERE d.now IS NULL AND false)"),
+            "{sql}"
+        );
     }
 }
