@@ -125,17 +125,8 @@ impl CounterEngine {
 
 #[cfg(test)]
 mod tests {
-    use super::super::fixtures::{budgets, monthly};
-    use super::super::Proposed;
+    use super::super::fixtures::{budgets, monthly, proposed};
     use crate::db::sql_text::TypeName;
-
-    fn proposed(key: &[&str], counter: i64, truth: i64) -> Proposed {
-        Proposed {
-            key: key.iter().map(|k| k.to_string()).collect(),
-            counter,
-            truth,
-        }
-    }
 
     #[test]
     fn the_range_is_the_counter_columns() {

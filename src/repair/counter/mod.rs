@@ -208,12 +208,21 @@ impl CounterEngine {
 /// Engines as `prepare` would make them against the demo's schema, for the builders' tests.
 #[cfg(test)]
 mod fixtures {
-    use super::CounterEngine;
+    use super::{CounterEngine, Proposed};
     use crate::db::sql_text::{CheckBody, Ident, TypeName};
     use crate::repair::definition::CounterSpec;
 
     fn spec(toml_text: &str) -> CounterSpec {
         toml::from_str(toml_text).expect("a counter definition")
+    }
+
+    /// A value proposed for `key`: the counter as read and the true value.
+    pub fn proposed(key: &[&str], counter: i64, truth: i64) -> Proposed {
+        Proposed {
+            key: key.iter().map(|k| k.to_string()).collect(),
+            counter,
+            truth,
+        }
     }
 
     /// `sql` with every run of white space one space: the builders indent their text.

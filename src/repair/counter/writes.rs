@@ -326,16 +326,7 @@ impl CounterEngine {
 
 #[cfg(test)]
 mod tests {
-    use super::super::fixtures::{budgets, flat, monthly};
-    use super::super::Proposed;
-
-    fn proposed(key: &[&str], counter: i64, truth: i64) -> Proposed {
-        Proposed {
-            key: key.iter().map(|k| k.to_string()).collect(),
-            counter,
-            truth,
-        }
-    }
+    use super::super::fixtures::{budgets, flat, monthly, proposed};
 
     #[test]
     fn write_adds_the_drift_where_it_fits_and_passes_the_checks() {
