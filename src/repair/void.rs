@@ -73,18 +73,21 @@ impl VoidEngine {
     }
 
     /// A run in ranges: the range column's rows, read as `sample` says, cut about every
-    /// `store::runs::ROWS_PER_RANGE` rows (see `store::runs::range_targets_sql`).
+    /// `store::runs::ROWS_PER_RANGE` rows (see `store::runs::range_targets_sql`). The caller
+    /// binds the run.
     pub fn freeze_ranges_sql(&self, sample: store::runs::RangeSample) -> String {
         let (column, _) = self
             .range_by
             .as_ref()
             .expect("a run in ranges has a range column");
+        let [run] = Param::ordered();
         store::runs::range_targets_sql(
             &format!(
                 "SELECT t.{column} AS k FROM {table} t {sampled} WHERE t.{column} IS NOT NULL",
                 table = &self.spec.table,
                 sampled = sample.clause(),
             ),
+            run,
             sample,
         )
     }

@@ -383,22 +383,22 @@ impl RangeSample {
     }
 }
 
-/// Freezes run $1's targets as ranges: `rows` (a `SELECT` of one column `k`, a row per row of
+/// Freezes run `run`'s targets as ranges: `rows` (a `SELECT` of one column `k`, a row per row of
 /// the table, read as `sample` says) in order, cut about every [`ROWS_PER_RANGE`] rows of the
 /// table; each target holds the last value of its range as text (a value is the end of one
 /// range at most), and one more target, `ARRAY[NULL]`, the open range after the last. The
 /// ranges cover every value whatever the cuts, so a sample only sizes them; it spares sorting
 /// every row (at 1,000,000 members 0.7 s for the void's freeze and 1.5 s for the member-months'
 /// reading every value in order). The `INSERT` counts the targets.
-pub fn range_targets_sql(rows: &str, sample: RangeSample) -> String {
+pub fn range_targets_sql(rows: &str, run: Param, sample: RangeSample) -> String {
     format!(
         "WITH b AS (SELECT k, row_number() OVER (ORDER BY k) AS seq
                       FROM (SELECT DISTINCT k
                               FROM (SELECT k, row_number() OVER (ORDER BY k) AS n FROM ({rows}) u) x
                              WHERE n % {every} = 0) d)
          {targets_insert}
-         SELECT $1::bigint, seq, ARRAY[k::text] FROM b
-         UNION ALL SELECT $1::bigint, (SELECT count(*) FROM b) + 1, ARRAY[NULL::text]",
+         SELECT {run}::bigint, seq, ARRAY[k::text] FROM b
+         UNION ALL SELECT {run}::bigint, (SELECT count(*) FROM b) + 1, ARRAY[NULL::text]",
         every = sample.every(),
         targets_insert = super::targets_insert(),
     )

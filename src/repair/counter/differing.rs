@@ -141,10 +141,11 @@ impl CounterEngine {
     /// and the counter table's, each read as `sample` says; see
     /// `store::runs::range_targets_sql`). Cheaper than freezing every key that differs, which
     /// sums the whole source once more; a batch then reads the drift of every key in its
-    /// ranges ([`Self::batch_range`]).
+    /// ranges ([`Self::batch_range`]). The caller binds the run.
     pub fn freeze_ranges_sql(&self, sample: store::runs::RangeSample) -> String {
         let s = &self.spec;
         let first = &s.key[0];
+        let [run] = Param::ordered();
         store::runs::range_targets_sql(
             &format!(
                 "SELECT s.{first} AS k FROM {table} s {sampled} WHERE s.{first} IS NOT NULL
@@ -153,6 +154,7 @@ impl CounterEngine {
                 counter = &s.counter_table,
                 sampled = sample.clause(),
             ),
+            run,
             sample,
         )
     }
