@@ -277,7 +277,7 @@ impl Binds {
 
 /// A statement and the values it binds.
 #[derive(Debug)]
-pub struct Statement {
+pub struct BoundSql {
     pub sql: String,
     pub binds: Binds,
 }

@@ -556,3 +556,28 @@ pub fn finish_undo(client: &mut impl GenericClient, undo_run: i64, run_id: i64) 
         .doing("recording the undo")?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{skipped_json, Skipped};
+
+    #[test]
+    fn skipped_keys_keep_the_columns_json_shape() {
+        let skipped = Skipped {
+            counter: 3000,
+            key: vec!["C-ON".into()],
+            reason: "writing it would break issued_within_budget".into(),
+            true_value: 4000,
+        };
+        assert_eq!(
+            skipped_json(std::slice::from_ref(&skipped)),
+            r#"[{"counter":3000,"key":["C-ON"],"reason":"writing it would break issued_within_budget","true_value":4000}]"#
+        );
+        // As the server prints the jsonb column back (keys by length, then bytes).
+        let stored = r#"[{"key": ["C-ON"], "reason": "writing it would break issued_within_budget", "counter": 3000, "true_value": 4000}]"#;
+        assert_eq!(
+            serde_json::from_str::<Vec<Skipped>>(stored).unwrap(),
+            [skipped]
+        );
+    }
+}

@@ -6,7 +6,7 @@
 //! statements carry themselves.
 
 use super::{CounterEngine, Proposed};
-use crate::db::sql_text::{Binds, Literal, Statement};
+use crate::db::sql_text::{Binds, BoundSql, Literal};
 
 impl CounterEngine {
     /// The values the counter column can hold.
@@ -32,7 +32,7 @@ impl CounterEngine {
     /// Which of `rows` a CHECK on the counter table would refuse, evaluated on the counter row
     /// as it is with the true value in the counter column: rows of (index into `rows`, the
     /// names of the checks it breaks, comma-separated).
-    pub(super) fn rejected_by_checks_sql(&self, rows: &[Proposed]) -> Statement {
+    pub(super) fn rejected_by_checks_sql(&self, rows: &[Proposed]) -> BoundSql {
         let mut binds = Binds::new();
         let unnest = self.unnest(rows, &mut binds);
         let row_cols: Vec<String> = self
@@ -58,7 +58,7 @@ impl CounterEngine {
             self.u_match(),
             tests.join(", ")
         );
-        Statement { sql, binds }
+        BoundSql { sql, binds }
     }
 
     /// True when every CHECK holds on the counter row `alias` with `value` (SQL) in the

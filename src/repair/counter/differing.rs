@@ -18,7 +18,7 @@
 
 use super::CounterEngine;
 use crate::db::sql_text::{
-    all_not_null, between_text_params, column_list, Binds, KeyRange, Param, SeqRange, Statement,
+    all_not_null, between_text_params, column_list, Binds, BoundSql, KeyRange, Param, SeqRange,
     TypeName,
 };
 use crate::repair::definition::{Aggregate, WhenNoSource};
@@ -173,7 +173,7 @@ impl CounterEngine {
 
     /// Up to `limit` keys whose counter differs from the source now, in key order, as text[]
     /// (one statement, one snapshot).
-    pub(super) fn differing_keys_sql(&self, limit: i64) -> Statement {
+    pub(super) fn differing_keys_sql(&self, limit: i64) -> BoundSql {
         let mut binds = Binds::new();
         let sql = format!(
             "SELECT {dt} FROM ({differing}) d ORDER BY {dk} LIMIT {limit}",
@@ -182,7 +182,7 @@ impl CounterEngine {
             differing = self.differing_sql(true),
             limit = binds.push(limit),
         );
-        Statement { sql, binds }
+        BoundSql { sql, binds }
     }
 
     /// After a run: how many keys' counters differ from the source now (the invariant, over
@@ -206,12 +206,12 @@ impl CounterEngine {
 
     /// The first and last value of the leading key column among a batch's frozen keys (run
     /// `run_id`, `seq` in `(lo, hi]`), as text: the range [`Self::read_drift_sql`] reads.
-    pub(super) fn batch_bounds_sql(&self, run_id: i64, lo: i64, hi: i64) -> Statement {
+    pub(super) fn batch_bounds_sql(&self, run_id: i64, lo: i64, hi: i64) -> BoundSql {
         let mut binds = Binds::new();
         let keys = self.batch_keys(binds.push(run_id), binds.push(lo), binds.push(hi));
         let first = &self.spec.key[0];
         let sql = format!("SELECT min(g.{first})::text, max(g.{first})::text FROM ({keys}) g");
-        Statement { sql, binds }
+        BoundSql { sql, binds }
     }
 
     /// Whether `alias`'s leading key column lies between a batch's first and last key
@@ -237,7 +237,7 @@ impl CounterEngine {
         run_id: i64,
         (lo, hi): (i64, i64),
         (min_key, max_key): (Option<String>, Option<String>),
-    ) -> Statement {
+    ) -> BoundSql {
         let s = &self.spec;
         let first = &s.key[0];
         let mut binds = Binds::new();
@@ -263,7 +263,7 @@ impl CounterEngine {
             cm = self.keys_match("c", "g"),
             crange = self.in_batch_range("c", min_key, max_key),
         );
-        Statement { sql, binds }
+        BoundSql { sql, binds }
     }
 }
 

@@ -21,7 +21,7 @@
 //! - `batch.rs`: running them: a batch, its rules, and the reasons for the keys it skipped.
 //!
 //! Every statement builder is a pure function of the engine's data that returns the SQL text with
-//! the values it binds ([`crate::db::sql_text::Statement`]); the functions that run them are in
+//! the values it binds ([`crate::db::sql_text::BoundSql`]); the functions that run them are in
 //! `batch.rs`.
 
 mod batch;

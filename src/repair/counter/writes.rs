@@ -14,7 +14,7 @@ use super::{
     CounterEngine, Proposed, REASON_ADDED, REASON_CORRECTED, REASON_CREATED, SHAPE_ADDED,
     SHAPE_CORRECTED, SHAPE_CREATED,
 };
-use crate::db::sql_text::{column_list, Binds, Ident, KeyRange, Param, Statement};
+use crate::db::sql_text::{column_list, Binds, BoundSql, Ident, KeyRange, Param};
 use crate::repair::definition::WhenNoSource;
 use crate::store;
 
@@ -23,7 +23,7 @@ impl CounterEngine {
     /// the row is now, where the result still fits and passes the table's CHECKs, with full
     /// ledger records (before and after as written). Returns one row: how many rows changed,
     /// and the numbers (`i`, from 1) of the updates not written.
-    pub(super) fn write_sql(&self, run_id: i64, updates: &[Proposed], merge: bool) -> Statement {
+    pub(super) fn write_sql(&self, run_id: i64, updates: &[Proposed], merge: bool) -> BoundSql {
         let mut binds = Binds::new();
         let run = binds.push(run_id);
         let unnest = self.unnest(updates, &mut binds);
@@ -33,7 +33,7 @@ impl CounterEngine {
                     coalesce((SELECT array_agg(u.i) FROM u WHERE u.i NOT IN (SELECT i FROM upd)), '{{}}')",
             ctes = self.write_ctes(&format!("SELECT * FROM {unnest}"), run, merge, false),
         );
-        Statement { sql, binds }
+        BoundSql { sql, binds }
     }
 
     /// Creates the missing counter rows of `creates` with their true value (0 where it would
@@ -41,7 +41,7 @@ impl CounterEngine {
     /// records. A row the new application created since the drift was read gets the drift
     /// added instead. Returns one row: how many rows changed, and the keys created as 0 (their
     /// parts joined by U+001F).
-    pub(super) fn create_sql(&self, run_id: i64, creates: &[Proposed], merge: bool) -> Statement {
+    pub(super) fn create_sql(&self, run_id: i64, creates: &[Proposed], merge: bool) -> BoundSql {
         let s = &self.spec;
         let mut binds = Binds::new();
         let run = binds.push(run_id);
@@ -61,7 +61,7 @@ impl CounterEngine {
             ctes = self.create_ctes(&format!("SELECT {u_keys}, u.after AS value FROM {unnest}"), run, merge, false, true),
             okt = self.keys_text_list("ok"),
         );
-        Statement { sql, binds }
+        BoundSql { sql, binds }
     }
 
     /// One batch of a run in ranges, as ONE statement (see [`Self::batch_range`]): the drift of
@@ -77,7 +77,7 @@ impl CounterEngine {
         after: Option<&str>,
         up_to: Option<&str>,
         upsert: bool,
-    ) -> Statement {
+    ) -> BoundSql {
         let s = &self.spec;
         let mut binds = Binds::new();
         let run = binds.push(run_id);
@@ -129,7 +129,7 @@ impl CounterEngine {
                 .join(", "),
             okt = self.keys_text_list("ok"),
         );
-        Statement { sql, binds }
+        BoundSql { sql, binds }
     }
 
     /// The CTEs that add each key's drift to its counter row (see [`Self::write_sql`]) from
