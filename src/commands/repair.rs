@@ -214,7 +214,7 @@ pub fn status(args: &RepairStatusArgs, format: Format) -> Result<Outcome> {
                         human::int(r.checkpoint)
                     ),
                     changed: human::int(r.changed),
-                    skipped: human::int(r.skipped.as_array().map_or(0, Vec::len) as i64),
+                    skipped: human::int(r.skipped.len() as i64),
                     as_of: r.as_of.clone(),
                     note: match (r.undone_by_run, r.undoes_run) {
                         (Some(u), _) => format!("undone by run {u}"),

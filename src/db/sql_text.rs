@@ -1,11 +1,18 @@
-//! SQL text: the only way a name or a constant gets into a statement pgmend builds. An
-//! [`Ident`] is a quoted identifier (optionally schema-qualified), a [`Literal`] a quoted
-//! constant; both print their SQL form with `Display`, so they drop into `format!`. The
-//! fragment builders (column lists, key matches, key ranges) are functions over them, so a
-//! statement is never patched as text afterwards.
+//! SQL text: the only way a name, a type, a CHECK body or a constant gets into a statement
+//! pgmend builds. An [`Ident`] is a quoted identifier (optionally schema-qualified), a
+//! [`Literal`] a quoted constant; a [`TypeName`] is a column's type as the catalog's
+//! `format_type()` prints it, and a [`CheckBody`] a CHECK constraint's expression as
+//! `pg_get_constraintdef()` prints it: both are read here, from the catalog, and have no other
+//! constructor. All four print their SQL form with `Display`, so they drop into `format!`. A
+//! value a statement needs travels apart from its text: [`Binds`] hands out the `$n`
+//! placeholder for each value pushed and keeps the values in order, so no two functions agree
+//! on parameter numbers by convention. The fragment builders (column lists, key matches, key
+//! ranges) are functions over these types, so a statement is never patched as text afterwards.
 
 use std::fmt;
 
+use postgres::types::ToSql;
+use postgres::GenericClient;
 use serde::{Deserialize, Serialize};
 
 /// A SQL identifier: a table, column, index, constraint, trigger, function or schema name,
@@ -128,6 +135,176 @@ impl fmt::Display for Literal {
     }
 }
 
+/// A column's SQL type as the server prints it (`format_type(atttypid, atttypmod)`: names
+/// that need quotes come quoted), for casts such as `$2::text::integer`. Only
+/// [`TypeName::of_column`] reads one, and [`TypeName::text`] names `text`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TypeName(String);
+
+impl TypeName {
+    /// `text`: the type of a key whose column types are not read (a preview's).
+    pub fn text() -> TypeName {
+        TypeName("text".into())
+    }
+
+    /// The type of `table.column` (None: no such column), from the catalog.
+    pub fn of_column(
+        client: &mut impl GenericClient,
+        table: &Ident,
+        column: &Ident,
+    ) -> Result<Option<TypeName>, postgres::Error> {
+        Ok(client
+            .query_opt(
+                "SELECT format_type(atttypid, atttypmod) FROM pg_attribute
+                  WHERE attrelid = to_regclass(quote_ident($1)) AND attname = $2 AND attnum > 0 AND NOT attisdropped",
+                &[&table.as_str(), &column.as_str()],
+            )?
+            .map(|r| TypeName(r.get(0))))
+    }
+
+    /// The name as the server printed it, for messages and for matching a type by name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// A type name for unit tests of statement builders.
+    #[cfg(test)]
+    pub fn for_tests(name: &str) -> TypeName {
+        TypeName(name.into())
+    }
+}
+
+impl fmt::Display for TypeName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The expression of a CHECK constraint as the server deparses it (`pg_get_constraintdef`
+/// without its `CHECK ` and ` NOT VALID`), to evaluate it on a proposed row. Only
+/// [`CheckBody::of_table`] reads them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckBody(String);
+
+impl CheckBody {
+    /// Every CHECK constraint of `table` (`NOT VALID` ones too: they check updates), by name.
+    pub fn of_table(
+        client: &mut impl GenericClient,
+        table: &Ident,
+    ) -> Result<Vec<(String, CheckBody)>, postgres::Error> {
+        Ok(client
+            .query(
+                "SELECT conname::text, pg_get_constraintdef(oid) FROM pg_constraint
+                  WHERE conrelid = to_regclass(quote_ident($1)) AND contype = 'c'",
+                &[&table.as_str()],
+            )?
+            .iter()
+            .map(|r| {
+                (
+                    r.get(0),
+                    CheckBody::from_constraintdef(&r.get::<_, String>(1)),
+                )
+            })
+            .collect())
+    }
+
+    fn from_constraintdef(def: &str) -> CheckBody {
+        CheckBody(
+            def.strip_prefix("CHECK ")
+                .unwrap_or(def)
+                .trim_end_matches(" NOT VALID")
+                .to_string(),
+        )
+    }
+
+    /// A check for unit tests of statement builders, as `pg_get_constraintdef` prints it.
+    #[cfg(test)]
+    pub fn for_tests(def: &str) -> CheckBody {
+        CheckBody::from_constraintdef(def)
+    }
+}
+
+impl fmt::Display for CheckBody {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What a cast may name: a [`TypeName`] read from the catalog (and, in unit tests, a plain
+/// `str`).
+pub trait SqlType: fmt::Display {}
+
+impl SqlType for TypeName {}
+
+#[cfg(test)]
+impl SqlType for str {}
+
+/// A value to bind, as a statement's parameter.
+pub type BindValue = Box<dyn ToSql + Sync + Send>;
+
+/// The values a statement binds, in order, each with the placeholder that names it:
+/// [`Binds::push`] keeps a value and returns its `$n`, to write into the text. Build the text
+/// and its values together, so the numbers cannot drift apart.
+#[derive(Debug, Default)]
+pub struct Binds {
+    values: Vec<BindValue>,
+}
+
+impl Binds {
+    pub fn new() -> Binds {
+        Binds::default()
+    }
+
+    /// Keeps `value` and returns its placeholder.
+    pub fn push(&mut self, value: impl ToSql + Sync + Send + 'static) -> Param {
+        self.values.push(Box::new(value));
+        Param(self.values.len())
+    }
+
+    /// The values, in placeholder order, as `query` takes them.
+    pub fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
+        self.values
+            .iter()
+            .map(|v| v.as_ref() as &(dyn ToSql + Sync))
+            .collect()
+    }
+
+    /// Each value's `Debug` form, in order: what unit tests compare.
+    pub fn shown(&self) -> Vec<String> {
+        self.values.iter().map(|v| format!("{v:?}")).collect()
+    }
+}
+
+/// A statement and the values it binds.
+#[derive(Debug)]
+pub struct BoundSql {
+    pub sql: String,
+    pub binds: Binds,
+}
+
+/// A placeholder [`Binds::push`] handed out: prints as `$n`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Param(usize);
+
+impl Param {
+    /// `$1` to `$N`, for a statement whose caller binds its `N` values itself, in this order
+    /// (a public `*_sql` function documents the order; the runner passes the values).
+    pub fn ordered<const N: usize>() -> [Param; N] {
+        std::array::from_fn(|i| Param(i + 1))
+    }
+
+    /// The parameter's number, for the fragment builders that take one.
+    pub fn number(self) -> usize {
+        self.0
+    }
+}
+
+impl fmt::Display for Param {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "${}", self.0)
+    }
+}
+
 /// The one identifier quoter.
 fn quote_identifier(name: &str) -> String {
     postgres_protocol::escape::escape_identifier(name)
@@ -176,22 +353,17 @@ impl KeyRange {
         up_to: None,
     };
 
-    /// The range from bounds `after` and `up_to` (None: open), numbering their parameters
-    /// from `first`; returns it with the values to bind, in order.
-    pub fn bind<'a>(
-        after: Option<&'a str>,
-        up_to: Option<&'a str>,
-        first: usize,
-    ) -> (KeyRange, Vec<&'a str>) {
-        let range = KeyRange {
-            after: after.map(|_| first),
-            up_to: up_to.map(|_| first + usize::from(after.is_some())),
-        };
-        (range, after.into_iter().chain(up_to).collect())
+    /// The range from bounds `after` and `up_to` (None: open), their values pushed to
+    /// `binds`.
+    pub fn push(binds: &mut Binds, after: Option<&str>, up_to: Option<&str>) -> KeyRange {
+        KeyRange {
+            after: after.map(|v| binds.push(v.to_string()).number()),
+            up_to: up_to.map(|v| binds.push(v.to_string()).number()),
+        }
     }
 
     /// The predicate over `column` (qualified as the statement needs it) of type `ty`.
-    pub fn predicate(&self, column: &str, ty: &str) -> String {
+    pub fn predicate<T: SqlType + ?Sized>(&self, column: &str, ty: &T) -> String {
         let mut parts = Vec::new();
         if let Some(p) = self.after {
             parts.push(format!("{column} > ${p}::text::{ty}"));
@@ -229,7 +401,12 @@ impl SeqRange {
 
 /// `column BETWEEN $lo::text::ty AND $hi::text::ty`: a key range whose bounds are bound as
 /// text (as frozen keys are stored) and cast to the column's type.
-pub fn between_text_params(column: &str, lo: usize, hi: usize, ty: &str) -> String {
+pub fn between_text_params<T: SqlType + ?Sized>(
+    column: &str,
+    lo: usize,
+    hi: usize,
+    ty: &T,
+) -> String {
     format!("{column} BETWEEN ${lo}::text::{ty} AND ${hi}::text::{ty}")
 }
 
@@ -298,6 +475,42 @@ mod tests {
     }
 
     #[test]
+    fn grants_quote_what_needs_quoting() {
+        assert_eq!(Ident::new("release").minimal(), "release");
+        assert_eq!(Ident::new("Release Team").minimal(), "\"Release Team\"");
+        assert_eq!(Ident::new("a\"b").minimal(), "\"a\"\"b\"");
+    }
+
+    #[test]
+    fn binds_hand_out_each_placeholder_with_its_value() {
+        let mut binds = Binds::new();
+        let run = binds.push(7_i64);
+        let range = KeyRange::push(&mut binds, Some("m1"), None);
+        let limit = binds.push(10_i64);
+        assert_eq!(
+            format!("{run} {} {limit}", range.predicate("k", "int")),
+            "$1 k > $2::text::int $3"
+        );
+        assert_eq!(binds.shown(), ["7", "\"m1\"", "10"]);
+        assert_eq!(binds.params().len(), 3);
+        let range = KeyRange::push(&mut Binds::new(), None, Some("m9"));
+        assert_eq!(range.predicate("k", "int"), "k <= $1::text::int");
+    }
+
+    #[test]
+    fn a_check_body_is_the_expression_without_check_and_not_valid() {
+        assert_eq!(
+            CheckBody::for_tests("CHECK ((issued <= budget)) NOT VALID").to_string(),
+            "((issued <= budget))"
+        );
+        assert_eq!(
+            CheckBody::for_tests("CHECK ((n >= 0))").to_string(),
+            "((n >= 0))"
+        );
+        assert_eq!(TypeName::text().to_string(), "text");
+    }
+
+    #[test]
     fn fragments() {
         let k = [Ident::new("a"), Ident::new("b")];
         assert_eq!(column_list("t", &k), "t.\"a\", t.\"b\"");
@@ -323,20 +536,25 @@ mod tests {
 
     #[test]
     fn a_key_range_numbers_only_the_bounds_it_has() {
-        let (r, v) = KeyRange::bind(Some("m1"), Some("m9"), 2);
+        let mut binds = Binds::new();
+        binds.push(7_i64);
+        let r = KeyRange::push(&mut binds, Some("m1"), Some("m9"));
         assert_eq!(
             r.predicate("t.k", "text"),
             "t.k > $2::text::text AND t.k <= $3::text::text"
         );
-        assert_eq!(v, ["m1", "m9"]);
-        let (r, v) = KeyRange::bind(None, Some("m9"), 2);
+        assert_eq!(binds.shown(), ["7", "\"m1\"", "\"m9\""]);
+        let mut binds = Binds::new();
+        binds.push(7_i64);
+        let r = KeyRange::push(&mut binds, None, Some("m9"));
         assert_eq!(r.predicate("k", "int"), "k <= $2::text::int");
-        assert_eq!(v, ["m9"]);
-        let (r, v) = KeyRange::bind(Some("m1"), None, 1);
+        assert_eq!(binds.shown(), ["7", "\"m9\""]);
+        let mut binds = Binds::new();
+        let r = KeyRange::push(&mut binds, Some("m1"), None);
         assert_eq!(r.predicate("k", "int"), "k > $1::text::int");
-        assert_eq!(v, ["m1"]);
+        assert_eq!(binds.shown(), ["\"m1\""]);
         assert_eq!(
-            KeyRange::bind(None, None, 1).0.predicate("k", "int"),
+            KeyRange::push(&mut Binds::new(), None, None).predicate("k", "int"),
             "true"
         );
     }

@@ -21,6 +21,7 @@
 use anyhow::{bail, Result};
 use postgres::Client;
 
+use crate::db::sql_text::Ident;
 use crate::migrate::source::Migration;
 use crate::release::{Progress, Step};
 use crate::repair::definition::{Repair, Spec};
@@ -135,7 +136,7 @@ pub fn for_repair(repair: &Repair) -> Vec<Need> {
     let mut needs = for_pgmend_schema(&why);
     let mut table = |t: &str, privileges: &[&'static str]| {
         for p in privileges {
-            needs.push(need(Kind::Table(quote(t), p), why.clone()));
+            needs.push(need(Kind::Table(Ident::new(t).minimal(), p), why.clone()));
         }
     };
     match &repair.spec {
@@ -250,7 +251,7 @@ fn check_one(
     database: &str,
     schema: Option<&str>,
 ) -> Option<String> {
-    let me_q = quote(me);
+    let me_q = Ident::new(me).minimal();
     match &n.kind {
         Kind::CreateTable(table) => {
             let row = ask(
@@ -265,7 +266,7 @@ fn check_one(
             Some(match schema {
                 Some(s) => format!(
                     "CREATE on schema {s}, to create table {table}: GRANT CREATE ON SCHEMA {} TO {me_q}",
-                    quote(s)
+                    Ident::new(s).minimal()
                 ),
                 None => format!(
                     "a schema to create table {table} in: no schema on the search_path exists; set search_path (PGOPTIONS='-c search_path=...') or create the schema"
@@ -284,7 +285,7 @@ fn check_one(
             }
             Some(format!(
                 "CREATE on database {database}, to create pgmend's schema {name}: GRANT CREATE ON DATABASE {} TO {me_q} (or have the database owner run CREATE SCHEMA {name} AUTHORIZATION {me_q})",
-                quote(database)
+                Ident::new(database).minimal()
             ))
         }
         Kind::SchemaUsage(name) => {
@@ -298,7 +299,7 @@ fn check_one(
             }
             Some(format!(
                 "USAGE on schema {name}: GRANT USAGE ON SCHEMA {} TO {me_q}",
-                quote(name)
+                Ident::new(name).minimal()
             ))
         }
         Kind::Owner(table) => {
@@ -313,7 +314,7 @@ fn check_one(
             }
             Some(format!(
                 "ownership of table {table} (owned by {owner}; ALTER TABLE and CREATE INDEX need the owner): run pgmend as {owner}, or GRANT {} TO {me_q}",
-                quote(&owner)
+                Ident::new(&owner).minimal()
             ))
         }
         Kind::Table(table, privilege) => {
@@ -342,11 +343,6 @@ fn ask(
     client.query_opt(sql, params).ok().flatten()
 }
 
-/// An identifier as SQL would need it in the suggested GRANT.
-fn quote(name: &str) -> String {
-    crate::db::sql_text::Ident::new(name).minimal()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -372,12 +368,5 @@ mod tests {
                 Kind::Owner("issued_coupons".into()),
             ]
         );
-    }
-
-    #[test]
-    fn grants_quote_what_needs_quoting() {
-        assert_eq!(quote("release"), "release");
-        assert_eq!(quote("Release Team"), "\"Release Team\"");
-        assert_eq!(quote("a\"b"), "\"a\"\"b\"");
     }
 }

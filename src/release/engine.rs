@@ -546,10 +546,7 @@ fn stop_if_unfinished(run: &RunReport, repair: &Repair) -> Result<()> {
     let drifting_after_gate = run.after_gate
         && run.left_over.is_some_and(|n| n > 0)
         && repair.kind() == Kind::RebuildCounter;
-    if run.interrupted
-        || drifting_after_gate
-        || run.run.skipped.as_array().is_some_and(|s| !s.is_empty())
-    {
+    if run.interrupted || drifting_after_gate || !run.run.skipped.is_empty() {
         verdict::finish(run, repair)?;
     }
     Ok(())

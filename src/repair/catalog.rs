@@ -3,7 +3,7 @@
 use anyhow::Result;
 use postgres::GenericClient;
 
-use crate::db::sql_text::Ident;
+use crate::db::sql_text::{Ident, TypeName};
 use crate::error::PgContext;
 
 /// The SQL types of `columns` of `table`, to cast frozen keys (stored as text) back.
@@ -11,19 +11,14 @@ pub fn column_types(
     client: &mut impl GenericClient,
     table: &Ident,
     columns: &[Ident],
-) -> Result<Vec<String>> {
+) -> Result<Vec<TypeName>> {
     let mut types = Vec::new();
     for c in columns {
         let (t, c) = (table.as_str(), c.as_str());
-        let row = client
-            .query_opt(
-                "SELECT format_type(atttypid, atttypmod) FROM pg_attribute
-                  WHERE attrelid = to_regclass(quote_ident($1)) AND attname = $2 AND attnum > 0 AND NOT attisdropped",
-                &[&t, &c],
-            )
-            .doing(format!("reading the type of {t}.{c}"))?;
-        match row {
-            Some(r) => types.push(r.get(0)),
+        match TypeName::of_column(client, table, &Ident::new(c))
+            .doing(format!("reading the type of {t}.{c}"))?
+        {
+            Some(ty) => types.push(ty),
             None => anyhow::bail!("{t}.{c} does not exist; the repair definition does not match this database (has the migration that adds it been applied?)"),
         }
     }

@@ -9,7 +9,7 @@ use anyhow::Result;
 use super::counter::{BatchResult, CounterEngine, Drift};
 use super::definition::{Repair, Spec};
 use super::void::VoidEngine;
-use crate::db::sql_text::{Ident, KeyRange};
+use crate::db::sql_text::Ident;
 use crate::store;
 use crate::store::runs::RangeSample;
 
@@ -102,16 +102,13 @@ impl Engine {
             }
             (Engine::Counter(e), None) => return e.batch(tx, run_id, drift, merge),
             (Engine::Void(e), Some((after, up_to))) => {
-                let (range, values) = KeyRange::bind(after.as_deref(), up_to.as_deref(), 2);
-                let mut params: Vec<&(dyn postgres::types::ToSql + Sync)> = vec![&run_id];
-                params.extend(
-                    values
-                        .iter()
-                        .map(|v| v as &(dyn postgres::types::ToSql + Sync)),
-                );
-                tx.execute(&e.range_batch_sql(range), &params)?
+                let batch = e.range_batch(run_id, after.as_deref(), up_to.as_deref());
+                tx.execute(&batch.sql, &batch.binds.params())?
             }
-            (Engine::Void(e), None) => tx.execute(&e.batch_sql(), &[&run_id, &lo, &hi])?,
+            (Engine::Void(e), None) => {
+                let batch = e.batch(run_id, lo, hi);
+                tx.execute(&batch.sql, &batch.binds.params())?
+            }
         };
         Ok(BatchResult {
             changed: changed as i64,

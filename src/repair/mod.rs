@@ -1,5 +1,25 @@
 //! Repairs: definitions from `repairs/`, the two engines (void duplicates, rebuild
 //! counter), the batch runner with its checkpoint and ledger, dry-run previews, and undo.
+//!
+//! `definition.rs`: the TOML definitions and their checks (every identifier a plain name).
+//! `catalog.rs`: the column types a definition names. `void.rs` and `counter/`: the two engines
+//! (`void_duplicates`, `rebuild_counter`), each as the SQL of its freeze, batch, preview and
+//! reconciliation; `engine.rs` puts them behind one face. `batch.rs`: the one batch (a
+//! transaction with its rows, ledger records and checkpoint) for the single stream and every
+//! worker, its sizing and its progress line. `options.rs`: a run's options, `--jobs` included.
+//! `runner.rs`: a run (resume or freeze, one stream or the workers, reconciliation, a counter's
+//! passes after the gate). `workers.rs`: `--jobs N`. `neighbour.rs`: `--pause`, `--duty-cycle`,
+//! the throttle on batches others wait for. `verdict.rs`: what a finished run means (exit 1 when
+//! it stopped early, skipped keys or left differences), for `repair apply` and the release.
+//! `preview.rs`: dry runs and their diffs. `guard.rs`: the trigger that marks late duplicates
+//! while the unique index is built. `undo.rs`: undo runs.
+//!
+//! A new repair kind writes its definition (a `Spec` variant and its checks in `definition.rs`),
+//! an engine module of pure SQL builders beside `void.rs` and `counter/` (freeze, batch, preview,
+//! reconciliation, ledger shapes, each unit-tested) and its arms in `engine.rs`. It gets the
+//! rest: frozen targets walked in keyset pages, the batch transaction with the lease's fence,
+//! lock retries and the good-neighbour throttle, checkpoints and resumption after a kill,
+//! `--jobs` over ranges, progress, the ledger and its view, undo, and the verdict.
 
 pub mod batch;
 pub mod catalog;

@@ -258,10 +258,8 @@ fn stream(
         run.checkpoint = targets.hi;
         run.processed += targets.hi - targets.lo;
         run.changed += done.result.changed;
-        if let serde_json::Value::Array(list) = &mut run.skipped {
-            list.extend(done.result.skipped.iter().cloned());
-        }
         let pause = pace.after(options, targets, &done, in_ranges(run, run.checkpoint));
+        run.skipped.extend(done.result.skipped);
         shown.show(
             (run.checkpoint, run.targets),
             run.changed,

@@ -23,7 +23,7 @@ use serde::Serialize;
 use super::catalog::column_types;
 use super::definition::{Repair, Spec};
 use crate::db::retry::{with_lock_retry, LockPolicy};
-use crate::db::sql_text::{column_list, key_match, Ident};
+use crate::db::sql_text::{column_list, key_match, Ident, TypeName};
 use crate::error::{PgContext, Stopped};
 use crate::store::{self, Run, RunState};
 
@@ -38,10 +38,10 @@ pub struct UndoReport {
 /// The table, its key columns and types, and the columns a run changed (with types).
 struct Shape {
     table: Ident,
-    keys: Vec<(Ident, String)>,
-    restore: Vec<(Ident, String)>,
+    keys: Vec<(Ident, TypeName)>,
+    restore: Vec<(Ident, TypeName)>,
     /// Columns recorded in `after` that must still hold those values.
-    compare: Vec<(Ident, String)>,
+    compare: Vec<(Ident, TypeName)>,
     /// For void runs: the group columns and whether a unique index covers them.
     unique_group: Option<Vec<Ident>>,
     mark: Option<Ident>,
@@ -51,7 +51,7 @@ fn shape(client: &mut postgres::Client, repair: &Repair) -> Result<Shape> {
     match &repair.spec {
         Spec::VoidDuplicates(v) => {
             let typed =
-                |c: &mut postgres::Client, cols: &[Ident]| -> Result<Vec<(Ident, String)>> {
+                |c: &mut postgres::Client, cols: &[Ident]| -> Result<Vec<(Ident, TypeName)>> {
                     Ok(cols
                         .iter()
                         .cloned()
@@ -90,7 +90,7 @@ fn shape(client: &mut postgres::Client, repair: &Repair) -> Result<Shape> {
                 .cloned()
                 .zip(column_types(client, &c.counter_table, &c.key)?)
                 .collect();
-            let restore: Vec<(Ident, String)> = vec![(
+            let restore: Vec<(Ident, TypeName)> = vec![(
                 c.counter.clone(),
                 column_types(client, &c.counter_table, std::slice::from_ref(&c.counter))?.remove(0),
             )];

@@ -33,14 +33,14 @@ pub fn finish(report: &RunReport, repair: &Repair) -> Result<Outcome> {
             crate::signals::resume_command()
         )));
     }
-    let skipped = report.run.skipped.as_array().map_or(0, Vec::len);
+    let skipped = report.run.skipped.len();
     if skipped > 0 {
         return Err(Stopped::error(format!(
             "run {} of {} skipped {} it could not write: {}. Finance raises the budget or accepts the figure (see runbooks), then rerun the repair",
             report.run.run_id,
             repair.name,
             human::count(skipped as i64, "key"),
-            report.run.skipped
+            serde_json::to_string(&report.run.skipped).expect("skipped keys serialize")
         )));
     }
     let left_over = report.left_over.unwrap_or(0);

@@ -10,7 +10,7 @@
 //! meanwhile ranks as redeemed, and the `UPDATE` follows its snapshot's version to that same locked
 //! one; it finds rows by `row_key`, so a row whose key changed during the wait is left alone and
 //! reconciliation reports its group. `preview_sql`: the same ranking over every group that would be
-//! frozen now, for the dry run. `reconcile_sql`: frozen groups that again hold more than one
+//! frozen now, for the dry run (one function, `ranking`, writes the window for both). `reconcile_sql`: frozen groups that again hold more than one
 //! unmarked row. The batch's groups are the frozen keys with `seq` in `($2, $3]`, reconciliation's
 //! all of them: both from `store::runs::frozen_keys_sql`. A run in ranges (`range_by`, the first
 //! column of an index on exactly the group columns) freezes ranges of that column instead
@@ -21,7 +21,10 @@ use anyhow::Result;
 
 use super::catalog::column_types;
 use super::definition::{Order, VoidSpec};
-use crate::db::sql_text::{all_not_null, column_list, key_match, Ident, KeyRange, SeqRange};
+use crate::db::sql_text::{
+    all_not_null, column_list, key_match, Binds, BoundSql, Ident, KeyRange, Param, SeqRange,
+    TypeName,
+};
 use crate::error::PgContext;
 use crate::store;
 
@@ -30,11 +33,11 @@ const VOID_SHAPE: i16 = 1;
 
 pub struct VoidEngine {
     pub spec: VoidSpec,
-    group_types: Vec<String>,
+    group_types: Vec<TypeName>,
     /// The first column of a valid index on exactly the group columns, with its type: a run
     /// walks the groups in ranges of it ([`Self::freeze_ranges_sql`]). None: no such index,
     /// so a run freezes every group with duplicates instead.
-    pub range_by: Option<(Ident, String)>,
+    pub range_by: Option<(Ident, TypeName)>,
 }
 
 impl VoidEngine {
@@ -71,18 +74,21 @@ impl VoidEngine {
     }
 
     /// A run in ranges: the range column's rows, read as `sample` says, cut about every
-    /// `store::runs::ROWS_PER_RANGE` rows (see `store::runs::range_targets_sql`).
+    /// `store::runs::ROWS_PER_RANGE` rows (see `store::runs::range_targets_sql`). The caller
+    /// binds the run.
     pub fn freeze_ranges_sql(&self, sample: store::runs::RangeSample) -> String {
         let (column, _) = self
             .range_by
             .as_ref()
             .expect("a run in ranges has a range column");
+        let [run] = Param::ordered();
         store::runs::range_targets_sql(
             &format!(
                 "SELECT t.{column} AS k FROM {table} t {sampled} WHERE t.{column} IS NOT NULL",
                 table = &self.spec.table,
                 sampled = sample.clause(),
             ),
+            run,
             sample,
         )
     }
@@ -92,9 +98,12 @@ impl VoidEngine {
         &self.spec.table
     }
 
-    /// A batch of a run in ranges: [`Self::batch_sql`] over the groups with more than one
-    /// unmarked row whose range column lies in `range` (parameters from $2; $1 is the run).
-    pub fn range_batch_sql(&self, range: KeyRange) -> String {
+    /// A batch of run `run_id` in ranges, with its values: [`Self::batch`] over the groups with
+    /// more than one unmarked row whose range column lies after `after` and up to `up_to`.
+    pub fn range_batch(&self, run_id: i64, after: Option<&str>, up_to: Option<&str>) -> BoundSql {
+        let mut binds = Binds::new();
+        let run = binds.push(run_id);
+        let range = KeyRange::push(&mut binds, after, up_to);
         let s = &self.spec;
         let (column, ty) = self
             .range_by
@@ -110,7 +119,10 @@ impl VoidEngine {
             not_null = all_not_null("d", &s.group_by),
             in_range = range.predicate(&column.of("d"), ty),
         );
-        self.batch_sql_over(&groups)
+        BoundSql {
+            sql: self.batch_sql_over(run, &groups),
+            binds,
+        }
     }
 
     /// After a run in ranges: how many groups hold more than one unmarked row now (those
@@ -131,12 +143,10 @@ impl VoidEngine {
         column_list(alias, &self.spec.group_by)
     }
 
-    fn rank_order(&self) -> String {
-        rank_order(&self.spec, "t")
-    }
-
-    /// The frozen groups: every group with more than one unmarked row.
+    /// The frozen groups: every group with more than one unmarked row. The caller binds the
+    /// run.
     pub fn freeze_sql(&self) -> String {
+        let [run] = Param::ordered();
         let s = &self.spec;
         let cols = self.group_cols("t");
         let as_text = s
@@ -148,7 +158,7 @@ impl VoidEngine {
         let not_null = all_not_null("t", &s.group_by);
         format!(
             "{targets_insert}
-             SELECT $1, row_number() OVER (ORDER BY {cols}), ARRAY[{as_text}]
+             SELECT {run}, row_number() OVER (ORDER BY {cols}), ARRAY[{as_text}]
                FROM {table} t WHERE NOT t.{mark} AND {not_null}
               GROUP BY {cols} HAVING count(*) > 1",
             targets_insert = store::targets_insert(),
@@ -157,36 +167,29 @@ impl VoidEngine {
         )
     }
 
-    /// The groups of one batch: frozen keys `seq` in ($2, $3] of run $1, cast back.
-    fn batch_groups(&self, range: SeqRange) -> String {
-        store::runs::frozen_keys_sql(&self.spec.group_by, &self.group_types, range)
+    /// The groups of run `run`'s frozen keys with `seq` in `range`, cast back.
+    fn batch_groups(&self, run: Param, range: SeqRange) -> String {
+        store::runs::frozen_keys_sql(&self.spec.group_by, &self.group_types, run, range)
     }
 
     fn join_on(&self) -> String {
         key_match("t", "g", &self.spec.group_by)
     }
 
-    /// The ranked unmarked rows of `groups`: rn 1 is kept.
+    /// The ranked unmarked rows of `groups`, as they are in the statement's snapshot (the
+    /// preview's ranking): rn 1 is kept.
     fn ranked(&self, groups: &str) -> String {
         let s = &self.spec;
-        let keep = s
-            .keep_when_not_null
-            .as_ref()
-            .map(|k| format!("t.{}", k))
-            .unwrap_or_else(|| "NULL".into());
-        format!(
-            "SELECT t.{key} AS k, t.{mark} AS before_mark, t.{void} AS before_void, {keep} AS keep_value,
-                    row_number() OVER w AS rn, first_value(t.{key}) OVER w AS kept
-               FROM {table} t JOIN ({groups}) g ON {on}
-              WHERE NOT t.{mark}
-             WINDOW w AS (PARTITION BY {cols} ORDER BY {order})",
-            key = &s.row_key,
-            mark = &s.mark,
-            void = &s.void,
-            table = &s.table,
-            on = self.join_on(),
-            cols = self.group_cols("t"),
-            order = self.rank_order(),
+        ranking(
+            s,
+            "t",
+            &format!(
+                "{table} t JOIN ({groups}) g ON {on}
+              WHERE NOT t.{mark}",
+                table = &s.table,
+                on = self.join_on(),
+                mark = &s.mark,
+            ),
         )
     }
 
@@ -201,8 +204,18 @@ impl VoidEngine {
     /// the window sorts them again, as locking does not keep an order. The `UPDATE` finds
     /// rows by `row_key` as the snapshot saw it: a row whose key changed while the batch
     /// waited is left unchanged, and reconciliation reports its group.
-    pub fn batch_sql(&self) -> String {
-        self.batch_sql_over(&self.batch_groups(SeqRange::Between { lo: 2, hi: 3 }))
+    /// Over the frozen groups of run `run_id` with `seq` in `(lo, hi]`, with its values.
+    pub fn batch(&self, run_id: i64, lo: i64, hi: i64) -> BoundSql {
+        let mut binds = Binds::new();
+        let run = binds.push(run_id);
+        let range = SeqRange::Between {
+            lo: binds.push(lo).number(),
+            hi: binds.push(hi).number(),
+        };
+        BoundSql {
+            sql: self.batch_sql_over(run, &self.batch_groups(run, range)),
+            binds,
+        }
     }
 
     /// [`Self::batch_sql`] over the groups `groups` selects (the group columns). The groups
@@ -211,38 +224,28 @@ impl VoidEngine {
     /// too, a range the planner expected one row in (the last bucket of member_id's histogram
     /// spans `m0990805` to `m1000000` at 1,000,000 members) was scanned once per group: a
     /// batch of 43 ranges took 46 s; it takes 0.2 s this way (EXPLAIN ANALYZE, same range).
-    fn batch_sql_over(&self, groups: &str) -> String {
+    fn batch_sql_over(&self, run: Param, groups: &str) -> String {
         let s = &self.spec;
-        let keep = s
-            .keep_when_not_null
-            .as_ref()
-            .map(|k| format!("l.{}", k))
-            .unwrap_or_else(|| "NULL".into());
         format!(
             "WITH g AS MATERIALIZED ({groups}),
              locked AS (
                SELECT t.* FROM {table} t JOIN g ON {on}
                 WHERE NOT t.{mark}
                 ORDER BY t.{key} FOR UPDATE OF t),
-             ranked AS (
-               SELECT l.{key} AS k, l.{mark} AS before_mark, l.{void} AS before_void, {keep} AS keep_value,
-                      row_number() OVER w AS rn, first_value(l.{key}) OVER w AS kept
-                 FROM locked l
-               WINDOW w AS (PARTITION BY {lcols} ORDER BY {lorder})),
+             ranked AS ({ranked}),
              changed AS (
                UPDATE {table} t SET {mark} = true,
                       {void} = CASE WHEN r.keep_value IS NULL THEN coalesce(t.{void}, now()) ELSE t.{void} END
                  FROM ranked r WHERE t.{key} = r.k AND r.rn > 1
                RETURNING t.{key} AS k, r.before_mark, r.before_void, t.{mark} AS after_mark, t.{void} AS after_void, r.rn, r.kept, r.keep_value)
              {ledger_insert}
-             SELECT $1, {shape}, jsonb_build_array(k), jsonb_build_array(before_mark, before_void{keep_arr}),
+             SELECT {run}, {shape}, jsonb_build_array(k), jsonb_build_array(before_mark, before_void{keep_arr}),
                     jsonb_build_array(after_mark, after_void{keep_arr}), jsonb_build_array(rn, kept)
                FROM changed",
             ledger_insert = store::ledger_compact_insert(),
             shape = VOID_SHAPE,
             on = self.join_on(),
-            lcols = self.group_cols("l"),
-            lorder = rank_order(s, "l"),
+            ranked = ranking(s, "l", "locked l"),
             table = &s.table,
             mark = &s.mark,
             void = &s.void,
@@ -334,7 +337,8 @@ impl VoidEngine {
     /// After a run: how many of its frozen groups still hold more than one unmarked row.
     pub fn reconcile_sql(&self) -> String {
         let s = &self.spec;
-        let groups = self.batch_groups(SeqRange::All);
+        let [run] = Param::ordered();
+        let groups = self.batch_groups(run, SeqRange::All);
         format!(
             "SELECT count(*) FROM (SELECT 1 FROM {table} t JOIN ({groups}) g ON {on} WHERE NOT t.{mark}
                                      GROUP BY {cols} HAVING count(*) > 1) v",
@@ -344,6 +348,29 @@ impl VoidEngine {
             cols = self.group_cols("t"),
         )
     }
+}
+
+/// The ranking of the unmarked rows `from` reads (a `FROM` list, with its `WHERE`), aliased
+/// `alias`, by group, as the preview and the batch both rank them: each row's key (`k`), mark,
+/// void and keep column before (`before_mark`, `before_void`, `keep_value`), its rank in its
+/// group (`rn`, 1 is kept) and the kept row's key (`kept`).
+fn ranking(spec: &VoidSpec, alias: &str, from: &str) -> String {
+    let keep = spec
+        .keep_when_not_null
+        .as_ref()
+        .map(|k| format!("{alias}.{k}"))
+        .unwrap_or_else(|| "NULL".into());
+    format!(
+        "SELECT {alias}.{key} AS k, {alias}.{mark} AS before_mark, {alias}.{void} AS before_void, {keep} AS keep_value,
+                row_number() OVER w AS rn, first_value({alias}.{key}) OVER w AS kept
+           FROM {from}
+         WINDOW w AS (PARTITION BY {cols} ORDER BY {order})",
+        key = &spec.row_key,
+        mark = &spec.mark,
+        void = &spec.void,
+        cols = column_list(alias, &spec.group_by),
+        order = rank_order(spec, alias),
+    )
 }
 
 /// The ORDER BY of the ranking, over rows aliased `alias`: rank 1 first.
@@ -381,4 +408,169 @@ fn range_column(
         )
         .doing("looking for an index on the group columns")?
         .map(|r| Ident::new(r.get::<_, String>(0))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::VoidEngine;
+    use crate::db::sql_text::{Ident, Param, SeqRange, TypeName};
+    use crate::repair::definition::VoidSpec;
+    use crate::store::runs::{frozen_keys_sql, RangeSample};
+
+    /// The coupons' void as `prepare` makes it against the demo's schema: grouped by
+    /// campaign and member, walked in ranges of `member_id`.
+    fn coupons() -> VoidEngine {
+        let spec: VoidSpec =
+            toml::from_str(include_str!("../../repairs/void-duplicate-coupons.toml")).unwrap();
+        VoidEngine {
+            spec,
+            group_types: vec![TypeName::for_tests("text"), TypeName::for_tests("text")],
+            range_by: Some((Ident::new("member_id"), TypeName::for_tests("text"))),
+        }
+    }
+
+    /// The store's frozen groups of run $1 in `range`, cast to the group columns' types.
+    fn frozen_keys(range: SeqRange) -> String {
+        let [run] = Param::ordered();
+        let keys = frozen_keys_sql(&coupons().spec.group_by, &coupons().group_types, run, range);
+        assert!(keys.starts_with(
+            "SELECT key[1]::text AS \"campaign_id\", key[2]::text AS \"member_id\" FROM "
+        ));
+        flat(&keys)
+    }
+
+    fn flat(sql: &str) -> String {
+        sql.split_whitespace().collect::<Vec<_>>().join(" ")
+    }
+
+    /// The window both rankings use, over rows aliased `a`.
+    fn window(a: &str) -> String {
+        format!("row_number() OVER w AS rn, first_value({a}.\"coupon_id\") OVER w AS kept")
+    }
+
+    fn partition(a: &str) -> String {
+        format!(
+            "WINDOW w AS (PARTITION BY {a}.\"campaign_id\", {a}.\"member_id\" ORDER BY ({a}.\"redeemed_at\" IS NULL) ASC, {a}.\"issued_at\" ASC, {a}.\"coupon_id\" ASC)"
+        )
+    }
+
+    #[test]
+    fn a_batch_locks_its_groups_rows_ranks_them_and_writes_compact_records() {
+        let batch = coupons().batch(7, 100, 250);
+        assert_eq!(batch.binds.shown(), ["7", "100", "250"]);
+        let sql = flat(&batch.sql);
+        assert_eq!(
+            sql,
+            format!(
+                "WITH g AS MATERIALIZED ({}), \
+                 locked AS ( SELECT t.* FROM \"issued_coupons\" t JOIN g ON t.\"campaign_id\" = g.\"campaign_id\" AND t.\"member_id\" = g.\"member_id\" \
+                 WHERE NOT t.\"legacy_duplicate\" ORDER BY t.\"coupon_id\" FOR UPDATE OF t), \
+                 ranked AS (SELECT l.\"coupon_id\" AS k, l.\"legacy_duplicate\" AS before_mark, l.\"voided_at\" AS before_void, l.\"redeemed_at\" AS keep_value, \
+                 {} FROM locked l {}), \
+                 changed AS ( UPDATE \"issued_coupons\" t SET \"legacy_duplicate\" = true, \
+                 \"voided_at\" = CASE WHEN r.keep_value IS NULL THEN coalesce(t.\"voided_at\", now()) ELSE t.\"voided_at\" END \
+                 FROM ranked r WHERE t.\"coupon_id\" = r.k AND r.rn > 1 \
+                 RETURNING t.\"coupon_id\" AS k, r.before_mark, r.before_void, t.\"legacy_duplicate\" AS after_mark, t.\"voided_at\" AS after_void, r.rn, r.kept, r.keep_value) \
+                 INSERT INTO \"pgmend\".\"ledger_compact\" (run_id, shape, row_key, before, after, args) \
+                 SELECT $1, 1, jsonb_build_array(k), jsonb_build_array(before_mark, before_void, keep_value), \
+                 jsonb_build_array(after_mark, after_void, keep_value), jsonb_build_array(rn, kept) FROM changed",
+                frozen_keys(SeqRange::Between { lo: 2, hi: 3 }),
+                window("l"),
+                partition("l")
+            )
+        );
+    }
+
+    #[test]
+    fn without_a_keep_column_nothing_is_kept_from_voiding() {
+        let mut e = coupons();
+        e.spec.keep_when_not_null = None;
+        let sql = flat(&e.batch(7, 0, 1).sql);
+        assert!(
+            sql.contains("l.\"voided_at\" AS before_void, NULL AS keep_value"),
+            "{sql}"
+        );
+        assert!(sql.contains("jsonb_build_array(before_mark, before_void), jsonb_build_array(after_mark, after_void), "), "{sql}");
+    }
+
+    #[test]
+    fn a_range_batch_finds_its_groups_in_its_range() {
+        let e = coupons();
+        let batch = e.range_batch(7, Some("m1"), Some("m9"));
+        let (sql, binds) = (flat(&batch.sql), batch.binds);
+        assert!(sql.starts_with(
+            "WITH g AS MATERIALIZED (SELECT d.\"campaign_id\", d.\"member_id\" FROM \"issued_coupons\" d \
+             WHERE NOT d.\"legacy_duplicate\" AND d.\"campaign_id\" IS NOT NULL AND d.\"member_id\" IS NOT NULL \
+             AND d.\"member_id\" > $2::text::text AND d.\"member_id\" <= $3::text::text \
+             GROUP BY d.\"campaign_id\", d.\"member_id\" HAVING count(*) > 1), locked AS ("
+        ), "{sql}");
+        assert!(sql.contains(&partition("l")), "{sql}");
+        assert!(sql.contains("SELECT $1, 1, jsonb_build_array(k)"), "{sql}");
+        assert_eq!(binds.shown(), ["7", "\"m1\"", "\"m9\""]);
+    }
+
+    #[test]
+    fn the_preview_ranks_as_the_batch_does_over_every_group_with_duplicates() {
+        let e = coupons();
+        let sql = flat(&e.preview_sql());
+        assert_eq!(
+            sql,
+            format!(
+                "SELECT r.k::text, r.grp, r.before_mark, r.before_void::text, r.keep_value IS NULL AS voids, r.kept::text, r.rn, r.by, r.amount \
+                 FROM (SELECT x.*, t.\"campaign_id\"::text || '/' || t.\"member_id\"::text AS grp, t.\"campaign_id\"::text AS by, t.\"amount_yen\"::bigint AS amount \
+                 FROM (SELECT t.\"coupon_id\" AS k, t.\"legacy_duplicate\" AS before_mark, t.\"voided_at\" AS before_void, t.\"redeemed_at\" AS keep_value, \
+                 {} FROM \"issued_coupons\" t JOIN (SELECT t.\"campaign_id\", t.\"member_id\" FROM \"issued_coupons\" t \
+                 WHERE NOT t.\"legacy_duplicate\" AND t.\"campaign_id\" IS NOT NULL AND t.\"member_id\" IS NOT NULL \
+                 GROUP BY t.\"campaign_id\", t.\"member_id\" HAVING count(*) > 1) g ON t.\"campaign_id\" = g.\"campaign_id\" AND t.\"member_id\" = g.\"member_id\" \
+                 WHERE NOT t.\"legacy_duplicate\" {}) x JOIN \"issued_coupons\" t ON t.\"coupon_id\" = x.k) r \
+                 WHERE r.rn > 1 ORDER BY r.grp, r.rn",
+                window("t"),
+                partition("t")
+            )
+        );
+    }
+
+    #[test]
+    fn freeze_numbers_the_groups_with_duplicates() {
+        assert_eq!(
+            flat(&coupons().freeze_sql()),
+            "INSERT INTO \"pgmend\".\"repair_targets\" (run_id, seq, key) \
+             SELECT $1, row_number() OVER (ORDER BY t.\"campaign_id\", t.\"member_id\"), ARRAY[t.\"campaign_id\"::text, t.\"member_id\"::text] \
+             FROM \"issued_coupons\" t WHERE NOT t.\"legacy_duplicate\" AND t.\"campaign_id\" IS NOT NULL AND t.\"member_id\" IS NOT NULL \
+             GROUP BY t.\"campaign_id\", t.\"member_id\" HAVING count(*) > 1"
+        );
+        let ranges = flat(&coupons().freeze_ranges_sql(RangeSample::All));
+        assert!(ranges.contains(
+            "FROM (SELECT t.\"member_id\" AS k FROM \"issued_coupons\" t WHERE t.\"member_id\" IS NOT NULL) u"
+        ), "{ranges}");
+    }
+
+    #[test]
+    fn reconciliation_counts_groups_that_still_hold_duplicates() {
+        let e = coupons();
+        assert_eq!(
+            flat(&e.reconcile_sql()),
+            format!(
+                "SELECT count(*) FROM (SELECT 1 FROM \"issued_coupons\" t JOIN ({}) g ON t.\"campaign_id\" = g.\"campaign_id\" AND t.\"member_id\" = g.\"member_id\" \
+                 WHERE NOT t.\"legacy_duplicate\" GROUP BY t.\"campaign_id\", t.\"member_id\" HAVING count(*) > 1) v",
+                frozen_keys(SeqRange::All)
+            )
+        );
+        assert_eq!(
+            flat(&e.range_reconcile_sql()),
+            "SELECT count(*) FROM (SELECT 1 FROM \"issued_coupons\" t WHERE NOT t.\"legacy_duplicate\" \
+             AND t.\"campaign_id\" IS NOT NULL AND t.\"member_id\" IS NOT NULL GROUP BY t.\"campaign_id\", t.\"member_id\" HAVING count(*) > 1) v"
+        );
+    }
+
+    #[test]
+    fn the_predicted_table_marks_and_voids_what_the_preview_changes() {
+        let e = coupons();
+        assert_eq!(
+            flat(&e.predicted_sql(&[Ident::new("coupon_id")], "SELECT * FROM b", "P")),
+            "SELECT t.\"coupon_id\", (t.\"legacy_duplicate\" OR p.k IS NOT NULL) AS \"legacy_duplicate\", \
+             CASE WHEN p.voids AND t.\"voided_at\" IS NULL THEN now() ELSE t.\"voided_at\" END AS \"voided_at\" \
+             FROM (SELECT * FROM b) t LEFT JOIN (P) p ON p.k = t.\"coupon_id\"::text"
+        );
+    }
 }

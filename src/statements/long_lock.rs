@@ -267,7 +267,9 @@ fn spelled(tokens: &[Token]) -> String {
                 }
                 out.push_str(w);
             }
-            Token::Quoted(q) => out.push_str(&format!("\"{}\"", q.replace('"', "\"\""))),
+            // A quoted name as written between its quotes: the catalog does not find such a
+            // type by this text, so its change counts as a rewrite.
+            Token::Quoted(q) => out.push_str(q),
             Token::Literal => out.push_str("'...'"),
             Token::Punct(c) => out.push(*c),
         }

@@ -18,6 +18,7 @@ pub mod slices;
 
 use anyhow::Result;
 use postgres::GenericClient;
+use serde::{Deserialize, Serialize};
 
 use crate::db::sql_text::Ident;
 use crate::error::PgContext;
@@ -110,4 +111,46 @@ pub fn exists(client: &mut impl GenericClient) -> Result<bool> {
     let found = schema::version(client)?;
     schema::refuse_newer(found)?;
     Ok(found.is_some())
+}
+
+/// A key a batch could not write, with its counter, its true value and why; the run's
+/// `skipped` column holds a JSON array of these. The fields are in alphabetical order, the
+/// order the column's JSON has always been printed in (`repair status --format json`, the
+/// exit-1 message).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Skipped {
+    pub counter: i64,
+    pub key: Vec<String>,
+    pub reason: String,
+    pub true_value: i64,
+}
+
+/// `skipped` as the jsonb text `skipped || $n::text::jsonb` appends.
+pub(crate) fn skipped_json(skipped: &[Skipped]) -> String {
+    serde_json::to_string(skipped).expect("skipped keys serialize")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{skipped_json, Skipped};
+
+    #[test]
+    fn skipped_keys_keep_the_columns_json_shape() {
+        let skipped = Skipped {
+            counter: 3000,
+            key: vec!["C-ON".into()],
+            reason: "writing it would break issued_within_budget".into(),
+            true_value: 4000,
+        };
+        assert_eq!(
+            skipped_json(std::slice::from_ref(&skipped)),
+            r#"[{"counter":3000,"key":["C-ON"],"reason":"writing it would break issued_within_budget","true_value":4000}]"#
+        );
+        // As the server prints the jsonb column back (keys by length, then bytes).
+        let stored = r#"[{"key": ["C-ON"], "reason": "writing it would break issued_within_budget", "counter": 3000, "true_value": 4000}]"#;
+        assert_eq!(
+            serde_json::from_str::<Vec<Skipped>>(stored).unwrap(),
+            [skipped]
+        );
+    }
 }

@@ -2,7 +2,7 @@
 //! checkpoints, and the ledger records `repair log` and undo read.
 //!
 //! `Run` is the run row as served to `repair status` and JSON (timestamps formatted by the server,
-//! `skipped` parsed from `jsonb` text, `state` a `RunState` and `kind` a `RunKind`, parsed where
+//! `skipped` parsed from `jsonb` text into [`Skipped`] keys, `state` a `RunState` and `kind` a `RunKind`, parsed where
 //! the row is read). Functions: `all`, `run`, `unfinished`, `latest_run_id`, `create`,
 //! `set_targets`, `advance` (the checkpoint, in the batch's transaction), `add_repass_targets`,
 //! `analyze_targets`, `finish`, `abandon`; `frozen_keys_sql` (the frozen keys over a
@@ -15,7 +15,8 @@ use anyhow::Result;
 use postgres::{GenericClient, Transaction};
 use serde::Serialize;
 
-use crate::db::sql_text::{Ident, SeqRange};
+use super::{skipped_json, Skipped};
+use crate::db::sql_text::{Ident, Param, SeqRange, TypeName};
 use crate::error::PgContext;
 
 /// Where a run stands; parsed once, where the row is read.
@@ -86,7 +87,7 @@ pub struct Run {
     pub checkpoint: i64,
     pub processed: i64,
     pub changed: i64,
-    pub skipped: serde_json::Value,
+    pub skipped: Vec<Skipped>,
     pub started_by: String,
     pub finished_at: Option<String>,
     pub undoes_run: Option<i64>,
@@ -248,13 +249,13 @@ pub fn advance(
     run_id: i64,
     (lo, hi): (i64, i64),
     changed: i64,
-    skipped: &[serde_json::Value],
+    skipped: &[Skipped],
 ) -> Result<u64, postgres::Error> {
     tx.execute(
         "UPDATE pgmend.repair_runs SET checkpoint = $2, processed = processed + ($2 - $3), changed = changed + $4,
                 skipped = skipped || $5::text::jsonb
           WHERE run_id = $1 AND checkpoint = $3",
-        &[&run_id, &hi, &lo, &changed, &serde_json::Value::from(skipped.to_vec()).to_string()],
+        &[&run_id, &hi, &lo, &changed, &skipped_json(skipped)],
     )
 }
 
@@ -366,30 +367,35 @@ impl RangeSample {
     }
 }
 
-/// Freezes run $1's targets as ranges: `rows` (a `SELECT` of one column `k`, a row per row of
+/// Freezes run `run`'s targets as ranges: `rows` (a `SELECT` of one column `k`, a row per row of
 /// the table, read as `sample` says) in order, cut about every [`ROWS_PER_RANGE`] rows of the
 /// table; each target holds the last value of its range as text (a value is the end of one
 /// range at most), and one more target, `ARRAY[NULL]`, the open range after the last. The
 /// ranges cover every value whatever the cuts, so a sample only sizes them; it spares sorting
 /// every row (at 1,000,000 members 0.7 s for the void's freeze and 1.5 s for the member-months'
 /// reading every value in order). The `INSERT` counts the targets.
-pub fn range_targets_sql(rows: &str, sample: RangeSample) -> String {
+pub fn range_targets_sql(rows: &str, run: Param, sample: RangeSample) -> String {
     format!(
         "WITH b AS (SELECT k, row_number() OVER (ORDER BY k) AS seq
                       FROM (SELECT DISTINCT k
                               FROM (SELECT k, row_number() OVER (ORDER BY k) AS n FROM ({rows}) u) x
                              WHERE n % {every} = 0) d)
          {targets_insert}
-         SELECT $1::bigint, seq, ARRAY[k::text] FROM b
-         UNION ALL SELECT $1::bigint, (SELECT count(*) FROM b) + 1, ARRAY[NULL::text]",
+         SELECT {run}::bigint, seq, ARRAY[k::text] FROM b
+         UNION ALL SELECT {run}::bigint, (SELECT count(*) FROM b) + 1, ARRAY[NULL::text]",
         every = sample.every(),
         targets_insert = super::targets_insert(),
     )
 }
 
-/// The keys of run $1's frozen targets in `range` (`seq`), cast back from text to the types
-/// of `columns`.
-pub fn frozen_keys_sql(columns: &[Ident], types: &[String], range: SeqRange) -> String {
+/// The keys of run `run`'s frozen targets in `range` (`seq`), cast back from text to the
+/// types of `columns`.
+pub fn frozen_keys_sql(
+    columns: &[Ident],
+    types: &[TypeName],
+    run: Param,
+    range: SeqRange,
+) -> String {
     let cols = columns
         .iter()
         .zip(types)
@@ -398,7 +404,7 @@ pub fn frozen_keys_sql(columns: &[Ident], types: &[String], range: SeqRange) -> 
         .collect::<Vec<_>>()
         .join(", ");
     format!(
-        "SELECT {cols} FROM pgmend.repair_targets WHERE run_id = $1 AND {}",
+        "SELECT {cols} FROM pgmend.repair_targets WHERE run_id = {run} AND {}",
         range.predicate("seq")
     )
 }
@@ -524,10 +530,13 @@ pub fn advance_undo(
 
 /// The undo is done: its run finished, the undone run marked.
 pub fn finish_undo(client: &mut impl GenericClient, undo_run: i64, run_id: i64) -> Result<()> {
+    // One statement, so both rows change together or neither does.
     client
-        .batch_execute(&format!(
-            "UPDATE pgmend.repair_runs SET state = 'finished', finished_at = now() WHERE run_id = {undo_run};
-             UPDATE pgmend.repair_runs SET undone_by_run = {undo_run} WHERE run_id = {run_id}"
-        ))
-        .doing("recording the undo")
+        .execute(
+            "WITH undo AS (UPDATE pgmend.repair_runs SET state = 'finished', finished_at = now() WHERE run_id = $1)
+             UPDATE pgmend.repair_runs SET undone_by_run = $1 WHERE run_id = $2",
+            &[&undo_run, &run_id],
+        )
+        .doing("recording the undo")?;
+    Ok(())
 }

@@ -135,7 +135,7 @@ pub fn advance(
     worker: i32,
     (lo, hi): (i64, i64),
     changed: i64,
-    skipped: &[serde_json::Value],
+    skipped: &[super::Skipped],
 ) -> Result<u64, postgres::Error> {
     let moved = tx.execute(
         "UPDATE pgmend.run_slices SET checkpoint = $4, worker = $5, updated_at = now()
@@ -152,12 +152,7 @@ pub fn advance(
                     skipped = skipped || $4::text::jsonb
               WHERE r.run_id = $1 AND r.state = 'running'"
         ),
-        &[
-            &run_id,
-            &(hi - lo),
-            &changed,
-            &serde_json::Value::from(skipped.to_vec()).to_string(),
-        ],
+        &[&run_id, &(hi - lo), &changed, &super::skipped_json(skipped)],
     )
 }
 
