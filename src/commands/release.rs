@@ -316,7 +316,7 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
     let _lock = runner_lock::acquire(&mut session, args.safety.runner_wait)?;
     options.workers = super::workers(&mut session, &args.batch)?;
     let params = session.params.clone();
-    {
+    let complete = {
         // Before any step: an edited or missing applied migration stops the release here,
         // not at the first migration step after a repair has already run.
         let history = history::read(&mut session.client)?;
@@ -342,6 +342,22 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
                 refused.join("\n  - ")
             );
         }
+        steps
+            .iter()
+            .enumerate()
+            .all(|(i, step)| progress.done(i, step))
+    };
+    // Nothing to do is no change to confirm: exit 0 without asking, with or without --yes or
+    // a terminal, as `migrate apply` does. (A saved plan is still checked: it names steps.)
+    if complete && args.saved.plan.is_none() {
+        if format == Format::Json {
+            return render_walk(format, &params, &steps, engine::Walk::default(), None);
+        }
+        writeln!(
+            crate::output::stdout(),
+            "Nothing to apply: the release is complete on {params}. Check it with: pgmend verify"
+        )?;
+        return Ok(Outcome::Done);
     }
     let release = Release {
         steps: &steps,
@@ -386,6 +402,17 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
         Some((plan, _, moved)) => record_plan(&mut session.client, &policy, plan, moved, &walk)?,
         None => None,
     };
+    render_walk(format, &params, &steps, walk, plan_record)
+}
+
+/// What `apply` did: the steps it ran and where it stopped, or that the release is complete.
+fn render_walk(
+    format: Format,
+    params: &crate::db::conninfo::ConnParams,
+    steps: &[Step],
+    walk: engine::Walk,
+    plan_record: Option<PlanApplied>,
+) -> Result<Outcome> {
     match format {
         Format::Json => {
             #[derive(Serialize)]

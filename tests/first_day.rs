@@ -1,0 +1,83 @@
+//! The release engineer's first day (issue 38): each paper cut a new user met, as a test
+//! named after what broke. Messages say what happened first, then what to do; exit codes are
+//! the table's (0 done, 1 stopped safely or a check found problems, 2 an error).
+
+mod common;
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use common::*;
+
+/// Runs `pgmend ARGS` inside a pseudo-terminal (util-linux `script`) and types `typed` into
+/// it; returns the exit code and everything the terminal showed.
+fn in_terminal(db: &TestDb, args: &str, typed: &str) -> (i32, String) {
+    let exe = env!("CARGO_BIN_EXE_pgmend");
+    let mut script = Command::new("script");
+    for var in pgmend::db::conninfo::environment_variables() {
+        script.env_remove(var);
+    }
+    let mut child = script
+        .args(["-q", "-e", "-c", &format!("{exe} {args}"), "/dev/null"])
+        .env("DATABASE_URL", db.conninfo())
+        .env("TERM", "xterm")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("util-linux script");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(typed.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let shown =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !shown.contains(&db.password()),
+        "the password showed on the terminal"
+    );
+    (out.status.code().unwrap_or(-1), shown)
+}
+
+/// A database whose whole release is done, gate included.
+fn complete_release() -> TestDb {
+    let db = fresh_db();
+    db.make_legacy_baselined(60);
+    let r = db.run(&["apply", "--yes", "--confirm", "deploy-new-application"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(r.stdout.contains("The release is complete"), "{}", r.stdout);
+    db
+}
+
+/// Finding 7: `apply` on a complete release is "nothing to do": exit 0 and no question, with
+/// or without `--yes`, with or without a terminal (it used to refuse without a terminal, exit
+/// 2, and ask on one).
+#[test]
+fn apply_on_a_complete_release_says_nothing_to_apply_and_asks_nothing() {
+    let db = complete_release();
+    let before = snapshot(&db);
+    for args in [&["apply"][..], &["apply", "--yes"][..]] {
+        let r = db.run(args);
+        assert_eq!(r.code, 0, "{args:?}: {}", r.both());
+        assert!(
+            r.stdout
+                .contains("Nothing to apply: the release is complete"),
+            "{args:?}: {}",
+            r.stdout
+        );
+        assert!(!r.stderr.contains("no terminal"), "{args:?}: {}", r.stderr);
+    }
+    let r = db.run(&["apply", "--format", "json"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(doc["complete"], true, "{doc}");
+    assert_eq!(doc["steps"], serde_json::json!([]), "{doc}");
+    let (code, shown) = in_terminal(&db, "apply", "");
+    assert_eq!(code, 0, "{shown}");
+    assert!(!shown.contains("[y/N]"), "{shown}");
+    assert!(shown.contains("Nothing to apply"), "{shown}");
+    assert_eq!(snapshot(&db), before, "nothing changed");
+}
