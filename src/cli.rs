@@ -30,7 +30,7 @@ use crate::config::{parse_duration, parse_share};
     name = "pgmend",
     version,
     about = "Migrate a live PostgreSQL database that already holds broken data, repair it safely, and report what the breakage cost.",
-    after_help = "Exit codes: 0 done; 1 stopped safely because of the database's state (nothing half-done) or a check found problems; 2 an error in the input or the environment; 130, 143, 129 a second SIGINT, SIGTERM or SIGHUP (the first stops `apply`, `migrate apply` and `repair apply` cleanly, within 20 s, with 1)."
+    after_help = "Exit codes: 0 done; 1 stopped safely because of the database's state (nothing half-done), a question answered no, or a check found problems; 2 an error in the input or the environment; 130, 143, 129 a second SIGINT, SIGTERM or SIGHUP (the first stops `apply`, `migrate apply` and `repair apply` cleanly, within 20 s, with 1)."
 )]
 pub struct Cli {
     #[command(subcommand)]

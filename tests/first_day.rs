@@ -81,3 +81,40 @@ fn apply_on_a_complete_release_says_nothing_to_apply_and_asks_nothing() {
     assert!(shown.contains("Nothing to apply"), "{shown}");
     assert_eq!(snapshot(&db), before, "nothing changed");
 }
+
+/// Finding 8: answering no is not an input error but a safe stop: exit 1 (so that `pgmend
+/// apply && deploy` does not deploy), saying what happened and how to go on.
+#[test]
+fn declining_the_question_exits_1_and_says_how_to_go_on() {
+    let db = fresh_db();
+    db.make_legacy_baselined(60);
+    let before = snapshot(&db);
+    let (code, shown) = in_terminal(&db, "apply", "n\n");
+    assert_eq!(code, 1, "{shown}");
+    assert!(shown.contains("[y/N]"), "{shown}");
+    assert!(shown.contains("pgmend: stopped: "), "{shown}");
+    assert!(shown.contains("nothing was changed"), "{shown}");
+    assert!(shown.contains("--yes"), "says how to go on: {shown}");
+    assert!(!shown.contains("pgmend: error"), "{shown}");
+    assert_eq!(snapshot(&db), before);
+}
+
+/// Finding 8, the documents: the exit-code tables give a declined question exit 1.
+#[test]
+fn the_exit_code_tables_say_a_declined_question_is_exit_1() {
+    for file in ["README.md", "docs/exit-codes.md"] {
+        let text = std::fs::read_to_string(repo().join(file)).unwrap();
+        let row = |code: &str| {
+            text.lines()
+                .find(|l| l.starts_with(&format!("| {code} |")))
+                .unwrap_or_else(|| panic!("{file} has no row for exit {code}"))
+                .to_string()
+        };
+        assert!(
+            row("1").contains("a question answered no"),
+            "{file}: {}",
+            row("1")
+        );
+        assert!(!row("2").contains("refused or unanswered"), "{file}");
+    }
+}

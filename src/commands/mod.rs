@@ -6,8 +6,8 @@
 //! and run the environment's pre-flight, `preflight::check`; `open_checked` also returns what it
 //! found), `load` (the migration files from `MigrationsArgs`), `source` (the repair definitions),
 //! `policy` (`SafetyArgs` to a checked `LockPolicy`), `run_options` (the batch options), `confirm`
-//! (ask `[y/N]` on the terminal; without `--yes` and without a terminal on both stdin and stderr,
-//! refuse, naming the caller's own dry run), `print_json` (one pretty-printed document on stdout,
+//! (ask `[y/N]` on the terminal, and stop with exit 1 on any answer but yes; without `--yes` and
+//! without a terminal on both stdin and stderr, refuse (exit 2), naming the caller's own dry run), `print_json` (one pretty-printed document on stdout,
 //! through `output::stdout`).
 
 pub mod demo;
@@ -149,7 +149,15 @@ pub fn confirm(yes: bool, question: &str, review: &str) -> Result<()> {
     if matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes") {
         Ok(())
     } else {
-        bail!("not confirmed; nothing was changed")
+        // A safe stop, not an input error; and never 0, so that `pgmend apply && deploy`
+        // does not deploy after a no.
+        Err(crate::error::Stopped::error(format!(
+            "the question was answered {}, not yes; nothing was changed. To go on, run the command again and answer y, or add --yes",
+            match answer.trim() {
+                "" => "with nothing".to_string(),
+                a => format!("{a:?}"),
+            }
+        )))
     }
 }
 
