@@ -118,3 +118,22 @@ fn the_exit_code_tables_say_a_declined_question_is_exit_1() {
         assert!(!row("2").contains("refused or unanswered"), "{file}");
     }
 }
+
+/// Finding 14: `--output` with an extension pgmend does not write is refused (exit 2) before
+/// anything is written, naming the ones it writes (it used to write a text table into
+/// `overruns.xls`).
+#[test]
+fn report_output_with_an_extension_pgmend_does_not_write_is_refused() {
+    let db = fresh_db();
+    db.make_legacy_baselined(30);
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["overruns.xls", "overruns.pdf", "overruns.docx"] {
+        let path = dir.path().join(name);
+        let r = db.run(&["report", "overruns", "--output", path.to_str().unwrap()]);
+        assert_eq!(r.code, 2, "{name}: {}", r.both());
+        for ext in [".xlsx", ".csv", ".json", ".md", ".html", ".txt"] {
+            assert!(r.stderr.contains(ext), "{name} names {ext}: {}", r.stderr);
+        }
+        assert!(!path.exists(), "{name} was written");
+    }
+}
