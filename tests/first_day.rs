@@ -137,3 +137,29 @@ fn report_output_with_an_extension_pgmend_does_not_write_is_refused() {
         assert!(!path.exists(), "{name} was written");
     }
 }
+
+/// Finding 4: a legacy database not yet adopted. `migrate status` says to baseline it, and
+/// `plan` puts that blocker before the pending steps, not after 400 lines of SQL.
+#[test]
+fn a_forgotten_baseline_is_said_first() {
+    let db = fresh_db();
+    db.make_legacy_data(30);
+    let r = db.run(&["migrate", "status"]);
+    assert!(r.stdout.contains("pgmend migrate baseline"), "{}", r.stdout);
+    let r = db.run(&["plan"]);
+    assert_eq!(r.code, 2, "{}", r.both());
+    let first = r
+        .stdout
+        .lines()
+        .position(|l| l.contains("pgmend migrate baseline"))
+        .unwrap_or_else(|| panic!("no baseline hint: {}", r.stdout));
+    assert!(first < 10, "the blocker is on line {first}: {}", r.stdout);
+    let r = db.run(&["migrate", "plan"]);
+    assert_eq!(r.code, 2, "{}", r.both());
+    let first = r
+        .stdout
+        .lines()
+        .position(|l| l.contains("pgmend migrate baseline"))
+        .unwrap_or_else(|| panic!("no baseline hint: {}", r.stdout));
+    assert!(first < 10, "the blocker is on line {first}: {}", r.stdout);
+}

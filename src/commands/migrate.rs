@@ -53,6 +53,10 @@ pub fn status(args: &StatusArgs, format: Format) -> Result<Outcome> {
     let mut tx = super::read_only(&mut session.client)?;
     let applied = history::read(&mut tx)?;
     let invalid_indexes = catalog::invalid_indexes(&mut tx)?;
+    let legacy = match files.iter().find(|m| m.version == 1) {
+        Some(v1) if applied.is_empty() => plan::unrecorded_legacy(&mut tx, v1)?,
+        _ => Vec::new(),
+    };
     tx.rollback().doing("closing the read-only transaction")?;
     let entries = status::compute(&files, &applied);
     let problems = entries.iter().filter(|e| e.state.is_problem()).count() + invalid_indexes.len();
@@ -108,6 +112,13 @@ pub fn status(args: &StatusArgs, format: Format) -> Result<Outcome> {
                 session.params, session.server_version
             )?;
             writeln!(out, "{}", Table::new(rows).with(Style::psql()))?;
+            if !legacy.is_empty() {
+                writeln!(
+                    out,
+                    "No migration is recorded, but the database already has V1's tables ({}): it looks like the legacy production schema, not yet adopted. Adopt it first with `pgmend migrate baseline` (it checks the schema against V1, then records V1 without running it); until then `pgmend migrate apply` and `pgmend apply` stop before changing anything.",
+                    legacy.join(", ")
+                )?;
+            }
             if problems > 0 {
                 writeln!(out, "{}:", crate::human::count(problems as i64, "problem"))?;
                 if let Err(e) = status::ensure_consistent(&entries) {

@@ -96,6 +96,20 @@ pub fn plan(args: &ReleasePlanArgs, format: Format) -> Result<Outcome> {
         &migrations,
         args.sample,
     )?;
+    // What `apply` (with every gate confirmed) would be refused for by the connected role.
+    let gates: Vec<String> = gate_names(&steps).map(String::from).collect();
+    let needs = privileges::for_release(&steps, &progress, &files, &repairs, &gates);
+    let (role, lacking) = privileges::missing(&mut session.client, &needs)?;
+    let mut blockers = migrations.blockers.clone();
+    blockers.extend(long_locks);
+    if let Some(Err(short)) = &slots {
+        blockers.push(format!("apply would be refused: {short}"));
+    }
+    blockers.extend(
+        lacking
+            .iter()
+            .map(|l| format!("role {role} lacks a privilege apply needs: {l}")),
+    );
     if format == Format::Human && staging.is_none() {
         let mut out = crate::output::stdout();
         writeln!(
@@ -107,6 +121,14 @@ pub fn plan(args: &ReleasePlanArgs, format: Format) -> Result<Outcome> {
         if let Some(Ok(line)) = &slots {
             writeln!(out, "{line}")?;
         }
+        // What stops apply comes first, not after hundreds of lines of SQL.
+        if !blockers.is_empty() {
+            writeln!(
+                out,
+                "\napply would stop before changing anything (the dry run follows):\n  - {}",
+                blockers.join("\n  - ")
+            )?;
+        }
         let colour = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
         for plan in &plans {
             render_step(plan, colour, &mut out)?;
@@ -115,20 +137,6 @@ pub fn plan(args: &ReleasePlanArgs, format: Format) -> Result<Outcome> {
             writeln!(out, "\n{p}")?;
         }
     }
-    // What `apply` (with every gate confirmed) would be refused for by the connected role.
-    let gates: Vec<String> = gate_names(&steps).map(String::from).collect();
-    let needs = privileges::for_release(&steps, &progress, &files, &repairs, &gates);
-    let (role, lacking) = privileges::missing(&mut session.client, &needs)?;
-    let mut blockers = migrations.blockers.clone();
-    blockers.extend(long_locks);
-    if let Some(Err(short)) = slots {
-        blockers.push(format!("apply would be refused: {short}"));
-    }
-    blockers.extend(
-        lacking
-            .iter()
-            .map(|l| format!("role {role} lacks a privilege apply needs: {l}")),
-    );
     #[derive(Serialize)]
     struct Doc<'a> {
         steps: &'a [StepPlan<'a>],
