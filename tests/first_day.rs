@@ -163,3 +163,25 @@ fn a_forgotten_baseline_is_said_first() {
         .unwrap_or_else(|| panic!("no baseline hint: {}", r.stdout));
     assert!(first < 10, "the blocker is on line {first}: {}", r.stdout);
 }
+
+/// Finding 6: with no connection settings at all, say that none was found and how to give
+/// one (it used to say "no database user given").
+#[test]
+fn no_connection_settings_at_all_says_how_to_give_one() {
+    let r = run_without_password(
+        pgmend_command()
+            .args(["migrate", "status"])
+            .env_remove("USER")
+            .env_remove("LOGNAME"),
+    );
+    assert_eq!(r.code, 2, "{}", r.both());
+    assert!(
+        r.stderr
+            .starts_with("pgmend: error: no database to connect to"),
+        "{}",
+        r.stderr
+    );
+    for part in ["DATABASE_URL", "--database-url", "PGHOST"] {
+        assert!(r.stderr.contains(part), "{part}: {}", r.stderr);
+    }
+}
