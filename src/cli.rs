@@ -66,7 +66,9 @@ pub fn redacted(error: &clap::Error, argv: &[String]) -> String {
 
 /// A hint for an option given to a command that does not take it, when clap has none: the
 /// commands that do take it (`pgmend migrate status --yes`: `--yes` belongs to `pgmend
-/// apply`, ...). clap already points at the subcommand when an option comes before it.
+/// apply`, ...); for an option given before the subcommand that takes it, where it goes
+/// (clap gives a tip one level above the subcommand only); for a short `-y`, the long option
+/// the letter stands for (`pgmend apply --yes`).
 pub fn misplaced_option_hint(argv: &[String], error: &clap::Error) -> Option<String> {
     use clap::error::{ContextKind, ContextValue, ErrorKind};
     use clap::CommandFactory;
@@ -76,7 +78,6 @@ pub fn misplaced_option_hint(argv: &[String], error: &clap::Error) -> Option<Str
     let Some(ContextValue::String(arg)) = error.get(ContextKind::InvalidArg) else {
         return None;
     };
-    let long = arg.strip_prefix("--")?.split('=').next()?;
     let root = Cli::command();
     let mut given = vec!["pgmend".to_string()];
     let mut command = &root;
@@ -86,8 +87,29 @@ pub fn misplaced_option_hint(argv: &[String], error: &clap::Error) -> Option<Str
             command = sub;
         }
     }
-    if command.get_arguments().any(|a| a.get_long() == Some(long)) {
-        return None; // in the right command, before its subcommand: clap says where it goes
+    let longs = || command.get_arguments().filter_map(|a| a.get_long());
+    // `-y`: pgmend's options are long; name the one the letter most likely meant.
+    if let Some(letter) = arg.strip_prefix('-').filter(|a| !a.starts_with('-')) {
+        let mut close = longs().filter(|l| letter.len() == 1 && l.starts_with(letter));
+        return match (close.next(), close.next()) {
+            (Some(long), None) => Some(format!(
+                "pgmend's options have long names only: {} --{long}",
+                given.join(" ")
+            )),
+            _ => None,
+        };
+    }
+    let long = arg.strip_prefix("--")?.split('=').next()?;
+    if longs().any(|l| l == long) {
+        // Given before the subcommand that takes it: clap gives a tip one level above it,
+        // none further up (`pgmend --lang ja report overruns`).
+        if error.render().to_string().contains("tip:") {
+            return None;
+        }
+        return Some(format!(
+            "--{long} goes after the command that takes it: {} --{long} ...",
+            given.join(" ")
+        ));
     }
     fn takers(command: &clap::Command, path: &str, long: &str, out: &mut Vec<String>) {
         for sub in command.get_subcommands() {

@@ -185,3 +185,22 @@ fn no_connection_settings_at_all_says_how_to_give_one() {
         assert!(r.stderr.contains(part), "{part}: {}", r.stderr);
     }
 }
+
+/// Finding 9: close misses get a hint: `-y` for `--yes`, and an option given before the
+/// subcommand that takes it.
+#[test]
+fn close_misses_get_a_hint() {
+    let r = run_without_password(pgmend_command().args(["apply", "-y"]));
+    assert_eq!(r.code, 2, "{}", r.both());
+    assert!(r.stderr.contains("hint: "), "{}", r.stderr);
+    assert!(r.stderr.contains("pgmend apply --yes"), "{}", r.stderr);
+    let r = run_without_password(pgmend_command().args(["--lang", "ja", "report", "overruns"]));
+    assert_eq!(r.code, 2, "{}", r.both());
+    assert!(
+        r.stderr.contains(
+            "hint: --lang goes after the command that takes it: pgmend report overruns --lang"
+        ),
+        "{}",
+        r.stderr
+    );
+}
