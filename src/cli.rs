@@ -56,6 +56,28 @@ pub fn redacted(error: &clap::Error, argv: &[String]) -> String {
             replaced = true;
         }
     }
+    // clap counts an option filled from its environment variable as given, and writes it into
+    // the usage line as if it were required (`repair log --database-url <URL> <RUN_ID>`).
+    for option in [
+        "--database-url <URL>",
+        "--schema <SCHEMA>",
+        "--pooler <MODE>",
+        "--migrations-dir <DIR>",
+        "--repairs-dir <DIR>",
+    ] {
+        let long = option.split(' ').next().unwrap_or(option);
+        if !argv.iter().any(|a| a.starts_with(long)) {
+            text = text
+                .lines()
+                .map(|l| match l.starts_with("Usage: ") {
+                    true => l.replace(&format!(" {option}"), ""),
+                    false => l.to_string(),
+                })
+                .collect::<Vec<_>>()
+                .join("\n")
+                + if text.ends_with('\n') { "\n" } else { "" };
+        }
+    }
     if replaced && error.kind() == clap::error::ErrorKind::UnknownArgument {
         text.push_str(
             "hint: a connection string goes after --database-url (or into DATABASE_URL)\n",
@@ -203,23 +225,23 @@ pub struct OverrunsArgs {
     /// How many member-months over the cap the table, Markdown and HTML list: a number or
     /// `all`. Default: the first 20 on a terminal, the first 200 on the HTML page, all
     /// elsewhere. JSON, CSV and the workbook always hold every row.
-    #[arg(long, value_name = "N|all", value_parser = parse_members)]
-    pub members: Option<Members>,
+    #[arg(long, value_name = "N|all", value_parser = parse_limit)]
+    pub members: Option<Limit>,
 }
 
-/// `--members`.
+/// How many rows a listing shows: `report overruns --members`, `repair log --limit`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Members {
+pub enum Limit {
     All,
     First(u64),
 }
 
-fn parse_members(text: &str) -> Result<Members, String> {
+fn parse_limit(text: &str) -> Result<Limit, String> {
     if text == "all" {
-        return Ok(Members::All);
+        return Ok(Limit::All);
     }
     text.parse()
-        .map(Members::First)
+        .map(Limit::First)
         .map_err(|_| format!("{text:?} is neither a number nor `all`"))
 }
 
@@ -399,6 +421,10 @@ pub struct RepairStatusArgs {
 #[derive(Debug, Args)]
 pub struct RepairLogArgs {
     pub run_id: i64,
+    /// How many entries to show: a number or `all`. Default: the first 200 in the table;
+    /// JSON and CSV hold every entry unless --limit is given. Says how many it left out.
+    #[arg(long, value_name = "N|all", value_parser = parse_limit)]
+    pub limit: Option<Limit>,
     #[command(flatten)]
     pub conn: ConnectionArgs,
 }

@@ -204,3 +204,63 @@ fn close_misses_get_a_hint() {
         r.stderr
     );
 }
+
+/// Finding 16: `repair log` takes `--limit` and says how many entries it left out; the table
+/// stops at 200 by default, JSON and CSV hold every entry unless `--limit` is given; the usage
+/// line does not show `--database-url` as if it were required.
+#[test]
+fn repair_log_takes_a_limit_and_says_how_many_it_left_out() {
+    let db = fresh_db();
+    db.make_legacy_baselined(2000);
+    let r = db.run(&["migrate", "apply", "--yes", "--target", "3"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let r = db.run(&["repair", "apply", "void-duplicate-coupons", "--yes"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let csv = db.run(&["--format", "csv", "repair", "log", "1"]);
+    assert_eq!(csv.code, 0, "{}", csv.both());
+    let total = csv.stdout.lines().count() - 1;
+    assert!(total > 200, "{total} entries");
+    let entries = |text: &str| text.lines().filter(|l| l.contains(" -> ")).count();
+
+    let r = db.run(&["repair", "log", "1", "--limit", "5"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert_eq!(entries(&r.stdout), 5, "{}", r.stdout);
+    let more = format!(
+        "... and {} more entries",
+        pgmend::human::int(total as i64 - 5)
+    );
+    assert!(r.stdout.contains(&more), "{more}: {}", r.stdout);
+    assert!(r.stdout.contains("--limit all"), "{}", r.stdout);
+
+    let r = db.run(&["repair", "log", "1"]);
+    assert_eq!(entries(&r.stdout), 200, "the table stops at 200");
+    assert!(r.stdout.contains(&format!(
+        "... and {} more entries",
+        pgmend::human::int(total as i64 - 200)
+    )));
+    let r = db.run(&["repair", "log", "1", "--limit", "all"]);
+    assert_eq!(entries(&r.stdout), total);
+    assert!(!r.stdout.contains("more entries"));
+
+    let r = db.run(&["--format", "json", "repair", "log", "1"]);
+    let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(doc.as_array().unwrap().len(), total, "JSON is never cut");
+    let r = db.run(&["--format", "json", "repair", "log", "1", "--limit", "3"]);
+    let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(doc.as_array().unwrap().len(), 3);
+    assert!(
+        r.stderr.contains(&format!(
+            "left out {} more entries",
+            pgmend::human::int(total as i64 - 3)
+        )),
+        "{}",
+        r.stderr
+    );
+    let r = db.run(&["--format", "csv", "repair", "log", "1", "--limit", "3"]);
+    assert_eq!(r.stdout.lines().count(), 4, "{}", r.stdout);
+
+    let r = db.run(&["repair", "log"]);
+    assert_eq!(r.code, 2, "{}", r.both());
+    let usage = r.stderr.lines().find(|l| l.starts_with("Usage:")).unwrap();
+    assert!(!usage.contains("--database-url"), "{usage}");
+}

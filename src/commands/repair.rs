@@ -27,7 +27,7 @@ use tabled::{settings::Style, Table, Tabled};
 
 use super::{confirm, open, policy, print_json, run_options, source};
 use crate::cli::{
-    Format, RepairApplyArgs, RepairListArgs, RepairLogArgs, RepairPlanArgs, RepairRunArgs,
+    Format, Limit, RepairApplyArgs, RepairListArgs, RepairLogArgs, RepairPlanArgs, RepairRunArgs,
     RepairStatusArgs,
 };
 use crate::db::retry::LockPolicy;
@@ -284,10 +284,17 @@ pub fn log(args: &RepairLogArgs, format: Format) -> Result<Outcome> {
     if format == Format::Json {
         write!(out, "[")?;
     }
+    let limit = log_limit(args.limit, format);
+    let (mut shown, mut left_out) = (0u64, 0i64);
     while let Some(r) = rows.next().doing("reading the ledger")? {
         if crate::output::closed() {
             break; // nobody reads the rest (`| head`)
         }
+        if limit.is_some_and(|n| shown >= n) {
+            left_out += 1; // counted, not shown: the reader learns how many there are
+            continue;
+        }
+        shown += 1;
         let fields: (i64, String, String, String, String, String, String, String) = (
             r.get(0),
             r.get(1),
@@ -338,7 +345,35 @@ pub fn log(args: &RepairLogArgs, format: Format) -> Result<Outcome> {
     if format == Format::Json {
         writeln!(out, "\n]")?;
     }
+    if left_out > 0 {
+        let more = format!(
+            "{} more entries of run {}",
+            crate::human::int(left_out),
+            args.run_id
+        );
+        if format == Format::Human {
+            writeln!(
+                out,
+                "... and {more}: `--limit all` shows them, `--format csv` exports them"
+            )?;
+        } else {
+            crate::say!(
+                "pgmend: --limit left out {more}; without --limit the export holds them all"
+            );
+        }
+    }
     Ok(Outcome::Done)
+}
+
+/// How many entries `repair log` writes: `--limit`, else 200 in the table and all of them in
+/// JSON and CSV (an export is never cut unless asked).
+fn log_limit(limit: Option<Limit>, format: Format) -> Option<u64> {
+    match (limit, format) {
+        (Some(Limit::All), _) => None,
+        (Some(Limit::First(n)), _) => Some(n),
+        (None, Format::Human) => Some(200),
+        (None, _) => None,
+    }
 }
 
 fn find_run(client: &mut postgres::Client, run_id: i64) -> Result<store::Run> {

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 
 use super::{open, snapshot};
-use crate::cli::{CsvSection, Format, Members, OverrunsArgs, ReportLang};
+use crate::cli::{CsvSection, Format, Limit, OverrunsArgs, ReportLang};
 use crate::error::{Outcome, PgContext};
 use crate::report::{
     self, Csv, Database, Html, Json, Lang, Render, Section, Summary, Text, TextStyle, Xlsx,
@@ -217,8 +217,8 @@ const PAGE_MEMBERS: u64 = 200;
 fn member_limit(args: &OverrunsArgs, format: Format) -> Option<u64> {
     use std::io::IsTerminal;
     match (args.members, format) {
-        (Some(Members::All), _) => None,
-        (Some(Members::First(n)), _) => Some(n),
+        (Some(Limit::All), _) => None,
+        (Some(Limit::First(n)), _) => Some(n),
         (None, Format::Human) if args.output.is_none() && std::io::stdout().is_terminal() => {
             Some(TERMINAL_MEMBERS)
         }
