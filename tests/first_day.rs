@@ -264,3 +264,65 @@ fn repair_log_takes_a_limit_and_says_how_many_it_left_out() {
     let usage = r.stderr.lines().find(|l| l.starts_with("Usage:")).unwrap();
     assert!(!usage.contains("--database-url"), "{usage}");
 }
+
+/// Finding 2: `demo --keep` prints a ready `export DATABASE_URL=...` that pgmend connects
+/// with.
+#[test]
+fn demo_keep_prints_a_ready_database_url_for_pgmend() {
+    let reports = tempfile::tempdir().unwrap();
+    let r = run_without_password(pgmend_command().args([
+        "demo",
+        "--keep",
+        "--members",
+        "30",
+        "--reports-dir",
+        reports.path().to_str().unwrap(),
+    ]));
+    let line = |after: &str| {
+        r.stderr
+            .lines()
+            .skip_while(|l| !l.contains(after))
+            .nth(1)
+            .map(|l| l.trim().to_string())
+    };
+    struct Cleanup(Option<String>);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            if let Some(stop) = &self.0 {
+                let _ = Command::new("sh").args(["-c", stop]).status();
+            }
+        }
+    }
+    let _cleanup = Cleanup(line("Stop the server and remove its files with:"));
+    assert_eq!(r.code, 0, "{}", r.both());
+    let export = r
+        .stderr
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with("export DATABASE_URL="))
+        .unwrap_or_else(|| panic!("no export line: {}", r.stderr));
+    let out = Command::new("sh")
+        .args([
+            "-c",
+            &format!(
+                "{export} && {} migrate status",
+                env!("CARGO_BIN_EXE_pgmend")
+            ),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Finding 1: the README says how to install the binary and where it goes.
+#[test]
+fn the_readme_says_how_to_install_the_binary() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    assert!(readme.contains("cargo install --path ."), "README");
+    assert!(readme.contains("~/.cargo/bin"), "README says where it goes");
+}

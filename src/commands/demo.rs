@@ -152,7 +152,7 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
 
     if args.keep {
         say(&format!(
-            "The server keeps running, and its files (data directory, socket, log) stay in {root} until you remove them. Connect with:\n  psql '{url}'\nStop the server and remove its files with:\n  {stop} && rm -rf {root}",
+            "The server keeps running, and its files (data directory, socket, log) stay in {root} until you remove them. Point pgmend at it with:\n  export DATABASE_URL='{url}'\nthen try `pgmend migrate status` or `pgmend repair status`. Connect with psql:\n  psql '{url}'\nStop the server and remove its files with:\n  {stop} && rm -rf {root}",
             root = pg.root.display(),
             stop = pg.stop_command(),
         ));
