@@ -326,3 +326,25 @@ fn the_readme_says_how_to_install_the_binary() {
     assert!(readme.contains("cargo install --path ."), "README");
     assert!(readme.contains("~/.cargo/bin"), "README says where it goes");
 }
+
+/// Finding 3: one verdict per step. The plan of a fresh legacy release counts V4's census now
+/// (duplicates the void step before it will clear) and predicts it after that step: only the
+/// prediction may say whether apply stops there.
+#[test]
+fn the_plan_gives_one_verdict_per_census() {
+    let db = fresh_db();
+    db.make_legacy_baselined(300);
+    let r = db.run(&["plan", "--sample", "1"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let v4 = r
+        .stdout
+        .split("\n## step ")
+        .find(|s| s.contains(": migration V4"))
+        .unwrap_or_else(|| panic!("no V4 step: {}", r.stdout));
+    assert!(v4.contains("predicted"), "{v4}");
+    assert!(v4.contains("counted now"), "{v4}");
+    // The census counted now finds the duplicates; the prediction, none: its verdict is the
+    // only one.
+    assert!(!v4.contains("apply stops here"), "{v4}");
+    assert_eq!(v4.matches("apply passes").count(), 1, "{v4}");
+}

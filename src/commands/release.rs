@@ -224,11 +224,21 @@ fn render_step(plan: &StepPlan, colour: bool, out: &mut impl Write) -> Result<()
     match plan.what {
         Step::Migrate { retry_with, .. } => {
             if let Some(m) = plan.migration {
-                migrate_plan::render_migration(m, out)?;
-                if !plan.predicted_censuses.is_empty() {
+                let predicted = !plan.predicted_censuses.is_empty();
+                migrate_plan::render_migration(m, predicted, out)?;
+                if predicted {
                     writeln!(out, "   predicted on the data as the earlier pending steps leave it (rows the application writes meanwhile are not predicted):")?;
                     for f in &plan.predicted_censuses {
-                        writeln!(out, "     {}", f.describe())?;
+                        writeln!(
+                            out,
+                            "     {} — {}",
+                            f.describe(),
+                            if f.stops() {
+                                "apply stops here (exit 1)"
+                            } else {
+                                "apply passes it"
+                            }
+                        )?;
                     }
                 }
                 if let Some(repair) = retry_with {

@@ -262,13 +262,19 @@ pub fn render_human(plan: &Plan, out: &mut impl Write) -> std::io::Result<()> {
         }
     }
     for m in &plan.pending {
-        render_migration(m, out)?;
+        render_migration(m, false, out)?;
     }
     Ok(())
 }
 
-/// One pending migration for people: statements with locks, censuses, SQL.
-pub fn render_migration(m: &PlannedMigration, out: &mut impl Write) -> std::io::Result<()> {
+/// One pending migration for people: statements with locks, censuses, SQL. With `predicted`
+/// (the release plan predicts each census on the data as the earlier pending steps leave it),
+/// the censuses counted now carry no verdict: the caller's prediction is the one verdict.
+pub fn render_migration(
+    m: &PlannedMigration,
+    predicted: bool,
+    out: &mut impl Write,
+) -> std::io::Result<()> {
     writeln!(out)?;
     writeln!(
         out,
@@ -309,7 +315,9 @@ pub fn render_migration(m: &PlannedMigration, out: &mut impl Write) -> std::io::
             out,
             "   {}{}",
             finding.describe(),
-            if finding.stops() {
+            if predicted {
+                " — counted now, before the earlier pending steps run; the prediction below is what apply meets"
+            } else if finding.stops() {
                 " — apply stops here (exit 1)"
             } else {
                 ""
