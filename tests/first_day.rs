@@ -348,3 +348,64 @@ fn the_plan_gives_one_verdict_per_census() {
     assert!(!v4.contains("apply stops here"), "{v4}");
     assert_eq!(v4.matches("apply passes").count(), 1, "{v4}");
 }
+
+/// Finding 5: the NOT VALID budget check with rows breaking it. The census names the
+/// constraint to validate (not `NAME`) and says how to accept the rows; `migrate validate`
+/// says so too; `verify` says the check is NOT VALID and how many rows break it.
+#[test]
+fn a_not_valid_check_with_rows_breaking_it_is_named_and_explained() {
+    let db = fresh_db();
+    db.make_legacy_baselined(300);
+    let r = db.run(&["apply", "--yes", "--confirm", "deploy-new-application"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let breaking = db.scalar_i64(
+        "SELECT count(*) FROM campaign_budgets WHERE NOT (issued_yen BETWEEN 0 AND budget_yen)",
+    );
+    assert!(breaking > 0, "the demo's data overruns a budget");
+    assert!(!r.stderr.contains("validate NAME"), "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("`pgmend migrate validate issued_within_budget`"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        r.stderr.contains("leave the check NOT VALID"),
+        "{}",
+        r.stderr
+    );
+
+    let r = db.run(&["migrate", "validate", "issued_within_budget", "--yes"]);
+    assert_eq!(r.code, 1, "{}", r.both());
+    assert!(
+        r.stderr.contains("leave the check NOT VALID"),
+        "{}",
+        r.stderr
+    );
+
+    let r = db.run(&["verify"]);
+    let line = r
+        .stdout
+        .lines()
+        .find(|l| l.contains("check_issued_within_budget"))
+        .unwrap_or_else(|| panic!("{}", r.stdout));
+    assert!(line.contains("NOT VALID"), "{line}");
+    assert!(
+        line.contains(&format!("{} row", pgmend::human::int(breaking))),
+        "{line}"
+    );
+    let r = db.run(&["verify", "--format", "json"]);
+    let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    let check = doc["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "check_issued_within_budget")
+        .unwrap()
+        .clone();
+    assert_eq!(check["ok"], true, "the check is in place: {check}");
+    assert!(
+        check["detail"].as_str().unwrap().contains("NOT VALID"),
+        "{check}"
+    );
+}
