@@ -360,10 +360,12 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
                 refused.join("\n  - ")
             );
         }
+        // A guard trigger a killed pgmend left is work too: the walk drops it.
         steps
             .iter()
             .enumerate()
             .all(|(i, step)| progress.done(i, step))
+            && crate::repair::guard::installed(&mut session.client)?.is_empty()
     };
     // Nothing to do is no change to confirm: exit 0 without asking, with or without --yes or
     // a terminal, as `migrate apply` does. (A saved plan is still checked: it names steps.)
