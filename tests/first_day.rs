@@ -409,3 +409,53 @@ fn a_not_valid_check_with_rows_breaking_it_is_named_and_explained() {
         "{check}"
     );
 }
+
+/// The widest line of a table in `text`, in characters (the terminal's columns it needs).
+fn widest_table(text: &str) -> usize {
+    text.lines()
+        .filter(|l| l.contains(" | ") || l.contains("-+-"))
+        .map(|l| l.chars().count())
+        .max()
+        .unwrap_or(0)
+}
+
+/// Finding 15: no human table wider than about 120 columns: a failed check's samples go
+/// below the table, not into a cell that pads every row; the report's campaign table fits,
+/// with headers in words, not snake_case.
+#[test]
+fn human_tables_fit_in_120_columns() {
+    let db = complete_release();
+    // Counters that drifted: verify fails, with JSON samples of the broken keys.
+    db.client()
+        .batch_execute(
+            "ALTER TABLE member_monthly_usage DISABLE TRIGGER USER;
+             UPDATE member_monthly_usage SET used_yen = used_yen + 1;",
+        )
+        .unwrap();
+    let r = db.run(&["verify"]);
+    assert_eq!(r.code, 1, "{}", r.both());
+    assert!(widest_table(&r.stdout) <= 120, "{}", r.stdout);
+    assert!(
+        r.stdout.contains("\"member_id\""),
+        "the samples are still shown: {}",
+        r.stdout
+    );
+    let r = db.run(&["report", "overruns"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let header = r
+        .stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("Campaigns"))
+        .find(|l| l.contains(" | "))
+        .unwrap_or_else(|| panic!("{}", r.stdout));
+    assert!(!header.contains('_'), "{header}");
+    for args in [
+        &["report", "overruns"][..],
+        &["repair", "status"][..],
+        &["migrate", "status"][..],
+    ] {
+        let r = db.run(args);
+        assert_eq!(r.code, 0, "{args:?}: {}", r.both());
+        assert!(widest_table(&r.stdout) <= 120, "{args:?}:\n{}", r.stdout);
+    }
+}

@@ -18,7 +18,7 @@ use std::io::Write;
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
-use tabled::{settings::Style, Table, Tabled};
+use tabled::Tabled;
 
 use super::{confirm, load, open, policy, print_json};
 use crate::cli::{ApplyArgs, BaselineArgs, Format, PlanArgs, StatusArgs, ValidateArgs};
@@ -111,7 +111,7 @@ pub fn status(args: &StatusArgs, format: Format) -> Result<Outcome> {
                 "{} (PostgreSQL {})",
                 session.params, session.server_version
             )?;
-            writeln!(out, "{}", Table::new(rows).with(Style::psql()))?;
+            writeln!(out, "{}", crate::human::table(rows))?;
             if !legacy.is_empty() {
                 writeln!(
                     out,

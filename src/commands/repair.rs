@@ -23,7 +23,7 @@ use std::io::{IsTerminal, Write};
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
-use tabled::{settings::Style, Table, Tabled};
+use tabled::Tabled;
 
 use super::{confirm, open, policy, print_json, run_options, source};
 use crate::cli::{
@@ -58,11 +58,7 @@ pub fn list(args: &RepairListArgs, format: Format) -> Result<Outcome> {
         .collect();
     match format {
         Format::Json => print_json(&rows)?,
-        _ => writeln!(
-            crate::output::stdout(),
-            "{}",
-            Table::new(&rows).with(Style::psql())
-        )?,
+        _ => writeln!(crate::output::stdout(), "{}", crate::human::table(&rows))?,
     }
     Ok(Outcome::Done)
 }
@@ -227,7 +223,7 @@ pub fn status(args: &RepairStatusArgs, format: Format) -> Result<Outcome> {
             if rows.is_empty() {
                 writeln!(out, "No repair has run on this database.")?;
             } else {
-                writeln!(out, "{}", Table::new(rows).with(Style::psql()))?;
+                writeln!(out, "{}", crate::human::table(rows))?;
             }
             for r in &runs {
                 for s in &r.slices {
