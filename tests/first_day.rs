@@ -459,3 +459,49 @@ fn human_tables_fit_in_120_columns() {
         assert!(widest_table(&r.stdout) <= 120, "{args:?}:\n{}", r.stdout);
     }
 }
+
+/// Finding 11: Ctrl-C during the demo says what happened and what becomes of the throwaway
+/// server, and exits 130 (it used to end with no word).
+#[test]
+fn ctrl_c_during_the_demo_says_what_happens_to_the_server() {
+    use std::io::{BufRead, BufReader, Read};
+
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = pgmend_command()
+        .args(["demo", "--members", "3000", "--reports-dir"])
+        .arg(tmp.path().join("reports"))
+        .env("TMPDIR", tmp.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut seen = String::new();
+    loop {
+        let mut line = String::new();
+        assert!(
+            stderr.read_line(&mut line).unwrap() > 0,
+            "the demo ended before it started its server: {seen}"
+        );
+        seen.push_str(&line);
+        if line.contains("Playing production") {
+            break;
+        }
+    }
+    let status = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    stderr.read_to_string(&mut seen).unwrap();
+    let code = child.wait().unwrap().code();
+    assert_eq!(code, Some(130), "{seen}");
+    assert!(
+        seen.contains("pgmend: the demo was interrupted (SIGINT)"),
+        "{seen}"
+    );
+    assert!(
+        seen.contains("the throwaway server and its files are being removed"),
+        "{seen}"
+    );
+}
