@@ -84,7 +84,7 @@ pub fn status(args: &StatusArgs, format: Format) -> Result<Outcome> {
                 name: String,
                 state: &'static str,
                 mode: String,
-                #[tabled(rename = "applied on")]
+                #[tabled(rename = "applied on (UTC)")]
                 applied_on: String,
                 checksum: String,
             }
@@ -97,7 +97,10 @@ pub fn status(args: &StatusArgs, format: Format) -> Result<Outcome> {
                     mode: e
                         .mode
                         .map_or("-".into(), |m| format!("{m:?}").to_lowercase()),
-                    applied_on: e.applied_on.clone().unwrap_or_else(|| "-".into()),
+                    // To the second (the JSON has it whole), so the table fits 120 columns.
+                    applied_on: e.applied_on.as_deref().map_or("-".into(), |at| {
+                        at.get(..19).unwrap_or(at).replace('T', " ")
+                    }),
                     checksum: e
                         .checksum
                         .clone()
