@@ -505,3 +505,32 @@ fn ctrl_c_during_the_demo_says_what_happens_to_the_server() {
         "{seen}"
     );
 }
+
+/// Finding 12: `verify` and `report overruns` as a role without the grants they need: what the
+/// role may not read and the GRANTs, instead of a raw `permission denied`.
+#[test]
+fn a_reporting_role_without_grants_is_told_which_to_ask_for() {
+    let db = complete_release();
+    let role = LoginRole::create(&db, "reader", "Reader-Pass-3", "");
+    for args in [&["verify"][..], &["report", "overruns"][..]] {
+        let r = role.run(&db, args);
+        assert_eq!(r.code, 2, "{args:?}: {}", r.both());
+        assert!(
+            r.stderr.starts_with(&format!(
+                "pgmend: error: role {} may not read what",
+                role.name
+            )),
+            "{args:?}: {}",
+            r.stderr
+        );
+        for grant in [
+            format!("GRANT USAGE ON SCHEMA pgmend TO {}", role.name),
+            "GRANT SELECT ON ".to_string(),
+        ] {
+            assert!(r.stderr.contains(&grant), "{args:?} {grant}: {}", r.stderr);
+        }
+        assert!(!r.stderr.contains("permission denied"), "{}", r.stderr);
+    }
+    let doc = std::fs::read_to_string(repo().join("docs/connecting.md")).unwrap();
+    assert!(doc.contains("## A role for verify and the report"), "docs");
+}

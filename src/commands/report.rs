@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
-use super::{open, snapshot};
+use super::{open_to_read, snapshot};
 use crate::cli::{CsvSection, Format, Limit, OverrunsArgs, ReportLang};
 use crate::error::{Outcome, PgContext};
 use crate::report::{
@@ -42,7 +42,7 @@ pub fn overruns(args: &OverrunsArgs, given: Option<Format>) -> Result<Outcome> {
             check_target(path, args.force)?;
         }
     }
-    let mut session = open(&args.conn)?;
+    let (mut session, _) = open_to_read(&args.conn, "report overruns")?;
     let database = Database::from_params(&session.params);
     let mut tx = snapshot(&mut session.client)?;
 

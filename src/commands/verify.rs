@@ -8,12 +8,12 @@ use std::io::Write;
 use anyhow::Result;
 use tabled::Tabled;
 
-use super::{open_checked, print_json, snapshot};
+use super::{open_to_read, print_json, snapshot};
 use crate::cli::{Format, VerifyArgs};
 use crate::error::{Outcome, PgContext};
 
 pub fn run(args: &VerifyArgs, format: Format) -> Result<Outcome> {
-    let (mut session, environment) = open_checked(&args.conn)?;
+    let (mut session, environment) = open_to_read(&args.conn, "verify")?;
     let mut tx = snapshot(&mut session.client)?;
     let result = crate::verify::run(&mut tx)?;
     tx.rollback().doing("closing the snapshot")?;
