@@ -534,3 +534,38 @@ fn a_reporting_role_without_grants_is_told_which_to_ask_for() {
     let doc = std::fs::read_to_string(repo().join("docs/connecting.md")).unwrap();
     assert!(doc.contains("## A role for verify and the report"), "docs");
 }
+
+/// Finding 13: `repair undo` as a read-only role lists every missing GRANT first, as
+/// `repair apply` does (it used to fail on a raw `permission denied for table repair_runs`).
+#[test]
+fn repair_undo_as_a_read_only_role_lists_the_missing_grants() {
+    let db = fresh_db();
+    db.make_legacy_baselined(60);
+    assert_eq!(
+        db.run(&["migrate", "apply", "--yes", "--target", "3"]).code,
+        0
+    );
+    let r = db.run(&["repair", "apply", "void-duplicate-coupons", "--yes"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let role = LoginRole::create(
+        &db,
+        "readonly",
+        "Read-Only-Pass-5",
+        "GRANT USAGE ON SCHEMA pgmend TO {role};
+         GRANT SELECT ON ALL TABLES IN SCHEMA pgmend, public TO {role};",
+    );
+    let before = snapshot(&db);
+    let r = role.run(&db, &["repair", "undo", "1", "--yes"]);
+    assert_eq!(r.code, 2, "{}", r.both());
+    assert!(
+        r.stderr.contains(&format!(
+            "role {} lacks privileges that undoing run 1 needs; nothing was changed",
+            role.name
+        )),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stderr.contains("GRANT UPDATE"), "{}", r.stderr);
+    assert!(!r.stderr.contains("permission denied"), "{}", r.stderr);
+    assert_eq!(snapshot(&db), before);
+}

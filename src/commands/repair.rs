@@ -385,6 +385,12 @@ pub fn undo(args: &RepairRunArgs, format: Format) -> Result<Outcome> {
     let _lock = runner_lock::acquire(&mut session, args.safety.runner_wait)?;
     let run = find_run(&mut session.client, args.run_id)?;
     let repair = source(&args.repairs).find(run.repair.trim_start_matches("undo:"))?;
+    // Every missing GRANT at once, before the question, as `repair apply` does.
+    privileges::check(
+        &mut session.client,
+        &format!("undoing run {}", run.run_id),
+        &privileges::for_repair(&repair),
+    )?;
     confirm(
         args.safety.yes,
         &format!(
