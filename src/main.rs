@@ -9,8 +9,8 @@
 //! cannot render is refused here (exit 2): `csv` is for `repair log` and `report overruns`,
 //! `markdown`, `html` and `xlsx` for `report overruns`; `demo`, `completions` and `man` take none.
 //! `completions SHELL` and `man` are answered here too, from `Cli::command()` (clap_complete,
-//! clap_mangen), so they always match the parser. The only other exit codes, 130, 143 and 129, come
-//! from `signals` (a second SIGINT, SIGTERM or SIGHUP). After an error, it also prints what a stop
+//! and `manpage` over clap_mangen), so they always match the parser. The only other exit
+//! codes, 130, 143 and 129, come from `signals` (a second SIGINT, SIGTERM or SIGHUP). After an error, it also prints what a stop
 //! left behind (`signals::leftovers`), when anything is. Every line to stderr goes through `say!`
 //! (`src/signals.rs`), which ignores a failing stderr instead of panicking as `eprintln!` does.
 
@@ -108,8 +108,7 @@ fn main() -> ExitCode {
             );
             Ok(Outcome::Done)
         }
-        Command::Man => clap_mangen::Man::new(Cli::command())
-            .render(&mut output::stdout())
+        Command::Man => pgmend::manpage::render(&mut output::stdout())
             .map(|()| Outcome::Done)
             .map_err(Into::into),
     };

@@ -569,3 +569,25 @@ fn repair_undo_as_a_read_only_role_lists_the_missing_grants() {
     assert!(!r.stderr.contains("permission denied"), "{}", r.stderr);
     assert_eq!(snapshot(&db), before);
 }
+
+/// Finding 18: the man page names every command in full instead of pointing at pages that
+/// are never generated (pgmend-migrate(1), ...), and has ENVIRONMENT and EXIT STATUS sections.
+#[test]
+fn the_man_page_names_every_command_and_the_environment() {
+    let r = run_without_password(pgmend_command().arg("man"));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let page = &r.stdout;
+    assert!(!page.contains("(1)"), "a reference to another page: {page}");
+    for part in [
+        ".SH COMMANDS",
+        "pgmend migrate status",
+        "pgmend repair log",
+        "pgmend report overruns",
+        ".SH ENVIRONMENT",
+        "DATABASE_URL",
+        "PGMEND_MIGRATIONS_DIR",
+        ".SH EXIT STATUS",
+    ] {
+        assert!(page.contains(part), "{part}: {page}");
+    }
+}
