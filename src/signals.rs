@@ -151,11 +151,18 @@ fn received(signal: Signal) {
         );
         std::process::exit(signal.exit_code());
     }
-    say!(
-        "pgmend: {}: stopping cleanly: the current batch commits or rolls back whole, an online build is cancelled and its INVALID index dropped, a guard trigger is dropped (at most {} s; a second signal stops at once)",
-        signal.name(),
-        CLEANUP_LIMIT.as_secs()
-    );
+    let notice = || {
+        say!(
+            "pgmend: {}: stopping cleanly: the current batch commits or rolls back whole, an online build is cancelled and its INVALID index dropped, a guard trigger is dropped (at most {} s; a second signal stops at once)",
+            signal.name(),
+            CLEANUP_LIMIT.as_secs()
+        )
+    };
+    // Written on the bar's own line, the bar's next redraw would draw over the notice.
+    match drawing() {
+        Some(bar) => bar.suspend(notice),
+        None => notice(),
+    }
     std::thread::spawn(move || {
         std::thread::sleep(CLEANUP_LIMIT);
         say!(
@@ -167,6 +174,21 @@ fn received(signal: Signal) {
         );
         std::process::exit(1);
     });
+}
+
+/// The progress bar on the terminal now, if any: the stop notice is written above it.
+static BAR: Mutex<Option<indicatif::ProgressBar>> = Mutex::new(None);
+
+fn drawing() -> Option<indicatif::ProgressBar> {
+    BAR.lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .clone()
+}
+
+/// Says which progress bar is on the terminal (None: none any more), so that the stop notice
+/// is written above it instead of on its line.
+pub fn draws(bar: Option<&indicatif::ProgressBar>) {
+    *BAR.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = bar.cloned();
 }
 
 /// The signal that asked for a stop, if one did.

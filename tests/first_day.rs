@@ -591,3 +591,80 @@ fn the_man_page_names_every_command_and_the_environment() {
         assert!(page.contains(part), "{part}: {page}");
     }
 }
+
+/// Finding 10: Ctrl-C on a terminal during `repair apply`: the stop notice gets a line of its
+/// own, and the progress bar's next redraw does not overwrite it (it used to be written after
+/// the bar on the bar's line, and redrawn over: "...a guard trigger i").
+#[test]
+fn the_stop_notice_is_not_overwritten_by_the_progress_bar() {
+    let db = fresh_db();
+    db.make_legacy_baselined(3000);
+    assert_eq!(
+        db.run(&["migrate", "apply", "--yes", "--target", "2"]).code,
+        0
+    );
+    let exe = env!("CARGO_BIN_EXE_pgmend");
+    // In the background of a non-interactive shell stdin is /dev/null (hence --yes); stderr
+    // is the terminal, so the bar is drawn.
+    let shell = format!(
+        "{exe} repair apply rebuild-member-monthly-usage --yes --batch-target 20ms --pause 1s & p=$!; sleep 2; kill -INT $p; wait $p; echo exit=$?"
+    );
+    let mut script = Command::new("script");
+    for var in pgmend::db::conninfo::environment_variables() {
+        script.env_remove(var);
+    }
+    let out = script
+        .args(["-q", "-e", "-c", &shell, "/dev/null"])
+        .env("DATABASE_URL", db.conninfo())
+        .env("TERM", "xterm")
+        .stdin(Stdio::null())
+        .output()
+        .expect("util-linux script");
+    let shown = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(!shown.contains(&db.password()));
+    assert!(shown.contains("exit=1"), "{shown}");
+    assert!(
+        shown.contains("rebuild-member-monthly-usage ["),
+        "a bar: {shown}"
+    );
+    let notice = "pgmend: SIGINT: stopping cleanly";
+    let at = shown
+        .find(notice)
+        .unwrap_or_else(|| panic!("no notice: {shown}"));
+    // What the terminal shows on the notice's line before it: nothing but escape codes.
+    let line_start = shown[..at].rfind(['\n', '\r']).map_or(0, |i| i + 1);
+    let before = visible(&shown[line_start..at]);
+    assert!(
+        before.is_empty(),
+        "the notice shares a line with {before:?}: {shown:?}"
+    );
+    // The whole notice, then a new line: nothing drawn over its end.
+    let rest = &shown[at..];
+    let end = rest
+        .find("a second signal stops at once)")
+        .expect("the notice whole");
+    let after = &rest[end + "a second signal stops at once)".len()..];
+    assert!(
+        after.starts_with("\r\n") || after.starts_with('\n'),
+        "{:?}",
+        &after[..after.len().min(40)]
+    );
+}
+
+/// `text` without its terminal escape sequences (CSI: ESC [ parameters, then a letter).
+fn visible(text: &str) -> String {
+    let mut out = String::new();
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
