@@ -668,3 +668,51 @@ fn visible(text: &str) -> String {
     }
     out
 }
+
+/// Finding 17: `repair undo` shows the progress `repair apply` shows (a bar on a terminal; a
+/// line at most every 2 s elsewhere, not one per batch of 1,000 records), and `repair status`
+/// shows no undo checkpoint larger than the total (it is a ledger record id, not a count).
+#[test]
+fn undo_shows_progress_as_apply_does_and_status_a_checkpoint_that_makes_sense() {
+    let db = fresh_db();
+    db.make_legacy_baselined(8000);
+    assert_eq!(
+        db.run(&["migrate", "apply", "--yes", "--target", "3"]).code,
+        0
+    );
+    let r = db.run(&["repair", "apply", "void-duplicate-coupons", "--yes"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let records = db
+        .run(&["--format", "csv", "repair", "log", "1"])
+        .stdout
+        .lines()
+        .count()
+        - 1;
+    let batches = records.div_ceil(1000);
+    assert!(batches >= 3, "{records} records");
+    let copy = copy_of(&db);
+
+    let r = db.run(&["repair", "undo", "1", "--yes"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let lines = r
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("undo of run 1"))
+        .count();
+    assert!(
+        lines < batches,
+        "{lines} progress lines for {batches} batches:\n{}",
+        r.stderr
+    );
+    let r = db.run(&["repair", "status"]);
+    let undo = r
+        .stdout
+        .lines()
+        .find(|l| l.contains("undoes run 1"))
+        .unwrap_or_else(|| panic!("{}", r.stdout));
+    assert!(!undo.contains("checkpoint"), "{undo}");
+
+    let (code, shown) = in_terminal(&copy, "repair undo 1 --yes", "");
+    assert_eq!(code, 0, "{shown}");
+    assert!(shown.contains("undo of run 1 ["), "a bar: {shown}");
+}

@@ -203,12 +203,7 @@ pub fn status(args: &RepairStatusArgs, format: Format) -> Result<Outcome> {
                     run: r.run_id,
                     repair: r.repair.clone(),
                     state: r.state.to_string(),
-                    progress: format!(
-                        "{}/{} (checkpoint {})",
-                        human::int(r.processed),
-                        human::int(r.targets),
-                        human::int(r.checkpoint)
-                    ),
+                    progress: progress_cell(r),
                     changed: human::int(r.changed),
                     skipped: human::int(r.skipped.as_array().map_or(0, Vec::len) as i64),
                     as_of: r.as_of.clone(),
@@ -369,6 +364,21 @@ fn log_limit(limit: Option<Limit>, format: Format) -> Option<u64> {
         (Some(Limit::First(n)), _) => Some(n),
         (None, Format::Human) => Some(200),
         (None, _) => None,
+    }
+}
+
+/// A run's progress for the status table: done of total, and where it resumes. An undo's
+/// checkpoint is a ledger record id of the run it undoes, not a count: said as such, and only
+/// while it is unfinished.
+fn progress_cell(r: &store::Run) -> String {
+    let counts = format!("{}/{}", human::int(r.processed), human::int(r.targets));
+    match (r.undoes_run, &r.state) {
+        (None, _) => format!("{counts} (checkpoint {})", human::int(r.checkpoint)),
+        (Some(_), store::RunState::Running) => format!(
+            "{counts} (resumes after ledger record {})",
+            human::int(r.checkpoint)
+        ),
+        (Some(_), _) => counts,
     }
 }
 
