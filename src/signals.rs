@@ -262,6 +262,22 @@ fn left_behind() -> String {
     }
 }
 
+/// For a command with nothing to wind down (the demo, whose throwaway server a watchdog
+/// removes): on SIGINT, SIGTERM or SIGHUP, says `notice(signal)` and exits at once with
+/// 128 + the signal's number.
+pub fn exit_on_signal(notice: impl Fn(Signal) -> String + Send + 'static) {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) else {
+        return; // the default action then ends pgmend, without a word
+    };
+    std::thread::spawn(move || {
+        if let Some(signal) = signals.forever().next().and_then(Signal::from_raw) {
+            say!("{}", notice(signal));
+            std::process::exit(signal.exit_code());
+        }
+    });
+}
+
 /// Ends pgmend with exit 2 when it has lost its lease on the runner lock and the run did not
 /// stop by itself within the grace the lease gives it (a statement still waits on a server
 /// that pgmend can no longer reach): says why, what may still be held, and how to continue.

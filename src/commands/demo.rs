@@ -173,7 +173,7 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
     Ok(Outcome::Done)
 }
 
-/// What a signal leaves, said before the demo exits as the shell expects (128 + the
+/// What a signal leaves: said before the demo exits as the shell expects (128 + the
 /// signal's number; the pgmend step running then gets the signal too and stops itself).
 type OnStop = std::sync::Arc<std::sync::Mutex<String>>;
 
@@ -183,28 +183,17 @@ fn lock(on_stop: &OnStop) -> std::sync::MutexGuard<'_, String> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Handles SIGINT, SIGTERM and SIGHUP for the demo: says it was interrupted and what becomes of
-/// the throwaway server (the clean-up watchdog removes it), then exits.
+/// Says, on SIGINT, SIGTERM or SIGHUP, that the demo was interrupted and what becomes of the
+/// throwaway server (the clean-up watchdog removes it), then exits.
 fn on_signal(leaves: String) -> OnStop {
-    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     let on_stop: OnStop = std::sync::Arc::new(std::sync::Mutex::new(leaves));
-    let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) else {
-        return on_stop; // the default action then ends the demo, without a word
-    };
     let said = on_stop.clone();
-    std::thread::spawn(move || {
-        if let Some(raw) = signals.forever().next() {
-            let name = match raw {
-                SIGINT => "SIGINT",
-                SIGTERM => "SIGTERM",
-                _ => "SIGHUP",
-            };
-            crate::say!(
-                "\npgmend: the demo was interrupted ({name}); {}.",
-                lock(&said)
-            );
-            std::process::exit(128 + raw);
-        }
+    crate::signals::exit_on_signal(move |signal| {
+        format!(
+            "\npgmend: the demo was interrupted ({}); {}.",
+            signal.name(),
+            lock(&said)
+        )
     });
     on_stop
 }
