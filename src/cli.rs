@@ -39,6 +39,48 @@ pub struct Cli {
     pub output: OutputArgs,
 }
 
+/// The command line as pgmend parses it: [`Cli`], with each command's own `--format` (clap
+/// would copy the one global option, all six values, into every command). A command takes a
+/// copy of it that names only the formats it renders, and `demo`, `completions` and `man`,
+/// which render none, a hidden one (main refuses --format there). The copies stay global, so
+/// the value reaches `Cli::output` wherever it is given.
+pub fn command() -> clap::Command {
+    use clap::CommandFactory;
+    let root = Cli::command();
+    let format = root
+        .get_arguments()
+        .find(|a| a.get_id() == "format")
+        .cloned()
+        .expect("the global --format");
+    with_formats(root, "", &format)
+}
+
+fn with_formats(command: clap::Command, path: &str, format: &clap::Arg) -> clap::Command {
+    let names: Vec<String> = command
+        .get_subcommands()
+        .map(|s| s.get_name().to_string())
+        .collect();
+    names.into_iter().fold(command, |command, name| {
+        let path = format!("{path} {name}").trim_start().to_string();
+        command.mut_subcommand(&name, |sub| {
+            if sub.has_subcommands() {
+                return with_formats(sub, &path, format);
+            }
+            let own = format.clone().hide_possible_values(true);
+            let offered = match path.as_str() {
+                "demo" | "completions" | "man" => return sub.arg(own.hide(true)),
+                "report overruns" => return sub.arg(format.clone()),
+                "repair log" => "human, json or csv",
+                "plan" => "human, json or markdown",
+                _ => "human or json",
+            };
+            sub.arg(own.help(format!(
+                "{offered}: human (the default) for people, json for programs (a stable, documented document)"
+            )))
+        })
+    })
+}
+
 /// clap's error, with every argument that may hold a password replaced: clap repeats an
 /// unexpected argument verbatim (`pgmend verify postgresql://u:pw@h/db`, the
 /// `--database-url` forgotten), and pgmend never shows a password.

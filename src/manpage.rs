@@ -5,13 +5,9 @@
 
 use std::io::Write;
 
-use clap::CommandFactory;
-
-use crate::cli::Cli;
-
 /// Writes the page (roff).
 pub fn render(out: &mut impl Write) -> std::io::Result<()> {
-    let cli = Cli::command();
+    let cli = crate::cli::command();
     let man = clap_mangen::Man::new(cli.clone());
     man.render_title(out)?;
     man.render_name_section(out)?;

@@ -716,3 +716,42 @@ fn undo_shows_progress_as_apply_does_and_status_a_checkpoint_that_makes_sense() 
     assert_eq!(code, 0, "{shown}");
     assert!(shown.contains("undo of run 1 ["), "a bar: {shown}");
 }
+
+/// Finding 18, --help: each command's help offers the formats it renders, and the commands
+/// that take none (`demo`, `man`, `completions`) do not advertise --format.
+#[test]
+fn help_offers_only_the_formats_a_command_renders() {
+    let help = |args: &[&str]| {
+        let r = run_without_password(pgmend_command().args(args).arg("--help"));
+        assert_eq!(r.code, 0, "{args:?}: {}", r.both());
+        r.stdout
+    };
+    for args in [&["demo"][..], &["man"][..], &["completions"][..]] {
+        assert!(!help(args).contains("--format"), "{args:?}");
+    }
+    for (args, offered, not) in [
+        (&["verify"][..], "human or json", "xlsx"),
+        (&["migrate", "status"][..], "human or json", "csv"),
+        (&["repair", "log"][..], "human, json or csv", "xlsx"),
+        (&["plan"][..], "human, json or markdown", "xlsx"),
+        (&["report", "overruns"][..], "xlsx", "\u{0}"),
+    ] {
+        let text = help(args);
+        assert!(text.contains("--format"), "{args:?}: {text}");
+        assert!(text.contains(offered), "{args:?} {offered}: {text}");
+        assert!(!text.contains(not), "{args:?} {not}: {text}");
+    }
+    // The option still works before and after the command.
+    for args in [
+        &["verify", "--format", "html"][..],
+        &["--format", "html", "verify"][..],
+    ] {
+        let r = run_without_password(pgmend_command().args(args));
+        assert_eq!(r.code, 2, "{args:?}: {}", r.both());
+        assert!(
+            r.stderr.contains("--format html is only for"),
+            "{}",
+            r.stderr
+        );
+    }
+}
