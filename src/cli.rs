@@ -30,13 +30,55 @@ use crate::config::{parse_duration, parse_share};
     name = "pgmend",
     version,
     about = "Migrate a live PostgreSQL database that already holds broken data, repair it safely, and report what the breakage cost.",
-    after_help = "Exit codes: 0 done; 1 stopped safely because of the database's state (nothing half-done) or a check found problems; 2 an error in the input or the environment; 130, 143, 129 a second SIGINT, SIGTERM or SIGHUP (the first stops `apply`, `migrate apply` and `repair apply` cleanly, within 20 s, with 1)."
+    after_help = "Exit codes: 0 done; 1 stopped safely because of the database's state (nothing half-done), a question answered no, or a check found problems; 2 an error in the input or the environment; 130, 143, 129 a second SIGINT, SIGTERM or SIGHUP (the first stops `apply`, `migrate apply` and `repair apply` cleanly, within 20 s, with 1)."
 )]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
     #[command(flatten)]
     pub output: OutputArgs,
+}
+
+/// The command line as pgmend parses it: [`Cli`], with each command's own `--format` (clap
+/// would copy the one global option, all six values, into every command). A command takes a
+/// copy of it that names only the formats it renders, and `demo`, `completions` and `man`,
+/// which render none, a hidden one (main refuses --format there). The copies stay global, so
+/// the value reaches `Cli::output` wherever it is given.
+pub fn command() -> clap::Command {
+    use clap::CommandFactory;
+    let root = Cli::command();
+    let format = root
+        .get_arguments()
+        .find(|a| a.get_id() == "format")
+        .cloned()
+        .expect("the global --format");
+    with_formats(root, "", &format)
+}
+
+fn with_formats(command: clap::Command, path: &str, format: &clap::Arg) -> clap::Command {
+    let names: Vec<String> = command
+        .get_subcommands()
+        .map(|s| s.get_name().to_string())
+        .collect();
+    names.into_iter().fold(command, |command, name| {
+        let path = format!("{path} {name}").trim_start().to_string();
+        command.mut_subcommand(&name, |sub| {
+            if sub.has_subcommands() {
+                return with_formats(sub, &path, format);
+            }
+            let own = format.clone().hide_possible_values(true);
+            let offered = match path.as_str() {
+                "demo" | "completions" | "man" => return sub.arg(own.hide(true)),
+                "report overruns" => return sub.arg(format.clone()),
+                "repair log" => "human, json or csv",
+                "plan" => "human, json or markdown",
+                _ => "human or json",
+            };
+            sub.arg(own.help(format!(
+                "{offered}: human (the default) for people, json for programs (a stable, documented document)"
+            )))
+        })
+    })
 }
 
 /// clap's error, with every argument that may hold a password replaced: clap repeats an
@@ -56,6 +98,28 @@ pub fn redacted(error: &clap::Error, argv: &[String]) -> String {
             replaced = true;
         }
     }
+    // clap counts an option filled from its environment variable as given, and writes it into
+    // the usage line as if it were required (`repair log --database-url <URL> <RUN_ID>`).
+    for option in [
+        "--database-url <URL>",
+        "--schema <SCHEMA>",
+        "--pooler <MODE>",
+        "--migrations-dir <DIR>",
+        "--repairs-dir <DIR>",
+    ] {
+        let long = option.split(' ').next().unwrap_or(option);
+        if !argv.iter().any(|a| a.starts_with(long)) {
+            text = text
+                .lines()
+                .map(|l| match l.starts_with("Usage: ") {
+                    true => l.replace(&format!(" {option}"), ""),
+                    false => l.to_string(),
+                })
+                .collect::<Vec<_>>()
+                .join("\n")
+                + if text.ends_with('\n') { "\n" } else { "" };
+        }
+    }
     if replaced && error.kind() == clap::error::ErrorKind::UnknownArgument {
         text.push_str(
             "hint: a connection string goes after --database-url (or into DATABASE_URL)\n",
@@ -66,7 +130,9 @@ pub fn redacted(error: &clap::Error, argv: &[String]) -> String {
 
 /// A hint for an option given to a command that does not take it, when clap has none: the
 /// commands that do take it (`pgmend migrate status --yes`: `--yes` belongs to `pgmend
-/// apply`, ...). clap already points at the subcommand when an option comes before it.
+/// apply`, ...); for an option given before the subcommand that takes it, where it goes
+/// (clap gives a tip one level above the subcommand only); for a short `-y`, the long option
+/// the letter stands for (`pgmend apply --yes`).
 pub fn misplaced_option_hint(argv: &[String], error: &clap::Error) -> Option<String> {
     use clap::error::{ContextKind, ContextValue, ErrorKind};
     use clap::CommandFactory;
@@ -76,7 +142,6 @@ pub fn misplaced_option_hint(argv: &[String], error: &clap::Error) -> Option<Str
     let Some(ContextValue::String(arg)) = error.get(ContextKind::InvalidArg) else {
         return None;
     };
-    let long = arg.strip_prefix("--")?.split('=').next()?;
     let root = Cli::command();
     let mut given = vec!["pgmend".to_string()];
     let mut command = &root;
@@ -86,8 +151,29 @@ pub fn misplaced_option_hint(argv: &[String], error: &clap::Error) -> Option<Str
             command = sub;
         }
     }
-    if command.get_arguments().any(|a| a.get_long() == Some(long)) {
-        return None; // in the right command, before its subcommand: clap says where it goes
+    let longs = || command.get_arguments().filter_map(|a| a.get_long());
+    // `-y`: pgmend's options are long; name the one the letter most likely meant.
+    if let Some(letter) = arg.strip_prefix('-').filter(|a| !a.starts_with('-')) {
+        let mut close = longs().filter(|l| letter.len() == 1 && l.starts_with(letter));
+        return match (close.next(), close.next()) {
+            (Some(long), None) => Some(format!(
+                "pgmend's options have long names only: {} --{long}",
+                given.join(" ")
+            )),
+            _ => None,
+        };
+    }
+    let long = arg.strip_prefix("--")?.split('=').next()?;
+    if longs().any(|l| l == long) {
+        // Given before the subcommand that takes it: clap gives a tip one level above it,
+        // none further up (`pgmend --lang ja report overruns`).
+        if error.render().to_string().contains("tip:") {
+            return None;
+        }
+        return Some(format!(
+            "--{long} goes after the command that takes it: {} --{long} ...",
+            given.join(" ")
+        ));
     }
     fn takers(command: &clap::Command, path: &str, long: &str, out: &mut Vec<String>) {
         for sub in command.get_subcommands() {
@@ -181,23 +267,23 @@ pub struct OverrunsArgs {
     /// How many member-months over the cap the table, Markdown and HTML list: a number or
     /// `all`. Default: the first 20 on a terminal, the first 200 on the HTML page, all
     /// elsewhere. JSON, CSV and the workbook always hold every row.
-    #[arg(long, value_name = "N|all", value_parser = parse_members)]
-    pub members: Option<Members>,
+    #[arg(long, value_name = "N|all", value_parser = parse_limit)]
+    pub members: Option<Limit>,
 }
 
-/// `--members`.
+/// How many rows a listing shows: `report overruns --members`, `repair log --limit`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Members {
+pub enum Limit {
     All,
     First(u64),
 }
 
-fn parse_members(text: &str) -> Result<Members, String> {
+fn parse_limit(text: &str) -> Result<Limit, String> {
     if text == "all" {
-        return Ok(Members::All);
+        return Ok(Limit::All);
     }
     text.parse()
-        .map(Members::First)
+        .map(Limit::First)
         .map_err(|_| format!("{text:?} is neither a number nor `all`"))
 }
 
@@ -377,6 +463,10 @@ pub struct RepairStatusArgs {
 #[derive(Debug, Args)]
 pub struct RepairLogArgs {
     pub run_id: i64,
+    /// How many entries to show: a number or `all`. Default: the first 200 in the table;
+    /// JSON and CSV hold every entry unless --limit is given. Says how many it left out.
+    #[arg(long, value_name = "N|all", value_parser = parse_limit)]
+    pub limit: Option<Limit>,
     #[command(flatten)]
     pub conn: ConnectionArgs,
 }

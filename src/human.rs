@@ -108,6 +108,22 @@ pub fn millis(ms: u64) -> String {
     duration(Duration::from_millis(ms))
 }
 
+/// The widest a human table may be, in columns: a wider one's widest cells wrap at word
+/// boundaries instead of padding every row past a terminal's width.
+pub const TABLE_WIDTH: usize = 120;
+
+/// `rows` as a psql-style table no wider than [`TABLE_WIDTH`].
+pub fn table<R: tabled::Tabled>(rows: impl IntoIterator<Item = R>) -> tabled::Table {
+    use tabled::settings::{peaker::PriorityMax, Style, Width};
+    let mut table = tabled::Table::new(rows);
+    table.with(Style::psql()).with(
+        Width::wrap(TABLE_WIDTH)
+            .keep_words(true)
+            .priority(PriorityMax::right()),
+    );
+    table
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,6 +10,7 @@ pub mod digest;
 pub mod error;
 pub mod human;
 pub mod localpg;
+pub mod manpage;
 pub mod migrate;
 pub mod online;
 pub mod output;

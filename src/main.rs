@@ -8,16 +8,16 @@
 //! through `output::stdout`, so the command keeps its own exit code. A `--format` the command
 //! cannot render is refused here (exit 2): `csv` is for `repair log` and `report overruns`,
 //! `markdown`, `html` and `xlsx` for `report overruns`; `demo`, `completions` and `man` take none.
-//! `completions SHELL` and `man` are answered here too, from `Cli::command()` (clap_complete,
-//! clap_mangen), so they always match the parser. The only other exit codes, 130, 143 and 129, come
-//! from `signals` (a second SIGINT, SIGTERM or SIGHUP). After an error, it also prints what a stop
+//! `completions SHELL` and `man` are answered here too, from `cli::command()` (clap_complete,
+//! and `manpage` over clap_mangen), so they always match the parser. The only other exit
+//! codes, 130, 143 and 129, come from `signals` (a second SIGINT, SIGTERM or SIGHUP). After an error, it also prints what a stop
 //! left behind (`signals::leftovers`), when anything is. Every line to stderr goes through `say!`
 //! (`src/signals.rs`), which ignores a failing stderr instead of panicking as `eprintln!` does.
 
 use std::io::Write;
 use std::process::ExitCode;
 
-use clap::{CommandFactory, Parser};
+use clap::FromArgMatches;
 
 use pgmend::cli::{Cli, Command, Format, MigrateCommand, RepairCommand, ReportCommand};
 use pgmend::commands::{demo, migrate, release, repair, report, verify};
@@ -25,7 +25,10 @@ use pgmend::error::{exit_code_for, Outcome};
 use pgmend::output;
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match pgmend::cli::command()
+        .try_get_matches()
+        .and_then(|matches| Cli::from_arg_matches(&matches))
+    {
         Ok(cli) => cli,
         Err(e) if !e.use_stderr() => {
             let _ = e.print(); // --help, --version
@@ -102,14 +105,13 @@ fn main() -> ExitCode {
         Command::Completions(a) => {
             clap_complete::generate(
                 a.shell,
-                &mut Cli::command(),
+                &mut pgmend::cli::command(),
                 "pgmend",
                 &mut output::stdout(),
             );
             Ok(Outcome::Done)
         }
-        Command::Man => clap_mangen::Man::new(Cli::command())
-            .render(&mut output::stdout())
+        Command::Man => pgmend::manpage::render(&mut output::stdout())
             .map(|()| Outcome::Done)
             .map_err(Into::into),
     };

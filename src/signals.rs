@@ -151,11 +151,18 @@ fn received(signal: Signal) {
         );
         std::process::exit(signal.exit_code());
     }
-    say!(
-        "pgmend: {}: stopping cleanly: the current batch commits or rolls back whole, an online build is cancelled and its INVALID index dropped, a guard trigger is dropped (at most {} s; a second signal stops at once)",
-        signal.name(),
-        CLEANUP_LIMIT.as_secs()
-    );
+    let notice = || {
+        say!(
+            "pgmend: {}: stopping cleanly: the current batch commits or rolls back whole, an online build is cancelled and its INVALID index dropped, a guard trigger is dropped (at most {} s; a second signal stops at once)",
+            signal.name(),
+            CLEANUP_LIMIT.as_secs()
+        )
+    };
+    // Written on the bar's own line, the bar's next redraw would draw over the notice.
+    match drawing() {
+        Some(bar) => bar.suspend(notice),
+        None => notice(),
+    }
     std::thread::spawn(move || {
         std::thread::sleep(CLEANUP_LIMIT);
         say!(
@@ -167,6 +174,21 @@ fn received(signal: Signal) {
         );
         std::process::exit(1);
     });
+}
+
+/// The progress bar on the terminal now, if any: the stop notice is written above it.
+static BAR: Mutex<Option<indicatif::ProgressBar>> = Mutex::new(None);
+
+fn drawing() -> Option<indicatif::ProgressBar> {
+    BAR.lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .clone()
+}
+
+/// Says which progress bar is on the terminal (None: none any more), so that the stop notice
+/// is written above it instead of on its line.
+pub fn draws(bar: Option<&indicatif::ProgressBar>) {
+    *BAR.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = bar.cloned();
 }
 
 /// The signal that asked for a stop, if one did.
@@ -238,6 +260,22 @@ fn left_behind() -> String {
         Some(list) => format!("Left behind: {list}. Continue with: {}", s.resume()),
         None => format!("Nothing else is left behind. Continue with: {}", s.resume()),
     }
+}
+
+/// For a command with nothing to wind down (the demo, whose throwaway server a watchdog
+/// removes): on SIGINT, SIGTERM or SIGHUP, says `notice(signal)` and exits at once with
+/// 128 + the signal's number.
+pub fn exit_on_signal(notice: impl Fn(Signal) -> String + Send + 'static) {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) else {
+        return; // the default action then ends pgmend, without a word
+    };
+    std::thread::spawn(move || {
+        if let Some(signal) = signals.forever().next().and_then(Signal::from_raw) {
+            say!("{}", notice(signal));
+            std::process::exit(signal.exit_code());
+        }
+    });
 }
 
 /// Ends pgmend with exit 2 when it has lost its lease on the runner lock and the run did not

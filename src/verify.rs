@@ -240,23 +240,50 @@ fn unique_index(client: &mut impl GenericClient) -> Result<Check> {
     })
 }
 
-/// The NOT VALID check `issued_within_budget` exists.
+/// The NOT VALID check `issued_within_budget` exists. Its detail says whether it is validated
+/// and, while it is NOT VALID, how many existing rows break it (accepted: the check still
+/// refuses new violations, so it holds).
 fn budget_check(client: &mut impl GenericClient) -> Result<Check> {
-    let check: bool = client
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM pg_constraint WHERE conname = 'issued_within_budget' AND contype = 'c'
-                              AND conrelid = to_regclass('campaign_budgets'))",
+    let check = client
+        .query_opt(
+            "SELECT convalidated, pg_get_constraintdef(oid) FROM pg_constraint
+              WHERE conname = 'issued_within_budget' AND contype = 'c'
+                AND conrelid = to_regclass('campaign_budgets')",
             &[],
         )
-        .doing("reading the check")?
-        .get(0);
-    Ok(if check {
+        .doing("reading the check")?;
+    Ok(if let Some(row) = check {
+        let (validated, definition): (bool, String) = (row.get(0), row.get(1));
+        let detail = if validated {
+            "present on campaign_budgets, validated".to_string()
+        } else {
+            let expression = definition
+                .strip_prefix("CHECK ")
+                .and_then(|d| d.strip_suffix(" NOT VALID"))
+                .unwrap_or(&definition);
+            // The server's own rendering of the check, read back from the catalog.
+            let breaking: i64 = client
+                .query_one(
+                    &format!("SELECT count(*) FROM campaign_budgets WHERE NOT {expression}"),
+                    &[],
+                )
+                .doing("counting the rows that break issued_within_budget")?
+                .get(0);
+            match breaking {
+                0 => "present on campaign_budgets, NOT VALID, and no row breaks it: `pgmend migrate validate issued_within_budget` validates it".to_string(),
+                n => format!(
+                    "present on campaign_budgets, NOT VALID: {} {} it (overruns from before the check, accepted; new ones are refused). Once none is left, `pgmend migrate validate issued_within_budget`",
+                    crate::human::count(n, "row"),
+                    if n == 1 { "breaks" } else { "break" }
+                ),
+            }
+        };
         Check {
             name: "check_issued_within_budget",
             ok: true,
             violations: 0,
             sample: Vec::new(),
-            detail: "present on campaign_budgets".into(),
+            detail,
         }
     } else {
         missing(

@@ -384,9 +384,12 @@ fn text_campaigns(text: &str) -> BTreeMap<String, Vec<i64>> {
             .split('|')
             .map(|c| c.trim())
             .collect();
+        // Markdown: one table of 11 cells; the terminal: the first of two tables, 7 cells,
+        // headed in words (issue 38: no table wider than about 120 columns).
         if !in_campaigns
-            || cells.len() != 11
+            || (cells.len() != 11 && cells.len() != 7)
             || cells[0] == "campaign_id"
+            || cells[0] == "Campaign"
             || cells[1].starts_with('-')
         {
             continue;

@@ -56,7 +56,8 @@ fn expanded() -> TestDb {
 fn on_a_terminal_the_question_is_asked_and_no_changes_nothing() {
     let db = expanded();
     let (code, shown) = in_terminal(&db, "repair apply rebuild-campaign-budgets", "n\n");
-    assert_eq!(code, 2, "{shown}");
+    // A declined question is a safe stop (exit 1), not an input error (issue 38).
+    assert_eq!(code, 1, "{shown}");
     assert!(shown.contains("[y/N]"), "{shown}");
     assert!(shown.contains("nothing was changed"), "{shown}");
     assert_eq!(db.scalar_i64("SELECT count(*) FROM campaign_budgets"), 0);

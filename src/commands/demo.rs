@@ -11,7 +11,8 @@
 //! status`, `migrate status`, `report overruns` as a table, and the same report written with
 //! `--output` as a workbook, CSV (`--excel`), JSON and HTML into `--reports-dir` (default
 //! `./pgmend-demo-reports`). Any exit code but 0 stops the demo, except exit 1 from `migrate
-//! status`.
+//! status`. A signal ends it with 128 + its number, after a line saying what becomes of the
+//! throwaway server.
 
 use std::process::Command;
 
@@ -27,9 +28,19 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
     if args.members == 0 || args.members > 10_000_000 {
         bail!("--members must be between 1 and 10000000");
     }
+    let on_stop = on_signal("nothing was started yet".into());
     say("Starting a throwaway PostgreSQL from this machine's server binaries...");
     let pg = LocalPg::start(args.keep)?;
     let url = pg.url("postgres");
+    *lock(&on_stop) = if args.keep {
+        format!(
+            "the throwaway server keeps running (--keep), its files in {root}. Stop it and remove them with:\n  {stop} && rm -rf {root}",
+            root = pg.root.display(),
+            stop = pg.stop_command(),
+        )
+    } else {
+        "the throwaway server and its files are being removed; nothing else was touched. Run `pgmend demo` again to start over".into()
+    };
     let v1 = Source::Embedded
         .load()?
         .into_iter()
@@ -152,7 +163,7 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
 
     if args.keep {
         say(&format!(
-            "The server keeps running, and its files (data directory, socket, log) stay in {root} until you remove them. Connect with:\n  psql '{url}'\nStop the server and remove its files with:\n  {stop} && rm -rf {root}",
+            "The server keeps running, and its files (data directory, socket, log) stay in {root} until you remove them. Point pgmend at it with:\n  export DATABASE_URL='{url}'\nthen try `pgmend migrate status` or `pgmend repair status`. Connect with psql:\n  psql '{url}'\nStop the server and remove its files with:\n  {stop} && rm -rf {root}",
             root = pg.root.display(),
             stop = pg.stop_command(),
         ));
@@ -160,6 +171,31 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
         say("Done; the throwaway server is being removed. On a real database, set DATABASE_URL (or PGHOST, PGUSER, ...) and run the same commands.");
     }
     Ok(Outcome::Done)
+}
+
+/// What a signal leaves: said before the demo exits as the shell expects (128 + the
+/// signal's number; the pgmend step running then gets the signal too and stops itself).
+type OnStop = std::sync::Arc<std::sync::Mutex<String>>;
+
+fn lock(on_stop: &OnStop) -> std::sync::MutexGuard<'_, String> {
+    on_stop
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Says, on SIGINT, SIGTERM or SIGHUP, that the demo was interrupted and what becomes of the
+/// throwaway server (the clean-up watchdog removes it), then exits.
+fn on_signal(leaves: String) -> OnStop {
+    let on_stop: OnStop = std::sync::Arc::new(std::sync::Mutex::new(leaves));
+    let said = on_stop.clone();
+    crate::signals::exit_on_signal(move |signal| {
+        format!(
+            "\npgmend: the demo was interrupted ({}); {}.",
+            signal.name(),
+            lock(&said)
+        )
+    });
+    on_stop
 }
 
 fn say(line: &str) {

@@ -18,7 +18,7 @@ use std::io::Write;
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
-use tabled::{settings::Style, Table, Tabled};
+use tabled::Tabled;
 
 use super::{confirm, load, open, policy, print_json};
 use crate::cli::{ApplyArgs, BaselineArgs, Format, PlanArgs, StatusArgs, ValidateArgs};
@@ -53,6 +53,10 @@ pub fn status(args: &StatusArgs, format: Format) -> Result<Outcome> {
     let mut tx = super::read_only(&mut session.client)?;
     let applied = history::read(&mut tx)?;
     let invalid_indexes = catalog::invalid_indexes(&mut tx)?;
+    let legacy = match files.iter().find(|m| m.version == 1) {
+        Some(v1) if applied.is_empty() => plan::unrecorded_legacy(&mut tx, v1)?,
+        _ => Vec::new(),
+    };
     tx.rollback().doing("closing the read-only transaction")?;
     let entries = status::compute(&files, &applied);
     let problems = entries.iter().filter(|e| e.state.is_problem()).count() + invalid_indexes.len();
@@ -80,7 +84,7 @@ pub fn status(args: &StatusArgs, format: Format) -> Result<Outcome> {
                 name: String,
                 state: &'static str,
                 mode: String,
-                #[tabled(rename = "applied on")]
+                #[tabled(rename = "applied on (UTC)")]
                 applied_on: String,
                 checksum: String,
             }
@@ -93,7 +97,10 @@ pub fn status(args: &StatusArgs, format: Format) -> Result<Outcome> {
                     mode: e
                         .mode
                         .map_or("-".into(), |m| format!("{m:?}").to_lowercase()),
-                    applied_on: e.applied_on.clone().unwrap_or_else(|| "-".into()),
+                    // To the second (the JSON has it whole), so the table fits 120 columns.
+                    applied_on: e.applied_on.as_deref().map_or("-".into(), |at| {
+                        at.get(..19).unwrap_or(at).replace('T', " ")
+                    }),
                     checksum: e
                         .checksum
                         .clone()
@@ -107,7 +114,14 @@ pub fn status(args: &StatusArgs, format: Format) -> Result<Outcome> {
                 "{} (PostgreSQL {})",
                 session.params, session.server_version
             )?;
-            writeln!(out, "{}", Table::new(rows).with(Style::psql()))?;
+            writeln!(out, "{}", crate::human::table(rows))?;
+            if !legacy.is_empty() {
+                writeln!(
+                    out,
+                    "No migration is recorded, but the database already has V1's tables ({}): it looks like the legacy production schema, not yet adopted. Adopt it first with `pgmend migrate baseline` (it checks the schema against V1, then records V1 without running it); until then `pgmend migrate apply` and `pgmend apply` stop before changing anything.",
+                    legacy.join(", ")
+                )?;
+            }
             if problems > 0 {
                 writeln!(out, "{}:", crate::human::count(problems as i64, "problem"))?;
                 if let Err(e) = status::ensure_consistent(&entries) {

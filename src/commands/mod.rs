@@ -4,11 +4,12 @@
 //! Shared by the command modules: `open` and `open_checked` (resolve the connection from the
 //! options and the environment, with `--schema` added to the connection's `search_path`, connect,
 //! and run the environment's pre-flight, `preflight::check`; `open_checked` also returns what it
-//! found), `load` (the migration files from `MigrationsArgs`), `source` (the repair definitions),
-//! `policy` (`SafetyArgs` to a checked `LockPolicy`), `run_options` (the batch options), `confirm`
-//! (ask `[y/N]` on the terminal; without `--yes` and without a terminal on both stdin and stderr,
-//! refuse, naming the caller's own dry run), `print_json` (one pretty-printed document on stdout,
-//! through `output::stdout`).
+//! found; `open_to_read` first checks that the role may read what `verify` or the report reads),
+//! `load` (the migration files from `MigrationsArgs`), `source` (the repair definitions), `policy`
+//! (`SafetyArgs` to a checked `LockPolicy`), `run_options` (the batch options), `confirm` (ask
+//! `[y/N]` on the terminal, and stop with exit 1 on any answer but yes; without `--yes` and
+//! without a terminal on both stdin and stderr, refuse (exit 2), naming the caller's own dry
+//! run), `print_json` (one pretty-printed document on stdout, through `output::stdout`).
 
 pub mod demo;
 pub mod migrate;
@@ -102,11 +103,25 @@ pub fn open(conn: &ConnectionArgs) -> Result<Session> {
 
 /// [`open`], with what the pre-flight found (for the summaries of `plan`, `apply` and `verify`).
 pub fn open_checked(conn: &ConnectionArgs) -> Result<(Session, Environment)> {
+    open_for(conn, None)
+}
+
+/// [`open_checked`] for a command that only reads (`verify`, `report overruns`): first, before
+/// the pre-flight reads pgmend's records, whether the role may read all it reads
+/// ([`preflight::reading`]), refusing with every GRANT it lacks.
+pub fn open_to_read(conn: &ConnectionArgs, command: &str) -> Result<(Session, Environment)> {
+    open_for(conn, Some(command))
+}
+
+fn open_for(conn: &ConnectionArgs, reads_for: Option<&str>) -> Result<(Session, Environment)> {
     let mut params = conninfo::resolve(conn.database_url.as_deref(), &|k| std::env::var(k).ok())?;
     if let Some(schema) = &conn.schema {
         params.options = Some(with_search_path(params.options.as_deref(), schema)?);
     }
     let mut session = db::connect(&params)?;
+    if let Some(command) = reads_for {
+        preflight::reading::check(&mut session.client, command)?;
+    }
     let environment = preflight::check(&mut session, conn.pooler == Pooler::Session)?;
     Ok((session, environment))
 }
@@ -149,7 +164,15 @@ pub fn confirm(yes: bool, question: &str, review: &str) -> Result<()> {
     if matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes") {
         Ok(())
     } else {
-        bail!("not confirmed; nothing was changed")
+        // A safe stop, not an input error; and never 0, so that `pgmend apply && deploy`
+        // does not deploy after a no.
+        Err(crate::error::Stopped::error(format!(
+            "the question was answered {}, not yes; nothing was changed. To go on, run the command again and answer y, or add --yes",
+            match answer.trim() {
+                "" => "with nothing".to_string(),
+                a => format!("{a:?}"),
+            }
+        )))
     }
 }
 

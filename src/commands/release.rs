@@ -96,6 +96,20 @@ pub fn plan(args: &ReleasePlanArgs, format: Format) -> Result<Outcome> {
         &migrations,
         args.sample,
     )?;
+    // What `apply` (with every gate confirmed) would be refused for by the connected role.
+    let gates: Vec<String> = gate_names(&steps).map(String::from).collect();
+    let needs = privileges::for_release(&steps, &progress, &files, &repairs, &gates);
+    let (role, lacking) = privileges::missing(&mut session.client, &needs)?;
+    let mut blockers = migrations.blockers.clone();
+    blockers.extend(long_locks);
+    if let Some(Err(short)) = &slots {
+        blockers.push(format!("apply would be refused: {short}"));
+    }
+    blockers.extend(
+        lacking
+            .iter()
+            .map(|l| format!("role {role} lacks a privilege apply needs: {l}")),
+    );
     if format == Format::Human && staging.is_none() {
         let mut out = crate::output::stdout();
         writeln!(
@@ -107,6 +121,14 @@ pub fn plan(args: &ReleasePlanArgs, format: Format) -> Result<Outcome> {
         if let Some(Ok(line)) = &slots {
             writeln!(out, "{line}")?;
         }
+        // What stops apply comes first, not after hundreds of lines of SQL.
+        if !blockers.is_empty() {
+            writeln!(
+                out,
+                "\napply would stop before changing anything (the dry run follows):\n  - {}",
+                blockers.join("\n  - ")
+            )?;
+        }
         let colour = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
         for plan in &plans {
             render_step(plan, colour, &mut out)?;
@@ -115,20 +137,6 @@ pub fn plan(args: &ReleasePlanArgs, format: Format) -> Result<Outcome> {
             writeln!(out, "\n{p}")?;
         }
     }
-    // What `apply` (with every gate confirmed) would be refused for by the connected role.
-    let gates: Vec<String> = gate_names(&steps).map(String::from).collect();
-    let needs = privileges::for_release(&steps, &progress, &files, &repairs, &gates);
-    let (role, lacking) = privileges::missing(&mut session.client, &needs)?;
-    let mut blockers = migrations.blockers.clone();
-    blockers.extend(long_locks);
-    if let Some(Err(short)) = slots {
-        blockers.push(format!("apply would be refused: {short}"));
-    }
-    blockers.extend(
-        lacking
-            .iter()
-            .map(|l| format!("role {role} lacks a privilege apply needs: {l}")),
-    );
     #[derive(Serialize)]
     struct Doc<'a> {
         steps: &'a [StepPlan<'a>],
@@ -216,11 +224,21 @@ fn render_step(plan: &StepPlan, colour: bool, out: &mut impl Write) -> Result<()
     match plan.what {
         Step::Migrate { retry_with, .. } => {
             if let Some(m) = plan.migration {
-                migrate_plan::render_migration(m, out)?;
-                if !plan.predicted_censuses.is_empty() {
+                let predicted = !plan.predicted_censuses.is_empty();
+                migrate_plan::render_migration(m, predicted, out)?;
+                if predicted {
                     writeln!(out, "   predicted on the data as the earlier pending steps leave it (rows the application writes meanwhile are not predicted):")?;
                     for f in &plan.predicted_censuses {
-                        writeln!(out, "     {}", f.describe())?;
+                        writeln!(
+                            out,
+                            "     {} — {}",
+                            f.describe(),
+                            if f.stops() {
+                                "apply stops here (exit 1)"
+                            } else {
+                                "apply passes it"
+                            }
+                        )?;
                     }
                 }
                 if let Some(repair) = retry_with {
@@ -316,7 +334,7 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
     let _lock = runner_lock::acquire(&mut session, args.safety.runner_wait)?;
     options.workers = super::workers(&mut session, &args.batch)?;
     let params = session.params.clone();
-    {
+    let complete = {
         // Before any step: an edited or missing applied migration stops the release here,
         // not at the first migration step after a repair has already run.
         let history = history::read(&mut session.client)?;
@@ -342,6 +360,24 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
                 refused.join("\n  - ")
             );
         }
+        // A guard trigger a killed pgmend left is work too: the walk drops it.
+        steps
+            .iter()
+            .enumerate()
+            .all(|(i, step)| progress.done(i, step))
+            && crate::repair::guard::installed(&mut session.client)?.is_empty()
+    };
+    // Nothing to do is no change to confirm: exit 0 without asking, with or without --yes or
+    // a terminal, as `migrate apply` does. (A saved plan is still checked: it names steps.)
+    if complete && args.saved.plan.is_none() {
+        if format == Format::Json {
+            return render_walk(format, &params, &steps, engine::Walk::default(), None);
+        }
+        writeln!(
+            crate::output::stdout(),
+            "Nothing to apply: the release is complete on {params}. Check it with: pgmend verify"
+        )?;
+        return Ok(Outcome::Done);
     }
     let release = Release {
         steps: &steps,
@@ -386,6 +422,17 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
         Some((plan, _, moved)) => record_plan(&mut session.client, &policy, plan, moved, &walk)?,
         None => None,
     };
+    render_walk(format, &params, &steps, walk, plan_record)
+}
+
+/// What `apply` did: the steps it ran and where it stopped, or that the release is complete.
+fn render_walk(
+    format: Format,
+    params: &crate::db::conninfo::ConnParams,
+    steps: &[Step],
+    walk: engine::Walk,
+    plan_record: Option<PlanApplied>,
+) -> Result<Outcome> {
     match format {
         Format::Json => {
             #[derive(Serialize)]

@@ -23,11 +23,11 @@ use std::io::{IsTerminal, Write};
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
-use tabled::{settings::Style, Table, Tabled};
+use tabled::Tabled;
 
 use super::{confirm, open, policy, print_json, run_options, source};
 use crate::cli::{
-    Format, RepairApplyArgs, RepairListArgs, RepairLogArgs, RepairPlanArgs, RepairRunArgs,
+    Format, Limit, RepairApplyArgs, RepairListArgs, RepairLogArgs, RepairPlanArgs, RepairRunArgs,
     RepairStatusArgs,
 };
 use crate::db::retry::LockPolicy;
@@ -58,11 +58,7 @@ pub fn list(args: &RepairListArgs, format: Format) -> Result<Outcome> {
         .collect();
     match format {
         Format::Json => print_json(&rows)?,
-        _ => writeln!(
-            crate::output::stdout(),
-            "{}",
-            Table::new(&rows).with(Style::psql())
-        )?,
+        _ => writeln!(crate::output::stdout(), "{}", crate::human::table(&rows))?,
     }
     Ok(Outcome::Done)
 }
@@ -207,12 +203,7 @@ pub fn status(args: &RepairStatusArgs, format: Format) -> Result<Outcome> {
                     run: r.run_id,
                     repair: r.repair.clone(),
                     state: r.state.to_string(),
-                    progress: format!(
-                        "{}/{} (checkpoint {})",
-                        human::int(r.processed),
-                        human::int(r.targets),
-                        human::int(r.checkpoint)
-                    ),
+                    progress: progress_cell(r),
                     changed: human::int(r.changed),
                     skipped: human::int(r.skipped.len() as i64),
                     as_of: r.as_of.clone(),
@@ -227,7 +218,7 @@ pub fn status(args: &RepairStatusArgs, format: Format) -> Result<Outcome> {
             if rows.is_empty() {
                 writeln!(out, "No repair has run on this database.")?;
             } else {
-                writeln!(out, "{}", Table::new(rows).with(Style::psql()))?;
+                writeln!(out, "{}", crate::human::table(rows))?;
             }
             for r in &runs {
                 for s in &r.slices {
@@ -284,10 +275,17 @@ pub fn log(args: &RepairLogArgs, format: Format) -> Result<Outcome> {
     if format == Format::Json {
         write!(out, "[")?;
     }
+    let limit = log_limit(args.limit, format);
+    let (mut shown, mut left_out) = (0u64, 0i64);
     while let Some(r) = rows.next().doing("reading the ledger")? {
         if crate::output::closed() {
             break; // nobody reads the rest (`| head`)
         }
+        if limit.is_some_and(|n| shown >= n) {
+            left_out += 1; // counted, not shown: the reader learns how many there are
+            continue;
+        }
+        shown += 1;
         let fields: (i64, String, String, String, String, String, String, String) = (
             r.get(0),
             r.get(1),
@@ -338,7 +336,50 @@ pub fn log(args: &RepairLogArgs, format: Format) -> Result<Outcome> {
     if format == Format::Json {
         writeln!(out, "\n]")?;
     }
+    if left_out > 0 {
+        let more = format!(
+            "{} more entries of run {}",
+            crate::human::int(left_out),
+            args.run_id
+        );
+        if format == Format::Human {
+            writeln!(
+                out,
+                "... and {more}: `--limit all` shows them, `--format csv` exports them"
+            )?;
+        } else {
+            crate::say!(
+                "pgmend: --limit left out {more}; without --limit the export holds them all"
+            );
+        }
+    }
     Ok(Outcome::Done)
+}
+
+/// How many entries `repair log` writes: `--limit`, else 200 in the table and all of them in
+/// JSON and CSV (an export is never cut unless asked).
+fn log_limit(limit: Option<Limit>, format: Format) -> Option<u64> {
+    match (limit, format) {
+        (Some(Limit::All), _) => None,
+        (Some(Limit::First(n)), _) => Some(n),
+        (None, Format::Human) => Some(200),
+        (None, _) => None,
+    }
+}
+
+/// A run's progress for the status table: done of total, and where it resumes. An undo's
+/// checkpoint is a ledger record id of the run it undoes, not a count: said as such, and only
+/// while it is unfinished.
+fn progress_cell(r: &store::Run) -> String {
+    let counts = format!("{}/{}", human::int(r.processed), human::int(r.targets));
+    match (r.undoes_run, &r.state) {
+        (None, _) => format!("{counts} (checkpoint {})", human::int(r.checkpoint)),
+        (Some(_), store::RunState::Running) => format!(
+            "{counts} (resumes after ledger record {})",
+            human::int(r.checkpoint)
+        ),
+        (Some(_), _) => counts,
+    }
 }
 
 fn find_run(client: &mut postgres::Client, run_id: i64) -> Result<store::Run> {
@@ -354,6 +395,12 @@ pub fn undo(args: &RepairRunArgs, format: Format) -> Result<Outcome> {
     let _lock = runner_lock::acquire(&mut session, args.safety.runner_wait)?;
     let run = find_run(&mut session.client, args.run_id)?;
     let repair = source(&args.repairs).find(run.repair.trim_start_matches("undo:"))?;
+    // Every missing GRANT at once, before the question, as `repair apply` does.
+    privileges::check(
+        &mut session.client,
+        &format!("undoing run {}", run.run_id),
+        &privileges::for_repair(&repair),
+    )?;
     confirm(
         args.safety.yes,
         &format!(

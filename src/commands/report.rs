@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
-use super::{open, snapshot};
-use crate::cli::{CsvSection, Format, Members, OverrunsArgs, ReportLang};
+use super::{open_to_read, snapshot};
+use crate::cli::{CsvSection, Format, Limit, OverrunsArgs, ReportLang};
 use crate::error::{Outcome, PgContext};
 use crate::report::{
     self, Csv, Database, Html, Json, Lang, Render, Section, Summary, Text, TextStyle, Xlsx,
@@ -42,7 +42,7 @@ pub fn overruns(args: &OverrunsArgs, given: Option<Format>) -> Result<Outcome> {
             check_target(path, args.force)?;
         }
     }
-    let mut session = open(&args.conn)?;
+    let (mut session, _) = open_to_read(&args.conn, "report overruns")?;
     let database = Database::from_params(&session.params);
     let mut tx = snapshot(&mut session.client)?;
 
@@ -217,8 +217,8 @@ const PAGE_MEMBERS: u64 = 200;
 fn member_limit(args: &OverrunsArgs, format: Format) -> Option<u64> {
     use std::io::IsTerminal;
     match (args.members, format) {
-        (Some(Members::All), _) => None,
-        (Some(Members::First(n)), _) => Some(n),
+        (Some(Limit::All), _) => None,
+        (Some(Limit::First(n)), _) => Some(n),
         (None, Format::Human) if args.output.is_none() && std::io::stdout().is_terminal() => {
             Some(TERMINAL_MEMBERS)
         }
@@ -235,20 +235,32 @@ fn lang(args: &OverrunsArgs) -> Lang {
 }
 
 /// The format: `--format`, else the one `--output`'s extension names (`.csv`, `.json`,
-/// `.md`, `.html`), else the table. A `--format` that contradicts the extension is refused:
+/// `.md`, `.html`, `.xlsx`), else the table (`.txt`, or no extension). An extension pgmend does
+/// not write (`.xls`, `.pdf`) is refused, naming the ones it writes. A `--format` that
+/// contradicts the extension is refused:
 /// `--output r.csv --format json` would write JSON into a file that spreadsheets open as CSV.
 fn format_for(output: Option<&Path>, given: Option<Format>) -> Result<Format> {
-    let named = output
+    let extension = output
         .and_then(|p| p.extension())
-        .and_then(|e| e.to_str())
-        .and_then(|e| match e.to_ascii_lowercase().as_str() {
-            "csv" => Some(Format::Csv),
-            "json" => Some(Format::Json),
-            "md" | "markdown" => Some(Format::Markdown),
-            "html" | "htm" => Some(Format::Html),
-            "xlsx" => Some(Format::Xlsx),
-            _ => None,
-        });
+        .map(|e| e.to_string_lossy().to_ascii_lowercase());
+    let named = match extension.as_deref() {
+        None | Some("txt" | "text") => None,
+        Some("csv") => Some(Format::Csv),
+        Some("json") => Some(Format::Json),
+        Some("md" | "markdown") => Some(Format::Markdown),
+        Some("html" | "htm") => Some(Format::Html),
+        Some("xlsx") => Some(Format::Xlsx),
+        // A text table in `overruns.xls` or `.pdf` would open as garbage, or not at all.
+        Some(other) => bail!(
+            "--output {}: pgmend does not write .{other} files; it writes .txt (the table), .csv, .json, .md (Markdown), .html and .xlsx (an Excel workbook). Name the file with one of those{}",
+            output.map(|p| p.display().to_string()).unwrap_or_default(),
+            if other.starts_with("xl") || other == "ods" {
+                ": for a spreadsheet, --output overruns.xlsx"
+            } else {
+                ""
+            }
+        ),
+    };
     match (given, named) {
         (Some(given), Some(named)) if given != named => bail!(
             "--output {} names a {} file, but --format {} was given; leave --format out (the extension decides) or make them agree",

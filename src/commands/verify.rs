@@ -6,14 +6,14 @@
 use std::io::Write;
 
 use anyhow::Result;
-use tabled::{settings::Style, Table, Tabled};
+use tabled::Tabled;
 
-use super::{open_checked, print_json, snapshot};
+use super::{open_to_read, print_json, snapshot};
 use crate::cli::{Format, VerifyArgs};
 use crate::error::{Outcome, PgContext};
 
 pub fn run(args: &VerifyArgs, format: Format) -> Result<Outcome> {
-    let (mut session, environment) = open_checked(&args.conn)?;
+    let (mut session, environment) = open_to_read(&args.conn, "verify")?;
     let mut tx = snapshot(&mut session.client)?;
     let result = crate::verify::run(&mut tx)?;
     tx.rollback().doing("closing the snapshot")?;
@@ -26,15 +26,16 @@ pub fn run(args: &VerifyArgs, format: Format) -> Result<Outcome> {
                 status: &'static str,
                 detail: String,
             }
+            // The samples (JSON rows, hundreds of characters) go below the table: in a cell
+            // they would pad every row to their width.
             let row = |c: &crate::verify::Check, bad: &'static str| Row {
                 check: c.name,
                 status: if c.ok { "ok" } else { bad },
                 detail: if c.violations > 0 && !c.sample.is_empty() {
                     format!(
-                        "{} {}; first: {}",
+                        "{} {} (the first below)",
                         crate::human::int(c.violations),
-                        c.detail,
-                        c.sample.join(" ")
+                        c.detail
                     )
                 } else {
                     c.detail.clone()
@@ -49,7 +50,20 @@ pub fn run(args: &VerifyArgs, format: Format) -> Result<Outcome> {
                 session.params, session.server_version
             )?;
             writeln!(out, "{environment}")?;
-            writeln!(out, "{}", Table::new(rows).with(Style::psql()))?;
+            writeln!(out, "{}", crate::human::table(rows))?;
+            let sampled = result.checks.iter().chain(&result.anomalies);
+            for c in sampled.filter(|c| c.violations > 0 && !c.sample.is_empty()) {
+                writeln!(
+                    out,
+                    "{}: the first {} of {}:",
+                    c.name,
+                    c.sample.len(),
+                    crate::human::int(c.violations)
+                )?;
+                for s in &c.sample {
+                    writeln!(out, "  {s}")?;
+                }
+            }
             writeln!(
                 out,
                 "{}",

@@ -297,9 +297,15 @@ pub fn resolve(conninfo: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> 
     let Endpoint { host, port } = endpoints.next().expect("at least one host");
     let user = match given.get("user") {
         Some(u) => u,
-        None => env("USER")
-            .or_else(|| env("LOGNAME"))
-            .context("no database user given: set user in the URL or PGUSER")?,
+        None => match env("USER").or_else(|| env("LOGNAME")) {
+            Some(u) => u,
+            None if conninfo.is_none_or(|c| c.trim().is_empty())
+                && ENV_KEYS.iter().all(|(var, _)| env(var).is_none()) =>
+            {
+                bail!("no database to connect to: neither --database-url nor DATABASE_URL nor any PG* variable is set. Point pgmend at the database: export DATABASE_URL='postgresql://USER@HOST:PORT/DBNAME' (or pass --database-url, or set PGHOST, PGPORT, PGUSER and PGDATABASE); see docs/connecting.md")
+            }
+            None => bail!("no database user given: set user in the URL (postgresql://USER@HOST/DBNAME) or PGUSER"),
+        },
     };
     let dbname = given.get("dbname").unwrap_or_else(|| user.clone());
     let sslmode = given

@@ -20,6 +20,7 @@
 use std::io::Write;
 
 use anyhow::{bail, Result};
+use postgres::GenericClient;
 use serde::Serialize;
 
 use super::history;
@@ -115,15 +116,7 @@ pub fn build_with(
             .iter()
             .flat_map(|s| s.creates_tables.clone())
             .collect();
-        let existing: Vec<String> = tx
-            .query(
-                "SELECT t FROM unnest($1::text[]) t WHERE to_regclass(quote_ident(t)) IS NOT NULL",
-                &[&creates],
-            )
-            .doing("checking which tables already exist")?
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
+        let existing = existing_tables(&mut tx, &creates)?;
         if !existing.is_empty() {
             blockers.push(if m.version == 1 && current_version.is_none() {
                 format!(
@@ -179,6 +172,30 @@ pub fn build_with(
     })
 }
 
+/// Which of `tables` already exist (in the search_path).
+pub fn existing_tables(client: &mut impl GenericClient, tables: &[String]) -> Result<Vec<String>> {
+    Ok(client
+        .query(
+            "SELECT t FROM unnest($1::text[]) t WHERE to_regclass(quote_ident(t)) IS NOT NULL",
+            &[&tables],
+        )
+        .doing("checking which tables already exist")?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
+}
+
+/// With no migration recorded: the tables of `v1` that the database already has, when it has
+/// any (a legacy database that `migrate baseline` should adopt).
+pub fn unrecorded_legacy(client: &mut impl GenericClient, v1: &Migration) -> Result<Vec<String>> {
+    let creates: Vec<String> = v1
+        .statements
+        .iter()
+        .flat_map(|s| s.creates_tables.clone())
+        .collect();
+    existing_tables(client, &creates)
+}
+
 impl Plan {
     /// Flags the long locks of the pending migrations whose version `runs` (a release runs
     /// only its own; [`long_locks::flag`]): each pending migration's `long_locks` filled in.
@@ -228,21 +245,36 @@ pub fn render_human(plan: &Plan, out: &mut impl Write) -> std::io::Result<()> {
             crate::human::count(plan.pending.len() as i64, "migration")
         )?;
     }
-    for m in &plan.pending {
-        render_migration(m, out)?;
-    }
+    // What stops apply comes first, not after the SQL of every pending migration.
     if !plan.blockers.is_empty() {
         writeln!(out)?;
-        writeln!(out, "apply would stop before changing anything:")?;
+        writeln!(
+            out,
+            "apply would stop before changing anything{}:",
+            if plan.pending.is_empty() {
+                ""
+            } else {
+                " (the dry run follows)"
+            }
+        )?;
         for b in &plan.blockers {
             writeln!(out, "  - {b}")?;
         }
     }
+    for m in &plan.pending {
+        render_migration(m, false, out)?;
+    }
     Ok(())
 }
 
-/// One pending migration for people: statements with locks, censuses, SQL.
-pub fn render_migration(m: &PlannedMigration, out: &mut impl Write) -> std::io::Result<()> {
+/// One pending migration for people: statements with locks, censuses, SQL. With `predicted`
+/// (the release plan predicts each census on the data as the earlier pending steps leave it),
+/// the censuses counted now carry no verdict: the caller's prediction is the one verdict.
+pub fn render_migration(
+    m: &PlannedMigration,
+    predicted: bool,
+    out: &mut impl Write,
+) -> std::io::Result<()> {
     writeln!(out)?;
     writeln!(
         out,
@@ -283,7 +315,9 @@ pub fn render_migration(m: &PlannedMigration, out: &mut impl Write) -> std::io::
             out,
             "   {}{}",
             finding.describe(),
-            if finding.stops() {
+            if predicted {
+                " — counted now, before the earlier pending steps run; the prediction below is what apply meets"
+            } else if finding.stops() {
                 " — apply stops here (exit 1)"
             } else {
                 ""

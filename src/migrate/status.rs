@@ -37,7 +37,7 @@ impl State {
             State::Pending => "pending",
             State::PendingOutOfOrder => "pending, out of order",
             State::Edited => "edited since applied",
-            State::MissingFromDisk => "applied, missing from disk",
+            State::MissingFromDisk => "missing from disk",
         }
     }
 }

@@ -117,10 +117,10 @@ pub fn for_migration(sql: &str, statements: &[Statement], origin: &str) -> Resul
             let not_valid = c.get(4).is_some();
             out.push(Census {
                 guard: if not_valid { Guard::CheckNotValid } else { Guard::Check },
-                name,
+                name: name.clone(),
                 counts: format!("rows of {table} that break CHECK ({expression})"),
                 fix: if not_valid {
-                    "existing rows break it, so VALIDATE CONSTRAINT would fail; the check still refuses new violations. Fix the rows (or accept them), then `pgmend migrate validate NAME`".into()
+                    format!("existing rows break it, so VALIDATE CONSTRAINT would fail; the check still refuses new violations. Fix the rows, or accept them: leave the check NOT VALID, which needs nothing more. Once no row breaks it, `pgmend migrate validate {name}` validates it")
                 } else {
                     "fix the rows first, or add the constraint NOT VALID".into()
                 },

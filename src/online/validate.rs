@@ -61,8 +61,7 @@ pub fn run(client: &mut postgres::Client, name: &str, policy: &LockPolicy) -> Re
         guard: Guard::Check,
         name: name.to_string(),
         counts: format!("rows of {table} that break {expression}"),
-        fix: "fix or accept those rows (the check already refuses new violations), then rerun"
-            .into(),
+        fix: format!("fix those rows and rerun, or accept them: leave the check NOT VALID, which needs nothing more (it already refuses new violations); `pgmend migrate validate {name}` validates it once no row breaks it"),
         violators_sql: format!("SELECT * FROM {table} WHERE NOT {expression}"),
         tables: vec![table.clone()],
     };

@@ -17,6 +17,7 @@
 //! `plan` and `verify`.
 
 pub mod privileges;
+pub mod reading;
 
 use std::fmt;
 

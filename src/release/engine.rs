@@ -104,6 +104,7 @@ pub struct Waiting {
 }
 
 /// What `apply` did: every step it looked at, and the gate it stopped at, if any.
+#[derive(Default)]
 pub struct Walk {
     pub steps: Vec<Applied>,
     pub stopped_at: Option<Waiting>,

@@ -250,9 +250,11 @@ pub(super) struct Progress {
 impl Progress {
     /// For a run of `name` with `done` of `targets` done, walked by `workers` (None: one stream).
     pub fn new(name: &str, targets: i64, done: i64, workers: Option<usize>) -> Progress {
+        let bar = progress_bar(name, targets, done);
+        crate::signals::draws(bar.as_ref());
         Progress {
             name: name.to_string(),
-            bar: progress_bar(name, targets, done),
+            bar,
             workers,
             started: Instant::now(),
             last_line: Instant::now(),
@@ -314,8 +316,14 @@ impl Progress {
     }
 
     /// Clears the bar, if any, leaving one line with where the run stands.
-    pub fn finish(self, (done, targets): (i64, i64), changed: i64, progress: &mut dyn FnMut(&str)) {
-        if let Some(bar) = self.bar {
+    pub fn finish(
+        mut self,
+        (done, targets): (i64, i64),
+        changed: i64,
+        progress: &mut dyn FnMut(&str),
+    ) {
+        if let Some(bar) = self.bar.take() {
+            crate::signals::draws(None);
             bar.finish_and_clear();
             progress(&format!(
                 "{}: {}/{} targets, {} changed",
@@ -324,6 +332,15 @@ impl Progress {
                 human::int(targets),
                 human::count(changed, "row")
             ));
+        }
+    }
+}
+
+impl Drop for Progress {
+    /// A run that ends in an error leaves its bar where it was, and no longer drawn.
+    fn drop(&mut self) {
+        if self.bar.is_some() {
+            crate::signals::draws(None);
         }
     }
 }

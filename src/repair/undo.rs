@@ -220,6 +220,9 @@ pub fn undo(
     let statements = RestoreSql::new(&shape);
     let (mut restored, mut deleted) = store::runs::undo_counts(client, undo_run)?;
     let mut checkpoint = checkpoint_at_start;
+    // The progress apply shows: a bar on a terminal, elsewhere a line at most every 2 s.
+    let name = format!("undo of run {}", run.run_id);
+    let mut shown = super::batch::Progress::new(&name, run.changed, restored + deleted, None);
     loop {
         let batch = with_lock_retry(
             client,
@@ -240,13 +243,9 @@ pub fn undo(
         checkpoint = last;
         restored += r;
         deleted += d;
-        progress(&format!(
-            "undo of run {}: {} restored, {} deleted",
-            run.run_id,
-            crate::human::count(restored, "row"),
-            crate::human::count(deleted, "created row")
-        ));
+        shown.show((restored + deleted, run.changed), restored, None, progress);
     }
+    shown.finish((restored + deleted, run.changed), restored, progress);
     store::runs::finish_undo(client, undo_run, run.run_id)?;
     Ok(UndoReport {
         undone_run: run.run_id,

@@ -105,12 +105,22 @@ struct Column {
     right: bool,
 }
 
-fn columns(lang: Lang, titles: &[&'static str], right_from: usize) -> Vec<Column> {
+/// The columns `titles` names, headed in words on the terminal (`Budget (yen)`) and by the
+/// JSON's field names in Markdown (`budget_yen`), translated to `lang`.
+fn columns(
+    lang: Lang,
+    style: TextStyle,
+    titles: &[&'static str],
+    right_from: usize,
+) -> Vec<Column> {
     titles
         .iter()
         .enumerate()
         .map(|(i, t)| {
-            let title = lang.tr(t);
+            let title = match style {
+                TextStyle::Table => lang.words(t),
+                TextStyle::Markdown => lang.tr(t),
+            };
             Column {
                 title,
                 width: title.width(),
@@ -279,7 +289,12 @@ impl<W: Write> Text<W> {
         if rows.is_empty() {
             return self.none();
         }
-        let mut cols = columns(self.lang, &titled("campaign_id", &LOST_UPDATE_NUMBERS), 1);
+        let mut cols = columns(
+            self.lang,
+            self.style,
+            &titled("campaign_id", &LOST_UPDATE_NUMBERS),
+            1,
+        );
         widen(&mut cols, rows.iter().map(|c| c.as_slice()));
         self.head(&cols)?;
         for r in &rows {
@@ -315,7 +330,7 @@ impl<W: Write> Render for Text<W> {
 
         self.heading(lang.tr("Totals"))?;
         let lines = totals_lines(lang, &h.totals);
-        let mut cols = columns(lang, &["figure", "yen"], 1);
+        let mut cols = columns(lang, self.style, &["figure", "yen"], 1);
         let cells: Vec<[String; 2]> = lines
             .iter()
             .map(|(label, v)| [label.to_string(), v.clone()])
@@ -334,20 +349,37 @@ impl<W: Write> Render for Text<W> {
         if h.campaigns.is_empty() {
             self.none()?;
         } else {
-            let mut cols = columns(lang, &titled("campaign_id", &CAMPAIGN_NUMBERS), 1);
-            let cells: Vec<Vec<String>> = h
-                .campaigns
-                .iter()
-                .map(|c| {
-                    std::iter::once(self.cell(&c.campaign_id))
-                        .chain(c.numbers().iter().map(|v| int(*v)))
-                        .collect()
-                })
-                .collect();
-            widen(&mut cols, cells.iter().map(|c| c.as_slice()));
-            self.head(&cols)?;
-            for c in &cells {
-                self.row(&cols, c)?;
+            // On the terminal, two tables of the same campaigns: all ten figures in one would
+            // be about 250 columns wide. Markdown keeps one table.
+            let all = CAMPAIGN_NUMBERS.len();
+            let parts: Vec<std::ops::Range<usize>> = match self.style {
+                TextStyle::Table => vec![0..6, 6..all],
+                TextStyle::Markdown => std::iter::once(0..all).collect(),
+            };
+            for (i, part) in parts.iter().enumerate() {
+                if i > 0 {
+                    writeln!(self.out)?;
+                }
+                let mut cols = columns(
+                    lang,
+                    self.style,
+                    &titled("campaign_id", &CAMPAIGN_NUMBERS[part.clone()]),
+                    1,
+                );
+                let cells: Vec<Vec<String>> = h
+                    .campaigns
+                    .iter()
+                    .map(|c| {
+                        std::iter::once(self.cell(&c.campaign_id))
+                            .chain(c.numbers()[part.clone()].iter().map(|v| int(*v)))
+                            .collect()
+                    })
+                    .collect();
+                widen(&mut cols, cells.iter().map(|c| c.as_slice()));
+                self.head(&cols)?;
+                for c in &cells {
+                    self.row(&cols, c)?;
+                }
             }
         }
 
@@ -359,7 +391,7 @@ impl<W: Write> Render for Text<W> {
             int(h.totals.members_over_monthly_cap)
         ))?;
         let w = h.member_widths;
-        let mut cols = columns(lang, &MEMBER_FIELDS, 2);
+        let mut cols = columns(lang, self.style, &MEMBER_FIELDS, 2);
         let widest = [
             w.member_id,
             w.month,
