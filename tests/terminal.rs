@@ -3,44 +3,7 @@
 
 mod common;
 
-use std::io::Write;
-use std::process::{Command, Stdio};
-
 use common::*;
-
-/// Runs `pgmend ARGS` inside a pseudo-terminal and types `typed` into it; returns the exit
-/// code and everything the terminal showed.
-fn in_terminal(db: &TestDb, args: &str, typed: &str) -> (i32, String) {
-    let exe = env!("CARGO_BIN_EXE_pgmend");
-    let mut script = Command::new("script");
-    for var in pgmend::db::conninfo::environment_variables() {
-        script.env_remove(var);
-    }
-    let mut child = script
-        .args(["-q", "-e", "-c", &format!("{exe} {args}"), "/dev/null"])
-        .env("DATABASE_URL", db.conninfo())
-        .env("TERM", "xterm")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("util-linux script");
-    // The terminal buffers the line until pgmend reads its answer.
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(typed.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let shown =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !shown.contains(&db.password()),
-        "the password showed on the terminal"
-    );
-    (out.status.code().unwrap_or(-1), shown)
-}
 
 fn expanded() -> TestDb {
     let db = fresh_db();
