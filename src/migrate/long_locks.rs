@@ -64,7 +64,7 @@ impl LongLockFinding {
     /// One line for the plan and for the refusal.
     pub fn describe(&self, label: &str) -> String {
         format!(
-            "{label} line {}: {} ({}) holds {} on {} ({} rows, {}) for about {}: {}. Online form: {}{}",
+            "{label} line {}: {} ({}) holds {} on {} ({} rows, {}) for about {}, blocking {}. Online form: {}{}",
             self.line,
             self.statement,
             self.what,
