@@ -262,3 +262,35 @@ fn the_release_refuses_a_long_lock_of_its_own_migrations_before_its_first_step()
     assert!(r.stderr.contains("nothing was changed"), "{}", r.stderr);
     assert_eq!(snapshot(&db), before, "nothing changed");
 }
+
+#[test]
+fn a_table_never_analyzed_is_counted_up_to_the_threshold() {
+    let db = fresh_db();
+    // Created and filled in one transaction, never analyzed: the planner knows no row count
+    // (reltuples -1; autovacuum is too slow to see it first).
+    db.client()
+        .batch_execute(
+            "BEGIN;
+             CREATE TABLE fresh (id int PRIMARY KEY, note text);
+             INSERT INTO fresh SELECT g, 'n' || g FROM generate_series(1, 5000) g;
+             COMMIT;",
+        )
+        .unwrap();
+    assert!(db.scalar_i64("SELECT reltuples::bigint FROM pg_class WHERE relname = 'fresh'") < 0);
+    let dir = dir_of(&[(
+        "V1__index.sql",
+        "CREATE INDEX fresh_by_note ON fresh (note);",
+    )]);
+    let r = below_threshold(&db, &["migrate", "plan"], &dir_arg(dir.path()));
+    assert_eq!(r.code, 2, "{}", r.both());
+    assert!(
+        r.stdout.contains("on fresh (at least 1,001 rows"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains("apply refuses this (exit 2)"),
+        "{}",
+        r.stdout
+    );
+}

@@ -21,6 +21,7 @@ use postgres::GenericClient;
 use serde::Serialize;
 
 use super::source::{Migration, Mode};
+use crate::db::sql_text::Ident;
 use crate::error::PgContext;
 use crate::human;
 use crate::statements::long_lock::{after_strong_locks, Form};
@@ -47,8 +48,11 @@ pub struct LongLockFinding {
     pub form: Form,
     /// What takes long, in words.
     pub what: String,
-    /// Rows of the table: the planner's estimate, or a count up to the threshold + 1.
+    /// Rows of the table: the planner's estimate, or, for a table never analyzed, a count
+    /// that stops at the threshold + 1.
     pub rows: i64,
+    /// The count stopped there: the table holds at least `rows` rows.
+    pub rows_at_least: bool,
     /// The table's size on disk (heap and indexes).
     pub bytes: i64,
     /// A rough time the lock would be held, in seconds.
@@ -64,12 +68,13 @@ impl LongLockFinding {
     /// One line for the plan and for the refusal.
     pub fn describe(&self, label: &str) -> String {
         format!(
-            "{label} line {}: {} ({}) holds {} on {} ({} rows, {}) for about {}, blocking {}. Online form: {}{}",
+            "{label} line {}: {} ({}) holds {} on {} ({}{} rows, {}) for about {}, blocking {}. Online form: {}{}",
             self.line,
             self.statement,
             self.what,
             self.lock,
             self.table,
+            if self.rows_at_least { "at least " } else { "" },
             human::int(self.rows),
             human::bytes(self.bytes),
             human::duration(std::time::Duration::from_secs(self.estimated_seconds as u64)),
@@ -191,8 +196,9 @@ fn assess(
 ) -> Result<Option<LongLockFinding>> {
     let Some(row) = tx
         .query_opt(
-            "SELECT c.oid::regclass::text, c.reltuples::bigint, pg_total_relation_size(c.oid)
-               FROM pg_class c
+            "SELECT c.oid::regclass::text, c.reltuples::bigint, pg_total_relation_size(c.oid),
+                    n.nspname::text, c.relname::text
+               FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
               WHERE c.oid = to_regclass(array_to_string(ARRAY(
                       SELECT quote_ident(p) FROM unnest(string_to_array($1, '.')) p), '.'))",
             &[&candidate.table],
@@ -202,6 +208,7 @@ fn assess(
         return Ok(None);
     };
     let (name, estimate, bytes): (String, i64, i64) = (row.get(0), row.get(1), row.get(2));
+    let table = Ident::qualified(row.get::<_, String>(3), row.get::<_, String>(4));
     let long_here = match &candidate.form {
         Form::SetNotNull { column } => {
             !checks.proves(&candidate.table, column)
@@ -229,7 +236,7 @@ fn assess(
     } else {
         // Never analyzed: count, but never past the threshold.
         tx.query_one(
-            &format!("SELECT count(*) FROM (SELECT 1 FROM {name} LIMIT $1) t"),
+            &format!("SELECT count(*) FROM (SELECT 1 FROM {table} LIMIT $1) t"),
             &[&(threshold + 1)],
         )
         .doing(format!("counting the rows of {name}"))?
@@ -252,6 +259,7 @@ fn assess(
         what: candidate.form.describe(),
         online_form: candidate.form.online_form(),
         form: candidate.form,
+        rows_at_least: estimate < 0 && rows > threshold,
         rows,
         bytes,
         estimated_seconds: (bytes * factor + SCAN_BYTES_PER_SECOND - 1) / SCAN_BYTES_PER_SECOND,
