@@ -225,14 +225,7 @@ fn ctrl_c_during_the_demo_removes_the_throwaway_server() {
 #[test]
 fn demo_keep_prints_a_stop_command_that_works_and_says_where_the_files_are() {
     let reports = tempfile::tempdir().unwrap();
-    let r = run_without_password(pgmend_command().args([
-        "demo",
-        "--keep",
-        "--members",
-        "30",
-        "--reports-dir",
-        reports.path().to_str().unwrap(),
-    ]));
+    let r = demo_keep(reports.path());
     let stop = r
         .stderr
         .lines()

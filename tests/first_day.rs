@@ -8,6 +8,18 @@ use std::process::{Command, Stdio};
 
 use common::*;
 
+/// A legacy database of `members` members, migrated to V3 and voided (run 1): a run to log
+/// and undo.
+fn voided_at_v3(members: i32) -> TestDb {
+    let db = fresh_db();
+    db.make_legacy_baselined(members);
+    let r = db.run(&["migrate", "apply", "--yes", "--target", "3"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let r = db.run(&["repair", "apply", "void-duplicate-coupons", "--yes"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    db
+}
+
 /// A database whose whole release is done, gate included.
 fn complete_release() -> TestDb {
     let db = fresh_db();
@@ -112,22 +124,20 @@ fn a_forgotten_baseline_is_said_first() {
     db.make_legacy_data(30);
     let r = db.run(&["migrate", "status"]);
     assert!(r.stdout.contains("pgmend migrate baseline"), "{}", r.stdout);
-    let r = db.run(&["plan"]);
-    assert_eq!(r.code, 2, "{}", r.both());
-    let first = r
-        .stdout
-        .lines()
-        .position(|l| l.contains("pgmend migrate baseline"))
-        .unwrap_or_else(|| panic!("no baseline hint: {}", r.stdout));
-    assert!(first < 10, "the blocker is on line {first}: {}", r.stdout);
-    let r = db.run(&["migrate", "plan"]);
-    assert_eq!(r.code, 2, "{}", r.both());
-    let first = r
-        .stdout
-        .lines()
-        .position(|l| l.contains("pgmend migrate baseline"))
-        .unwrap_or_else(|| panic!("no baseline hint: {}", r.stdout));
-    assert!(first < 10, "the blocker is on line {first}: {}", r.stdout);
+    for plan in [&["plan"][..], &["migrate", "plan"]] {
+        let r = db.run(plan);
+        assert_eq!(r.code, 2, "{plan:?}: {}", r.both());
+        let first = r
+            .stdout
+            .lines()
+            .position(|l| l.contains("pgmend migrate baseline"))
+            .unwrap_or_else(|| panic!("{plan:?}: no baseline hint: {}", r.stdout));
+        assert!(
+            first < 10,
+            "{plan:?}: the blocker is on line {first}: {}",
+            r.stdout
+        );
+    }
 }
 
 /// Finding 6: with no connection settings at all, say that none was found and how to give
@@ -176,12 +186,7 @@ fn close_misses_get_a_hint() {
 /// line does not show `--database-url` as if it were required.
 #[test]
 fn repair_log_takes_a_limit_and_says_how_many_it_left_out() {
-    let db = fresh_db();
-    db.make_legacy_baselined(2000);
-    let r = db.run(&["migrate", "apply", "--yes", "--target", "3"]);
-    assert_eq!(r.code, 0, "{}", r.both());
-    let r = db.run(&["repair", "apply", "void-duplicate-coupons", "--yes"]);
-    assert_eq!(r.code, 0, "{}", r.both());
+    let db = voided_at_v3(2000);
     let csv = db.run(&["--format", "csv", "repair", "log", "1"]);
     assert_eq!(csv.code, 0, "{}", csv.both());
     let total = csv.stdout.lines().count() - 1;
@@ -236,14 +241,7 @@ fn repair_log_takes_a_limit_and_says_how_many_it_left_out() {
 #[test]
 fn demo_keep_prints_a_ready_database_url_for_pgmend() {
     let reports = tempfile::tempdir().unwrap();
-    let r = run_without_password(pgmend_command().args([
-        "demo",
-        "--keep",
-        "--members",
-        "30",
-        "--reports-dir",
-        reports.path().to_str().unwrap(),
-    ]));
+    let r = demo_keep(reports.path());
     let line = |after: &str| {
         r.stderr
             .lines()
@@ -505,14 +503,7 @@ fn a_reporting_role_without_grants_is_told_which_to_ask_for() {
 /// `repair apply` does (it used to fail on a raw `permission denied for table repair_runs`).
 #[test]
 fn repair_undo_as_a_read_only_role_lists_the_missing_grants() {
-    let db = fresh_db();
-    db.make_legacy_baselined(60);
-    assert_eq!(
-        db.run(&["migrate", "apply", "--yes", "--target", "3"]).code,
-        0
-    );
-    let r = db.run(&["repair", "apply", "void-duplicate-coupons", "--yes"]);
-    assert_eq!(r.code, 0, "{}", r.both());
+    let db = voided_at_v3(60);
     let role = LoginRole::create(
         &db,
         "readonly",
@@ -640,14 +631,7 @@ fn visible(text: &str) -> String {
 /// shows no undo checkpoint larger than the total (it is a ledger record id, not a count).
 #[test]
 fn undo_shows_progress_as_apply_does_and_status_a_checkpoint_that_makes_sense() {
-    let db = fresh_db();
-    db.make_legacy_baselined(8000);
-    assert_eq!(
-        db.run(&["migrate", "apply", "--yes", "--target", "3"]).code,
-        0
-    );
-    let r = db.run(&["repair", "apply", "void-duplicate-coupons", "--yes"]);
-    assert_eq!(r.code, 0, "{}", r.both());
+    let db = voided_at_v3(8000);
     let records = db
         .run(&["--format", "csv", "repair", "log", "1"])
         .stdout

@@ -211,6 +211,18 @@ fn the_unique_index_build_is_never_started_while_its_census_finds_duplicates() {
     assert!(index_is_valid(&db));
 }
 
+/// The old application's double tap after the void: a second live coupon for one member and
+/// campaign.
+fn late_duplicate(db: &TestDb) {
+    db.client()
+        .batch_execute(
+            "INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen)
+             SELECT gen_random_uuid(), campaign_id, member_id, month, amount_yen FROM issued_coupons
+              WHERE NOT legacy_duplicate ORDER BY coupon_id LIMIT 1",
+        )
+        .unwrap();
+}
+
 /// In the release, V4's census is taken on the main session while the index is built (the
 /// void right before removed the duplicates). A duplicate that arrived after the void is found
 /// by it: the build is cancelled and its INVALID index dropped, the void runs again, and the
@@ -220,14 +232,7 @@ fn in_the_release_the_census_during_the_build_cancels_it_on_a_late_duplicate() {
     let db = fresh_db();
     db.voided_before_the_release_reaches_v4(200);
     db.client().batch_execute(COUNT_BUILDS).unwrap();
-    // The old application's double tap after the void.
-    db.client()
-        .batch_execute(
-            "INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen)
-             SELECT gen_random_uuid(), campaign_id, member_id, month, amount_yen FROM issued_coupons
-              WHERE NOT legacy_duplicate ORDER BY coupon_id LIMIT 1",
-        )
-        .unwrap();
+    late_duplicate(&db);
     let r = db.run(&["apply", "--yes"]);
     assert_eq!(r.code, 0, "{}", r.both());
     assert!(
@@ -281,13 +286,7 @@ fn in_the_release_the_census_cancels_a_build_held_at_its_start_before_it_reads_a
     let db = fresh_db();
     db.voided_before_the_release_reaches_v4(200);
     db.client().batch_execute(HOLD_BUILDS).unwrap();
-    db.client()
-        .batch_execute(
-            "INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen)
-             SELECT gen_random_uuid(), campaign_id, member_id, month, amount_yen FROM issued_coupons
-              WHERE NOT legacy_duplicate ORDER BY coupon_id LIMIT 1",
-        )
-        .unwrap();
+    late_duplicate(&db);
     // A session-level lock, outside any transaction: pgmend's pre-flight sees no open
     // transaction, so V4's census runs alongside the build.
     let mut hold = db.client();

@@ -548,3 +548,16 @@ pub fn in_terminal(db: &TestDb, args: &str, typed: &str) -> (i32, String) {
     );
     (out.status.code().unwrap_or(-1), shown)
 }
+
+/// `pgmend demo --keep --members 30`, its reports in `reports`: the throwaway server stays up
+/// for the caller to use and stop.
+pub fn demo_keep(reports: &Path) -> Run {
+    run_without_password(pgmend_command().args([
+        "demo",
+        "--keep",
+        "--members",
+        "30",
+        "--reports-dir",
+        reports.to_str().unwrap(),
+    ]))
+}
