@@ -1,6 +1,8 @@
 //! pgmend's own schema has a version: a schema left by a pgmend from before versions (its
 //! tables, no `pgmend.schema_version`) is upgraded in place and its unfinished run resumes;
-//! a schema from a newer pgmend is refused with exit 2 before anything changes.
+//! a schema from a newer pgmend is refused with exit 2 before anything changes; a database an
+//! older binary left at the deploy gate (a frozen dump under `tests/fixtures/`) continues to the
+//! release's exact end state.
 
 mod common;
 
@@ -291,4 +293,293 @@ fn a_schema_at_version_2_gains_the_applied_plans_and_plan_steps_tables() {
         db.scalar_i64("SELECT version::int8 FROM pgmend.schema_version"),
         CURRENT
     );
+}
+
+/// The frozen database: pgmend schema version 6, left at the gate `deploy-new-application` by
+/// the binary of main e46869a (its header says how it was made; `freeze_the_deploy_gate_fixture`
+/// makes it again).
+const V6_AT_DEPLOY_GATE: &str = "tests/fixtures/v6_at_deploy_gate.sql";
+
+/// A fresh database holding the fixture `path` (a plain SQL dump, restored in one implicit
+/// transaction).
+fn restored(path: &str) -> TestDb {
+    let db = fresh_db();
+    let sql = std::fs::read_to_string(repo().join(path)).unwrap();
+    db.client().batch_execute(&sql).unwrap();
+    db
+}
+
+/// How many coupons the release marks as legacy duplicates, and how many of those it voids, by
+/// PRODUCT.md's ranking; and how many coupons are marked and voided otherwise than it says.
+const BY_THE_RANKING: &str = "
+WITH ranked AS (
+  SELECT coupon_id, redeemed_at IS NULL AS unredeemed, legacy_duplicate, voided_at IS NOT NULL AS voided,
+         row_number() OVER (PARTITION BY campaign_id, member_id
+                            ORDER BY redeemed_at IS NULL, issued_at, coupon_id) > 1 AS later
+    FROM issued_coupons)
+SELECT count(*) FILTER (WHERE later), count(*) FILTER (WHERE later AND unredeemed),
+       count(*) FILTER (WHERE legacy_duplicate <> later OR voided <> (later AND unredeemed))
+  FROM ranked";
+
+/// The counters' rows that differ from the sums of the non-voided coupons (a missing row counts
+/// as 0 for a member-month, and as a difference for a campaign).
+const COUNTERS_OFF: &str = "
+SELECT (SELECT count(*) FROM campaigns c LEFT JOIN campaign_budgets b USING (campaign_id)
+         WHERE b.issued_yen IS DISTINCT FROM
+               (SELECT coalesce(sum(amount_yen), 0) FROM issued_coupons i
+                 WHERE i.campaign_id = c.campaign_id AND voided_at IS NULL))
+     + (SELECT count(*) FROM (SELECT member_id, month, sum(amount_yen) AS yen FROM issued_coupons
+                               WHERE voided_at IS NULL GROUP BY 1, 2) t
+                  FULL JOIN member_monthly_usage u USING (member_id, month)
+         WHERE coalesce(u.used_yen, 0) <> coalesce(t.yen, 0))";
+
+/// A database left at the deploy gate by the binary of schema version 6 (the fixture: steps 1
+/// to 7 done, five coupons issued by the old application since) continues with this binary:
+/// `apply --confirm` passes the gate, rebuilds both counters, adds V5, and the schema is at
+/// this binary's version; every figure is counted in the tables against SQL of its own.
+#[test]
+fn a_database_left_at_the_deploy_gate_by_the_v6_binary_continues_to_the_exact_end_state() {
+    let db = restored(V6_AT_DEPLOY_GATE);
+    // The fixture is what it says: version 6, at the gate, the void done by the ranking, the
+    // counters behind by the old application's coupons.
+    assert_eq!(
+        db.scalar_i64("SELECT version::int8 FROM pgmend.schema_version"),
+        6
+    );
+    assert_eq!(
+        db.history().iter().map(|(v, _)| *v).collect::<Vec<_>>(),
+        [1, 2, 3, 4]
+    );
+    assert_eq!(db.scalar_i64("SELECT count(*) FROM pgmend.gates"), 0);
+    let steps = |db: &TestDb| -> Vec<(i32, String)> {
+        db.client()
+            .query("SELECT step, what FROM pgmend.release_steps WHERE run_id IS NOT NULL ORDER BY step", &[])
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect()
+    };
+    let budgets = "repair rebuild-campaign-budgets".to_string();
+    let usage = "repair rebuild-member-monthly-usage".to_string();
+    let void = "repair void-duplicate-coupons".to_string();
+    assert_eq!(
+        steps(&db),
+        [(4, void.clone()), (6, budgets.clone()), (7, usage.clone())]
+    );
+    let by_ranking = |db: &TestDb| -> (i64, i64, i64) {
+        let row = db.client().query_one(BY_THE_RANKING, &[]).unwrap();
+        (row.get(0), row.get(1), row.get(2))
+    };
+    let (duplicates, to_void, misranked) = by_ranking(&db);
+    assert!(
+        duplicates > to_void && to_void > 0,
+        "{duplicates} {to_void}"
+    );
+    assert_eq!(misranked, 0);
+    assert_eq!(
+        db.scalar_i64(COUNTERS_OFF),
+        6,
+        "SW-B and five member-months are behind"
+    );
+    let coupons = db.scalar_i64("SELECT count(*) FROM issued_coupons");
+    let runs = db.scalar_i64("SELECT count(*) FROM pgmend.repair_runs");
+    // The legacy counter and what the old system issued, per campaign, as the gate must record them.
+    let legacy = "SELECT string_agg(format('%s %s %s %s', c.campaign_id, c.issued_yen, coalesce(s.yen, 0), coalesce(s.n, 0)), ', ' ORDER BY c.campaign_id)
+                    FROM campaigns c LEFT JOIN (SELECT campaign_id, sum(amount_yen) AS yen, count(*) AS n
+                                                  FROM issued_coupons GROUP BY 1) s USING (campaign_id)";
+    let legacy_at_gate: String = db.client().query_one(legacy, &[]).unwrap().get(0);
+
+    let r = db.run(&["apply", "--yes", "--confirm", "deploy-new-application"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let r = db.run(&["verify"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+
+    assert_eq!(
+        db.scalar_i64("SELECT version::int8 FROM pgmend.schema_version"),
+        CURRENT
+    );
+    assert_eq!(
+        db.history().iter().map(|(v, _)| *v).collect::<Vec<_>>(),
+        [1, 2, 3, 4, 5]
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM pg_constraint WHERE conname = 'issued_within_budget'
+                                                         AND conrelid = 'campaign_budgets'::regclass AND NOT convalidated"),
+        1
+    );
+    assert_eq!(db.invalid_indexes(), 0);
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM pgmend.gates WHERE gate = 'deploy-new-application'"),
+        1
+    );
+    assert_eq!(db.scalar_i64("SELECT count(*) FROM pgmend.gates"), 1);
+    // Every repair step of the release's eleven recorded once, each with its run; the two
+    // after the gate by the runs this binary made.
+    assert_eq!(
+        steps(&db),
+        [
+            (4, void),
+            (6, budgets.clone()),
+            (7, usage.clone()),
+            (9, budgets),
+            (10, usage)
+        ]
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM pgmend.release_steps"),
+        5
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM pgmend.repair_runs"),
+        runs + 2
+    );
+    assert_eq!(
+        db.scalar_i64(&format!(
+            "SELECT count(*) FROM pgmend.release_steps s JOIN pgmend.repair_runs r USING (run_id)
+              WHERE s.step IN (9, 10) AND r.run_id > {runs} AND r.state = 'finished'"
+        )),
+        2
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM pgmend.repair_runs WHERE state <> 'finished'"),
+        0
+    );
+    // No coupon deleted, none voided or marked since the gate or otherwise than the ranking.
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM issued_coupons"),
+        coupons
+    );
+    assert_eq!(by_ranking(&db), (duplicates, to_void, 0));
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM issued_coupons WHERE voided_at IS NOT NULL"),
+        to_void
+    );
+    // The counters equal the sums, the old application's coupons counted.
+    assert_eq!(db.scalar_i64(COUNTERS_OFF), 0);
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM campaign_budgets"),
+        db.scalar_i64("SELECT count(*) FROM campaigns")
+    );
+    let recorded = "SELECT string_agg(format('%s %s %s %s', campaign_id, legacy_counter_yen, old_system_issued_yen, old_system_coupons), ', ' ORDER BY campaign_id)
+                      FROM pgmend.legacy_counter_at_deploy";
+    assert_eq!(
+        db.client()
+            .query_one(recorded, &[])
+            .unwrap()
+            .get::<_, String>(0),
+        legacy_at_gate
+    );
+}
+
+/// Regenerates [`V6_AT_DEPLOY_GATE`] with the binary `PGMEND_FREEZE_BINARY` (built from commit
+/// `PGMEND_FREEZE_COMMIT`, written into the header): the harness's Silver Week data for 200
+/// members, `migrate baseline --yes` and `apply --yes` by that binary (it stops at the gate),
+/// then five coupons the old application issues while the new one is deployed, dumped with the
+/// `pg_dump` of the tests' server binaries. Not run by default, and never with the binary under
+/// test: the fixture is what an older pgmend left. `scripts/freeze-deploy-gate-fixture.sh
+/// COMMIT` builds the commit and runs it.
+#[test]
+#[ignore]
+fn freeze_the_deploy_gate_fixture() {
+    let (Some(binary), Ok(commit)) = (
+        std::env::var_os("PGMEND_FREEZE_BINARY"),
+        std::env::var("PGMEND_FREEZE_COMMIT"),
+    ) else {
+        panic!("set PGMEND_FREEZE_BINARY (the older pgmend) and PGMEND_FREEZE_COMMIT (its commit); see scripts/freeze-deploy-gate-fixture.sh");
+    };
+    let db = fresh_db();
+    db.make_legacy_data(200);
+    for args in [
+        &["migrate", "baseline", "--yes"][..],
+        &["apply", "--yes"][..],
+    ] {
+        let mut older = std::process::Command::new(&binary);
+        for var in pgmend::db::conninfo::environment_variables() {
+            older.env_remove(var);
+        }
+        older.env("DATABASE_URL", db.conninfo()).args(args);
+        let r = run(&mut older, &db.password());
+        assert_eq!(r.code, 0, "{args:?}: {}", r.both());
+    }
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM pgmend.gates"),
+        0,
+        "stopped at the gate"
+    );
+    // The old application keeps running until the new one is deployed: members new to SW-B
+    // take a coupon (the unique index refuses duplicates by now), and the old code adds them
+    // to campaigns.issued_yen only. The rebuilds after the gate must count them.
+    db.client()
+        .batch_execute(
+            "INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen, issued_at)
+             SELECT md5('issued after the stop ' || m)::uuid, 'SW-B', 'm' || lpad(m::text, 7, '0'), '2026-09',
+                    1000, timestamptz '2026-09-24 09:00+09' + m * interval '1 minute'
+               FROM generate_series(201, 205) m;
+             UPDATE campaigns SET issued_yen = issued_yen + 5000 WHERE campaign_id = 'SW-B';",
+        )
+        .unwrap();
+    let pg_dump = std::env::var_os("PGMEND_FREEZE_PG_DUMP").map_or_else(
+        || pgmend::localpg::find_bin_dir().unwrap().join("pg_dump"),
+        std::path::PathBuf::from,
+    );
+    let out = std::process::Command::new(&pg_dump)
+        .args([
+            "--schema=public",
+            "--schema=pgmend",
+            "--no-owner",
+            "--no-privileges",
+            "--no-comments",
+            "--inserts",
+            "--rows-per-insert=100",
+            "--dbname",
+            &db.conninfo(),
+        ])
+        .output()
+        .expect("pg_dump");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dump = String::from_utf8(out.stdout).unwrap();
+    let version = std::process::Command::new(&pg_dump)
+        .arg("--version")
+        .output()
+        .unwrap();
+    // What a fresh database or some PostgreSQL versions do not take: the schema public that
+    // every database has, and psql's meta-commands and settings of newer pg_dumps.
+    let left_out = |line: &str| {
+        line == "CREATE SCHEMA public;"
+            || line.starts_with("\\restrict")
+            || line.starts_with("\\unrestrict")
+            || line.starts_with("SET transaction_timeout")
+    };
+    let mut text = format!(
+        "-- pgmend test fixture: a database left at the gate deploy-new-application by pgmend's
+-- schema version 6, for tests/schema_version.rs. Do not edit; make it again with
+--   scripts/freeze-deploy-gate-fixture.sh {commit}
+-- (the ignored test freeze_the_deploy_gate_fixture, the pgmend binary built from {commit}).
+--
+-- Made by: the test harness's legacy schema (V1) with the Silver Week data for 200 members
+-- (make_legacy_data(200)); the binary of commit {commit} ran `pgmend migrate baseline --yes`
+-- and `pgmend apply --yes`, which stopped at the gate (steps 1 to 7 done); then the old
+-- application issued five coupons (members m0000201 to m0000205, SW-B) and added them to
+-- campaigns.issued_yen only. Dumped with
+--   {}
+-- (schemas public and pgmend, data as INSERTs, no owners or privileges). Left out, so that it
+-- restores as one batch into a fresh database on PostgreSQL 14 to 18: CREATE SCHEMA public,
+-- and any \\restrict, \\unrestrict and SET transaction_timeout line.
+",
+        String::from_utf8_lossy(&version.stdout).trim()
+    );
+    for line in dump.lines() {
+        if left_out(line) {
+            eprintln!("left out: {line}");
+            continue;
+        }
+        text.push_str(line);
+        text.push('\n');
+    }
+    std::fs::create_dir_all(repo().join("tests/fixtures")).unwrap();
+    std::fs::write(repo().join(V6_AT_DEPLOY_GATE), text).unwrap();
 }
