@@ -221,6 +221,15 @@ pub enum Command {
     Completions(CompletionsArgs),
     /// Print the man page (roff) to stdout: `pgmend man > /usr/local/share/man/man1/pgmend.1`.
     Man,
+    /// Write the coupon release built into pgmend to DIR (release.toml, migrations/,
+    /// repairs/), as a starting point for a release of your own.
+    Init(InitArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct InitArgs {
+    /// The directory to write the release to (created when missing; no file is overwritten).
+    pub dir: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -332,9 +341,7 @@ pub struct ReleasePlanArgs {
     #[command(flatten)]
     pub conn: ConnectionArgs,
     #[command(flatten)]
-    pub migrations: MigrationsArgs,
-    #[command(flatten)]
-    pub repairs: RepairsArgs,
+    pub project: ProjectArgs,
     #[command(flatten)]
     pub long_locks: LongLockArgs,
     /// How many changed rows each repair's diff shows.
@@ -360,9 +367,7 @@ pub struct ReleaseApplyArgs {
     #[command(flatten)]
     pub conn: ConnectionArgs,
     #[command(flatten)]
-    pub migrations: MigrationsArgs,
-    #[command(flatten)]
-    pub repairs: RepairsArgs,
+    pub project: ProjectArgs,
     #[command(flatten)]
     pub long_locks: LongLockArgs,
     #[command(flatten)]
@@ -415,7 +420,33 @@ pub enum RepairCommand {
 
 #[derive(Debug, Args)]
 pub struct RepairsArgs {
-    /// Read repair definitions from this directory instead of the ones built into pgmend.
+    #[command(flatten)]
+    pub release: ReleaseArgs,
+    /// Read repair definitions from this directory instead of the release's repairs/.
+    #[arg(long, env = "PGMEND_REPAIRS_DIR", value_name = "DIR")]
+    pub repairs_dir: Option<PathBuf>,
+}
+
+/// Where the release is: `--release DIR`, else the current directory when it holds a
+/// release.toml (`release::project::find`).
+#[derive(Debug, Args)]
+pub struct ReleaseArgs {
+    /// The release directory (release.toml, migrations/, repairs/); default: the current
+    /// directory, when it holds a release.toml.
+    #[arg(long, env = "PGMEND_RELEASE", value_name = "DIR")]
+    pub release: Option<PathBuf>,
+}
+
+/// The release and its parts, for `plan` and `apply`: `--migrations-dir` and `--repairs-dir`
+/// override the release's migrations/ and repairs/.
+#[derive(Debug, Args)]
+pub struct ProjectArgs {
+    #[command(flatten)]
+    pub release: ReleaseArgs,
+    /// Read migrations from this directory instead of the release's migrations/.
+    #[arg(long, env = "PGMEND_MIGRATIONS_DIR", value_name = "DIR")]
+    pub migrations_dir: Option<PathBuf>,
+    /// Read repair definitions from this directory instead of the release's repairs/.
     #[arg(long, env = "PGMEND_REPAIRS_DIR", value_name = "DIR")]
     pub repairs_dir: Option<PathBuf>,
 }
@@ -458,6 +489,8 @@ pub struct RepairApplyArgs {
 pub struct RepairStatusArgs {
     #[command(flatten)]
     pub conn: ConnectionArgs,
+    #[command(flatten)]
+    pub release: ReleaseArgs,
 }
 
 #[derive(Debug, Args)]
@@ -547,6 +580,8 @@ pub struct BaselineArgs {
 pub struct VerifyArgs {
     #[command(flatten)]
     pub conn: ConnectionArgs,
+    #[command(flatten)]
+    pub release: ReleaseArgs,
 }
 
 #[derive(Debug, Args)]
@@ -593,7 +628,9 @@ pub enum Pooler {
 
 #[derive(Debug, Args)]
 pub struct MigrationsArgs {
-    /// Read migrations from this directory instead of the ones built into pgmend.
+    #[command(flatten)]
+    pub release: ReleaseArgs,
+    /// Read migrations from this directory instead of the release's migrations/.
     #[arg(long, env = "PGMEND_MIGRATIONS_DIR", value_name = "DIR")]
     pub migrations_dir: Option<PathBuf>,
 }

@@ -100,6 +100,7 @@ fn main() -> ExitCode {
         Command::Verify(a) => verify::run(a, format),
         Command::Report(ReportCommand::Overruns(a)) => report::overruns(a, given),
         Command::Demo(a) => demo::run(a),
+        Command::Init(a) => demo::init(a),
         // Both write through `output::stdout`, which a closed pipe cannot fail (clap_complete
         // panics on a failed write).
         Command::Completions(a) => {

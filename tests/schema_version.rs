@@ -389,6 +389,20 @@ fn a_database_left_at_the_deploy_gate_by_the_v6_binary_continues_to_the_exact_en
                                                   FROM issued_coupons GROUP BY 1) s USING (campaign_id)";
     let legacy_at_gate: String = db.client().query_one(legacy, &[]).unwrap().get(0);
 
+    // Its records are the coupon release's, unfinished: another release is refused, naming
+    // it, and nothing changes (not even pgmend's schema version).
+    let before = snapshot(&db);
+    let third = repo().join("tests/data/releases/third");
+    let r = db.run(&["apply", "--yes", "--release", third.to_str().unwrap()]);
+    assert_eq!(r.code, 2, "{}", r.both());
+    assert!(
+        r.stderr.contains("release coupon-incident is unfinished")
+            && r.stderr.contains("step 8 (gate deploy-new-application)"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(snapshot(&db), before);
+
     let r = db.run(&["apply", "--yes", "--confirm", "deploy-new-application"]);
     assert_eq!(r.code, 0, "{}", r.both());
     let r = db.run(&["verify"]);
@@ -429,6 +443,23 @@ fn a_database_left_at_the_deploy_gate_by_the_v6_binary_continues_to_the_exact_en
         db.scalar_i64("SELECT count(*) FROM pgmend.release_steps"),
         5
     );
+    // Adopted as the coupon release, with its progress: every record is the coupon release's,
+    // and the release is recorded as finished.
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) FROM pgmend.release_steps WHERE release = 'coupon-incident'"
+        ),
+        5
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM pgmend.gates WHERE release = 'coupon-incident' AND gate = 'deploy-new-application'"),
+        1
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM pgmend.releases WHERE release = 'coupon-incident' AND finished_at IS NOT NULL"),
+        1
+    );
+    assert_eq!(db.scalar_i64("SELECT count(*) FROM pgmend.releases"), 1);
     assert_eq!(
         db.scalar_i64("SELECT count(*) FROM pgmend.repair_runs"),
         runs + 2

@@ -41,6 +41,12 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
     } else {
         "the throwaway server and its files are being removed; nothing else was touched. Run `pgmend demo` again to start over".into()
     };
+    // The tour runs the coupon release built into pgmend, written out beside the server's files.
+    let target = Target {
+        url: url.clone(),
+        release: pg.root.join("release"),
+    };
+    crate::release::project::init(&target.release)?;
     let v1 = Source::Embedded
         .load()?
         .into_iter()
@@ -76,40 +82,40 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
     ));
 
     step(
-        &url,
+        &target,
         "What does pgmend know about this database? Nothing yet: V1 is unrecorded.",
         &["migrate", "status"],
     )?;
     step(
-        &url,
+        &target,
         "Adopt the live schema as V1 (checked against the file, not run).",
         &["migrate", "baseline", "--yes"],
     )?;
     step(
-        &url,
+        &target,
         "Preview the whole release, in read-only transactions: migrations with their locks and censuses, and the repairs as diffs of the rows they would change.",
         &["plan", "--sample", "3"],
     )?;
     step(
-        &url,
+        &target,
         "Apply it: expand (V2), void the duplicates in batches, build the unique index concurrently, rebuild the counters, and stop at the deploy gate.",
         &["apply", "--yes"],
     )?;
     say("Here a release engineer deploys the new application (it maintains the counters exactly and upserts against the unique index). There is no application in this demo, so we confirm at once: the counters are rebuilt again, then the NOT VALID budget check is added.");
     step(
-        &url,
+        &target,
         "Pass the gate.",
         &["apply", "--yes", "--confirm", "deploy-new-application"],
     )?;
-    step(&url, "Check the invariants: counters equal the coupons, one live coupon per member, the index and the check in place.", &["verify"])?;
+    step(&target, "Check the invariants: counters equal the coupons, one live coupon per member, the index and the check in place.", &["verify"])?;
     step(
-        &url,
+        &target,
         "Every repair run, with its ledger behind it (`pgmend repair log RUN_ID`).",
         &["repair", "status"],
     )?;
-    step(&url, "And the migrations.", &["migrate", "status"])?;
+    step(&target, "And the migrations.", &["migrate", "status"])?;
     step(
-        &url,
+        &target,
         "The finance report: what the incident already cost (the constraints only stop new overruns), from one read-only snapshot.",
         &["report", "overruns"],
     )?;
@@ -135,7 +141,7 @@ pub fn run(args: &DemoArgs) -> Result<Outcome> {
         ];
         report_args.extend(extra);
         step(
-            &url,
+            &target,
             &if format == "xlsx" {
                 "The same report as an Excel workbook, the file accounting works in: summary, campaigns with a chart, the member-months over the cap and the redeemed duplicates, amounts as numbers in yen.".to_string()
             } else {
@@ -202,13 +208,21 @@ fn say(line: &str) {
     crate::say!("\n>>> {line}");
 }
 
-fn step(url: &str, explanation: &str, args: &[&str]) -> Result<()> {
+/// Where the tour's commands run: the throwaway server, and the built-in release written out
+/// beside its files (`PGMEND_RELEASE`).
+struct Target {
+    url: String,
+    release: std::path::PathBuf,
+}
+
+fn step(target: &Target, explanation: &str, args: &[&str]) -> Result<()> {
     say(explanation);
     crate::say!("$ pgmend {}", args.join(" "));
     let exe = std::env::current_exe().context("finding the pgmend binary")?;
     let status = Command::new(exe)
         .args(args)
-        .env("DATABASE_URL", url)
+        .env("DATABASE_URL", &target.url)
+        .env("PGMEND_RELEASE", &target.release)
         .status()
         .context("running pgmend")?;
     match status.code() {
@@ -217,4 +231,23 @@ fn step(url: &str, explanation: &str, args: &[&str]) -> Result<()> {
         Some(1) if args == ["migrate", "status"] => Ok(()),
         code => bail!("`pgmend {}` exited with {code:?}", args.join(" ")),
     }
+}
+
+/// `pgmend init DIR`: writes the built-in coupon release to DIR as a starting point.
+pub fn init(args: &crate::cli::InitArgs) -> Result<Outcome> {
+    use std::io::Write;
+    let written = crate::release::project::init(&args.dir)?;
+    let mut out = crate::output::stdout();
+    writeln!(
+        out,
+        "Wrote the coupon release built into pgmend to {} ({} files): release.toml, migrations/ and repairs/.",
+        args.dir.display(),
+        written.len()
+    )?;
+    writeln!(
+        out,
+        "Make it yours: give it a name of its own (name = \"...\" at the top of release.toml), replace the steps, migrations and repairs, then preview it with: pgmend plan --release {}",
+        args.dir.display()
+    )?;
+    Ok(Outcome::Done)
 }

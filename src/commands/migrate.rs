@@ -53,12 +53,13 @@ pub fn status(args: &StatusArgs, format: Format) -> Result<Outcome> {
     let mut tx = super::read_only(&mut session.client)?;
     let applied = history::read(&mut tx)?;
     let invalid_indexes = catalog::invalid_indexes(&mut tx)?;
+    let others = crate::store::releases::migration_versions(&mut tx)?;
     let legacy = match files.iter().find(|m| m.version == 1) {
         Some(v1) if applied.is_empty() => plan::unrecorded_legacy(&mut tx, v1)?,
         _ => Vec::new(),
     };
     tx.rollback().doing("closing the read-only transaction")?;
-    let entries = status::compute(&files, &applied);
+    let entries = status::compute(&files, &applied, &others);
     let problems = entries.iter().filter(|e| e.state.is_problem()).count() + invalid_indexes.len();
     match format {
         Format::Json => {
@@ -280,7 +281,8 @@ pub fn baseline(args: &BaselineArgs, format: Format) -> Result<Outcome> {
     session.ensure_writable()?;
     let _lock = runner_lock::acquire(&mut session, args.safety.runner_wait)?;
     let applied = history::read(&mut session.client)?;
-    let entries = status::compute(&files, &applied);
+    let others = crate::store::releases::migration_versions(&mut session.client)?;
+    let entries = status::compute(&files, &applied, &others);
     status::ensure_consistent(&entries)?;
     if applied.iter().any(|a| a.version == 1) {
         report_baseline(format, &session.params, &v1, None, true)?;

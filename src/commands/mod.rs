@@ -20,26 +20,52 @@ pub mod verify;
 
 use std::io::{IsTerminal, Write};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 
-use crate::cli::{BatchArgs, ConnectionArgs, MigrationsArgs, Pooler, RepairsArgs, SafetyArgs};
+use crate::cli::{
+    BatchArgs, ConnectionArgs, MigrationsArgs, Pooler, ProjectArgs, ReleaseArgs, RepairsArgs,
+    SafetyArgs,
+};
 use crate::config;
 use crate::db::retry::LockPolicy;
 use crate::db::{self, conninfo, Session};
-use crate::migrate::source::{Migration, Source};
+use crate::migrate::source::Migration;
 use crate::preflight::{self, Environment};
+use crate::release::project;
 use crate::repair::definition::RepairSource;
 use crate::repair::options::RunOptions;
 
 pub use crate::db::connect::{read_only, snapshot};
 
-/// The migration set `--migrations-dir` names, or the one built into pgmend.
+/// The migration set: `--migrations-dir`, else the release's migrations/ (exit 2 with
+/// neither, [`project::NOT_FOUND`]).
 pub fn load(args: &MigrationsArgs) -> Result<Vec<Migration>> {
-    let source = match &args.migrations_dir {
-        Some(dir) => Source::Directory(dir.clone()),
-        None => Source::Embedded,
+    let found = project::find(args.release.release.as_deref())?;
+    project::migrations(found.as_ref(), args.migrations_dir.as_deref())
+}
+
+/// The release `plan` and `apply` run: `--release DIR` or the current directory, its parts
+/// overridden by `--migrations-dir` and `--repairs-dir` (exit 2 when there is none).
+pub fn release(args: &ProjectArgs) -> Result<project::Loaded> {
+    let found = project::find(args.release.release.as_deref())?;
+    project::load(
+        found.as_ref(),
+        args.migrations_dir.as_deref(),
+        args.repairs_dir.as_deref(),
+    )
+}
+
+/// The name of the release `--release` or the current directory holds, when there is one.
+pub fn release_name(args: &ReleaseArgs) -> Result<Option<String>> {
+    let Some(found) = project::find(args.release.as_deref())? else {
+        return Ok(None);
     };
-    source.load()
+    let path = found.dir.join(project::FILE);
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(Some(
+        crate::release::Definition::parse(&text, &path.display().to_string())?.name,
+    ))
 }
 
 /// `--lock-timeout`, `--statement-timeout` and `--lock-retry-for`, checked.
@@ -52,12 +78,11 @@ pub fn policy(safety: &SafetyArgs) -> Result<LockPolicy> {
     })
 }
 
-/// The repair set `--repairs-dir` names, or the one built into pgmend.
-pub fn source(args: &RepairsArgs) -> RepairSource {
-    match &args.repairs_dir {
-        Some(dir) => RepairSource::Directory(dir.clone()),
-        None => RepairSource::Embedded,
-    }
+/// Where the repair definitions are: `--repairs-dir`, else the release's repairs/ (exit 2
+/// with neither, [`project::NOT_FOUND`]).
+pub fn source(args: &RepairsArgs) -> Result<RepairSource> {
+    let found = project::find(args.release.release.as_deref())?;
+    project::repairs(found.as_ref(), args.repairs_dir.as_deref())
 }
 
 /// The lock policy and the batch options of a command that runs repairs.
@@ -68,6 +93,7 @@ pub fn run_options(safety: &SafetyArgs, batch: &BatchArgs) -> Result<RunOptions>
         max_replica_lag: batch.max_replica_lag,
         workers: None,
         checked_later: false,
+        release: None,
         neighbour: crate::repair::neighbour::Neighbour {
             pause: batch.pause,
             duty_cycle: batch.duty_cycle,

@@ -30,7 +30,7 @@ use std::io::{IsTerminal, Write};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
-use super::{confirm, load, open_checked, policy, print_json, run_options, source};
+use super::{confirm, open_checked, policy, print_json, run_options};
 use crate::cli::{Format, ReleaseApplyArgs, ReleasePlanArgs};
 use crate::db::runner_lock;
 use crate::error::Outcome;
@@ -39,7 +39,7 @@ use crate::preflight::{self, privileges};
 use crate::release::dry_run::{self, DryRun, StepPlan};
 use crate::release::engine::{self, Applied, Following, Settings};
 use crate::release::fingerprint::{self, Fingerprint, Limits};
-use crate::release::{self, Release, Step};
+use crate::release::{self, identity, Release, Step};
 use crate::release::{compare, markdown};
 use crate::repair::preview;
 
@@ -57,10 +57,10 @@ pub fn plan(args: &ReleasePlanArgs, format: Format) -> Result<Outcome> {
         }
         None => None,
     };
-    let files = load(&args.migrations)?;
-    let repairs = source(&args.repairs).load()?;
-    let steps = release::steps()?;
-    let unreleased = release::resolve(&steps, &files, &repairs)?;
+    let loaded = super::release(&args.project)?;
+    let (files, repairs) = (&loaded.files, &loaded.repairs);
+    let steps = &loaded.definition.steps;
+    let unreleased = release::resolve(steps, files, repairs)?;
     for note in &unreleased {
         crate::say!("note: {note}");
     }
@@ -77,13 +77,9 @@ pub fn plan(args: &ReleasePlanArgs, format: Format) -> Result<Outcome> {
     let long_locks = migrations.flag_long_locks(
         &mut session.client,
         args.long_locks.long_lock_rows,
-        |version| release::runs_migration(&steps, version),
+        |version| release::runs_migration(steps, version),
     )?;
-    let release = Release {
-        steps: &steps,
-        files: &files,
-        repairs: &repairs,
-    };
+    let release = loaded.release();
     let DryRun {
         progress,
         steps: plans,
@@ -97,11 +93,21 @@ pub fn plan(args: &ReleasePlanArgs, format: Format) -> Result<Outcome> {
         args.sample,
     )?;
     // What `apply` (with every gate confirmed) would be refused for by the connected role.
-    let gates: Vec<String> = gate_names(&steps).map(String::from).collect();
-    let needs = privileges::for_release(&steps, &progress, &files, &repairs, &gates);
+    let gates: Vec<String> = gate_names(steps).map(String::from).collect();
+    let needs = privileges::for_release(steps, &progress, files, repairs, &gates);
     let (role, lacking) = privileges::missing(&mut session.client, &needs)?;
     let mut blockers = migrations.blockers.clone();
     blockers.extend(long_locks);
+    // What `apply` would refuse first: another release unfinished, or a migration version
+    // another release has.
+    let applied: Vec<i32> = history::read(&mut session.client)?
+        .iter()
+        .map(|a| a.version)
+        .collect();
+    let others = identity::standings(&mut session.client, &loaded.definition.name, &applied)?;
+    if let Err(refused) = identity::check(&others, &release) {
+        blockers.insert(0, format!("apply would be refused: {refused:#}"));
+    }
     if let Some(Err(short)) = &slots {
         blockers.push(format!("apply would be refused: {short}"));
     }
@@ -314,13 +320,14 @@ fn gate_names(steps: &[Step]) -> impl Iterator<Item = &str> {
 pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
     let policy = policy(&args.safety)?;
     let mut options = run_options(&args.safety, &args.batch)?;
-    let files = load(&args.migrations)?;
-    let repairs = source(&args.repairs).load()?;
-    let steps = release::steps()?;
-    for note in release::resolve(&steps, &files, &repairs)? {
+    let loaded = super::release(&args.project)?;
+    let (files, repairs) = (&loaded.files, &loaded.repairs);
+    let steps = &loaded.definition.steps;
+    options.release = Some(loaded.definition.name.clone());
+    for note in release::resolve(steps, files, repairs)? {
         crate::say!("note: {note}");
     }
-    let gates: Vec<&str> = gate_names(&steps).collect();
+    let gates: Vec<&str> = gate_names(steps).collect();
     for c in &args.confirm {
         if !gates.contains(&c.as_str()) {
             bail!(
@@ -338,12 +345,28 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
         // Before any step: an edited or missing applied migration stops the release here,
         // not at the first migration step after a repair has already run.
         let history = history::read(&mut session.client)?;
+        let others = crate::store::releases::migration_versions(&mut session.client)?;
         crate::migrate::status::ensure_consistent(&crate::migrate::status::compute(
-            &files, &history,
+            files, &history, &others,
         ))?;
         let applied: Vec<i32> = history.iter().map(|a| a.version).collect();
-        let progress = release::progress(&mut session.client, applied)?;
-        let needs = privileges::for_release(&steps, &progress, &files, &repairs, &args.confirm);
+        let progress = release::progress(
+            &mut session.client,
+            &loaded.definition.name,
+            applied.clone(),
+        )?;
+        let steps_pending = steps
+            .iter()
+            .enumerate()
+            .any(|(i, step)| !progress.done(i, step));
+        // Another release unfinished, or a migration version another release has, stops this
+        // one before it asks (a complete release has nothing to run).
+        if steps_pending {
+            let others =
+                identity::standings(&mut session.client, &loaded.definition.name, &applied)?;
+            identity::check(&others, &loaded.release())?;
+        }
+        let needs = privileges::for_release(steps, &progress, files, repairs, &args.confirm);
         privileges::check(&mut session.client, "this release", &needs)?;
         // A pending migration that would hold a strong lock over a large table stops the
         // release here, not after the repairs before it have run.
@@ -352,7 +375,7 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
         let refused = pending.flag_long_locks(
             &mut session.client,
             args.long_locks.long_lock_rows,
-            |version| release::runs_migration(&steps, version),
+            |version| release::runs_migration(steps, version),
         )?;
         if !refused.is_empty() {
             bail!(
@@ -361,17 +384,13 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
             );
         }
         // A guard trigger a killed pgmend left is work too: the walk drops it.
-        steps
-            .iter()
-            .enumerate()
-            .all(|(i, step)| progress.done(i, step))
-            && crate::repair::guard::installed(&mut session.client)?.is_empty()
+        !steps_pending && crate::repair::guard::installed(&mut session.client)?.is_empty()
     };
     // Nothing to do is no change to confirm: exit 0 without asking, with or without --yes or
     // a terminal, as `migrate apply` does. (A saved plan is still checked: it names steps.)
     if complete && args.saved.plan.is_none() {
         if format == Format::Json {
-            return render_walk(format, &params, &steps, engine::Walk::default(), None);
+            return render_walk(format, &params, steps, engine::Walk::default(), None);
         }
         writeln!(
             crate::output::stdout(),
@@ -379,11 +398,7 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
         )?;
         return Ok(Outcome::Done);
     }
-    let release = Release {
-        steps: &steps,
-        files: &files,
-        repairs: &repairs,
-    };
+    let release = loaded.release();
     let saved = check_saved_plan(args, &mut session, &release)?;
     if let Some((plan, through, moved)) = &saved {
         crate::say!(
@@ -422,7 +437,7 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
         Some((plan, _, moved)) => record_plan(&mut session.client, &policy, plan, moved, &walk)?,
         None => None,
     };
-    render_walk(format, &params, &steps, walk, plan_record)
+    render_walk(format, &params, steps, walk, plan_record)
 }
 
 /// What `apply` did: the steps it ran and where it stopped, or that the release is complete.

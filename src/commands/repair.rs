@@ -41,7 +41,7 @@ use crate::repair::{undo, verdict};
 use crate::store;
 
 pub fn list(args: &RepairListArgs, format: Format) -> Result<Outcome> {
-    let repairs = source(&args.repairs).load()?;
+    let repairs = source(&args.repairs)?.load()?;
     #[derive(Serialize, Tabled)]
     struct Row {
         name: String,
@@ -64,7 +64,7 @@ pub fn list(args: &RepairListArgs, format: Format) -> Result<Outcome> {
 }
 
 pub fn plan(args: &RepairPlanArgs, format: Format) -> Result<Outcome> {
-    let repair = source(&args.repairs).find(&args.name)?;
+    let repair = source(&args.repairs)?.find(&args.name)?;
     let mut session = open(&args.conn)?;
     let mut tx = super::read_only(&mut session.client)?;
     let colour = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
@@ -112,8 +112,9 @@ pub fn plan(args: &RepairPlanArgs, format: Format) -> Result<Outcome> {
 }
 
 pub fn apply(args: &RepairApplyArgs, format: Format) -> Result<Outcome> {
-    let repair = source(&args.repairs).find(&args.name)?;
+    let repair = source(&args.repairs)?.find(&args.name)?;
     let mut options = run_options(&args.safety, &args.batch)?;
+    options.release = super::release_name(&args.repairs.release)?;
     let mut session = open(&args.conn)?;
     session.ensure_writable()?;
     let _lock = runner_lock::acquire(&mut session, args.safety.runner_wait)?;
@@ -394,7 +395,7 @@ pub fn undo(args: &RepairRunArgs, format: Format) -> Result<Outcome> {
     session.ensure_writable()?;
     let _lock = runner_lock::acquire(&mut session, args.safety.runner_wait)?;
     let run = find_run(&mut session.client, args.run_id)?;
-    let repair = source(&args.repairs).find(run.repair.trim_start_matches("undo:"))?;
+    let repair = source(&args.repairs)?.find(run.repair.trim_start_matches("undo:"))?;
     // Every missing GRANT at once, before the question, as `repair apply` does.
     privileges::check(
         &mut session.client,

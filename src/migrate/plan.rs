@@ -99,7 +99,8 @@ pub fn build_with(
         .start()
         .doing("opening a read-only transaction for the plan")?;
     let applied = history::read(&mut tx)?;
-    let entries = status::compute(&files, &applied);
+    let others = crate::store::releases::migration_versions(&mut tx)?;
+    let entries = status::compute(&files, &applied, &others);
     status::ensure_consistent(&entries)?;
     let current_version = applied.iter().map(|a| a.version).max();
     let pending_entries: Vec<&Entry> = entries

@@ -25,6 +25,12 @@ mod embedded {
     include!(concat!(env!("OUT_DIR"), "/embedded_migrations.rs"));
 }
 
+/// The coupon release's migrations built into pgmend, as (file name, bytes): what `pgmend init`
+/// writes out.
+pub fn built_in_files() -> &'static [(&'static str, &'static [u8])] {
+    embedded::EMBEDDED
+}
+
 /// The migration of `files` with `version`, which a plan or a status entry built from those
 /// files names: its absence is a bug, not an input error.
 pub fn by_version(files: &[Migration], version: i32) -> &Migration {

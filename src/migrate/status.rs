@@ -1,7 +1,9 @@
 //! Where each migration stands: the files on one side, the history table on the other.
 //!
 //! Pure: pairs the files with the history by version into `Entry` values with a `State` (`applied`,
-//! `pending`, `pending_out_of_order`, `edited`, `missing_from_disk`). `ensure_consistent` turns the
+//! `pending`, `pending_out_of_order`, `edited`, `missing_from_disk`, `other_release`: one history
+//! serves the releases run on a database one after another, so a version applied below every
+//! file of the set, or by another recorded release's steps, is not a missing file). `ensure_consistent` turns the
 //! problem states into one error that says what to do for each.
 
 use anyhow::{bail, Result};
@@ -21,6 +23,9 @@ pub enum State {
     Edited,
     /// Applied, and no file has this version.
     MissingFromDisk,
+    /// Applied, below every version of the set (or the set is empty), or by the steps of
+    /// another release recorded on the database: that release's.
+    OtherRelease,
 }
 
 impl State {
@@ -38,6 +43,7 @@ impl State {
             State::PendingOutOfOrder => "pending, out of order",
             State::Edited => "edited since applied",
             State::MissingFromDisk => "missing from disk",
+            State::OtherRelease => "applied (another release)",
         }
     }
 }
@@ -53,11 +59,16 @@ pub struct Entry {
     pub checksum: Option<String>,
     /// The checksum recorded when it was applied.
     pub applied_checksum: Option<String>,
+    /// The name recorded when it was applied, when it differs from the file's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub applied_name: Option<String>,
     pub origin: Option<String>,
 }
 
-/// Pairs the files with the history, by version.
-pub fn compute(files: &[Migration], applied: &[Applied]) -> Vec<Entry> {
+/// Pairs the files with the history, by version. `others`: the versions the steps of the
+/// releases recorded on the database apply (`store::releases::migration_versions`); one of
+/// them applied without a file here is another release's, as is any applied below every file.
+pub fn compute(files: &[Migration], applied: &[Applied], others: &[i32]) -> Vec<Entry> {
     let newest_applied = applied.iter().map(|a| a.version).max();
     let mut entries: Vec<Entry> = files
         .iter()
@@ -79,10 +90,12 @@ pub fn compute(files: &[Migration], applied: &[Applied]) -> Vec<Entry> {
                 applied_on: record.map(|a| a.applied_on.clone()),
                 checksum: Some(m.checksum.to_string()),
                 applied_checksum: record.map(|a| a.checksum.clone()),
+                applied_name: record.filter(|a| a.name != m.name).map(|a| a.name.clone()),
                 origin: Some(m.origin.clone()),
             }
         })
         .collect();
+    let lowest_file = files.iter().map(|m| m.version).min();
     for a in applied
         .iter()
         .filter(|a| !files.iter().any(|m| m.version == a.version))
@@ -90,11 +103,16 @@ pub fn compute(files: &[Migration], applied: &[Applied]) -> Vec<Entry> {
         entries.push(Entry {
             version: a.version,
             name: a.name.clone(),
-            state: State::MissingFromDisk,
+            state: if lowest_file.is_none_or(|v| a.version < v) || others.contains(&a.version) {
+                State::OtherRelease
+            } else {
+                State::MissingFromDisk
+            },
             mode: None,
             applied_on: Some(a.applied_on.clone()),
             checksum: None,
             applied_checksum: Some(a.checksum.clone()),
+            applied_name: None,
             origin: None,
         });
     }
@@ -105,9 +123,22 @@ pub fn compute(files: &[Migration], applied: &[Applied]) -> Vec<Entry> {
 /// Refuses (exit 2) a history that cannot safely move forward, naming what to do.
 pub fn ensure_consistent(entries: &[Entry]) -> Result<()> {
     let mut problems = Vec::new();
+    let newest = entries
+        .iter()
+        .filter(|e| e.applied_on.is_some())
+        .map(|e| e.version)
+        .max()
+        .unwrap_or(0);
     for e in entries.iter().filter(|e| e.state.is_problem()) {
         let applied_on = e.applied_on.as_deref().unwrap_or("?");
         problems.push(match e.state {
+            State::Edited if e.applied_name.as_deref().is_some_and(|n| n != e.name) => format!(
+                "{} has version {}, which this database's history already holds as V{}__{} (applied on {applied_on}): a migration of another release, or a renamed one. Migrations are one history per database: number this release's migrations after V{newest} (the newest applied)",
+                e.origin.as_deref().unwrap_or("?"),
+                e.version,
+                e.version,
+                e.applied_name.as_deref().unwrap_or("?"),
+            ),
             State::Edited => format!(
                 "{} was edited after it was applied on {applied_on} (checksum recorded {}, on disk {}). An applied migration must not change: restore the file as it was applied (see its history in git) and put the change in a new migration",
                 e.origin.as_deref().unwrap_or("?"),
@@ -122,7 +153,7 @@ pub fn ensure_consistent(entries: &[Entry]) -> Result<()> {
                 "{} is not applied, but a later version already is; pgmend applies migrations strictly in order. Renumber it above the newest applied version",
                 e.origin.as_deref().unwrap_or("?"),
             ),
-            State::Applied | State::Pending => unreachable!(),
+            State::Applied | State::Pending | State::OtherRelease => unreachable!(),
         });
     }
     if problems.is_empty() {

@@ -77,7 +77,7 @@ pub fn run<'a>(
 ) -> Result<DryRun<'a>> {
     let mut tx = crate::db::connect::read_only(client)?;
     let applied: Vec<i32> = history::read(&mut tx)?.iter().map(|a| a.version).collect();
-    let progress = super::progress(&mut tx, applied)?;
+    let progress = super::progress(&mut tx, release.name, applied)?;
     let mut plans = steps(
         &mut tx,
         release.steps,
@@ -89,10 +89,8 @@ pub fn run<'a>(
     )?;
     estimate_steps(&mut tx, &mut plans, release.repairs)?;
     let inputs = Inputs {
-        steps: release.steps,
+        release,
         progress: &progress,
-        files: release.files,
-        repairs: release.repairs,
     };
     let previews: Vec<(usize, &Preview)> = plans
         .iter()

@@ -47,7 +47,7 @@ use anyhow::Result;
 use postgres::GenericClient;
 use serde::Serialize;
 
-use super::{fingerprint, progress, Release, Step};
+use super::{fingerprint, identity, progress, Release, Step};
 use crate::db::conninfo::ConnParams;
 use crate::db::retry::LockPolicy;
 use crate::error::{PgContext, Stopped, Violators};
@@ -129,6 +129,9 @@ pub fn apply(
     for dropped in guard::remove_all(client, settings.policy)? {
         crate::say!("dropped the guard trigger {dropped}, left by an interrupted release");
     }
+    // The caller checked that no other release is unfinished (`identity::check`).
+    store::ensure(client, settings.policy)?;
+    identity::enter(client, release, &release.digest())?;
     let mut walk = Walk {
         steps: Vec::new(),
         stopped_at: None,
@@ -137,7 +140,7 @@ pub fn apply(
     for (i, step) in release.steps.iter().enumerate() {
         let failed = |e| step_failed(e, i + 1, step, settings.confirm);
         stop_if_signalled(i, step)?;
-        if done(client, settings, i, step).map_err(failed)? {
+        if done(client, release, settings, i, step).map_err(failed)? {
             walk.steps.push(applied_step(i, step, "already done", None));
             continue;
         }
@@ -175,17 +178,26 @@ pub fn apply(
             }
         }
     }
+    if walk.stopped_at.is_none() && walk.beyond_plan.is_none() {
+        identity::finish(client, release)?;
+    }
     Ok(walk)
 }
 
 /// Whether step `i` is done already, read again before each step; first, with
 /// `--pooler session`, whether the session still has its server backend.
-fn done(client: &mut postgres::Client, settings: &Settings, i: usize, step: &Step) -> Result<bool> {
+fn done(
+    client: &mut postgres::Client,
+    release: &Release,
+    settings: &Settings,
+    i: usize,
+    step: &Step,
+) -> Result<bool> {
     if let Some(pid) = settings.keep_backend {
         crate::db::runner_lock::ensure_backend(client, pid)?;
     }
     let applied: Vec<i32> = history::read(client)?.iter().map(|a| a.version).collect();
-    Ok(progress(client, applied)?.done(i, step))
+    Ok(progress(client, release.name, applied)?.done(i, step))
 }
 
 fn applied_step(i: usize, step: &Step, outcome: &str, run: Option<RunReport>) -> Applied {
@@ -427,7 +439,13 @@ pub fn repair(
     let run = verdict::run_repair(client, repair, &step_options(release, settings, i, name))?;
     stop_if_unfinished(&run, repair)?;
     let mut tx = client.transaction().doing("recording the finished step")?;
-    store::records::record_step(&mut tx, i as i32 + 1, &step.label(), Some(run.run.run_id))?;
+    store::records::record_step(
+        &mut tx,
+        release.name,
+        i as i32 + 1,
+        &step.label(),
+        Some(run.run.run_id),
+    )?;
     record_shapes(&mut tx, release, settings, i)?;
     tx.commit().doing("recording the finished step")?;
     crate::say!(
@@ -451,10 +469,12 @@ fn gate(
         return Ok(StepEnd::WaitingAtGate);
     }
     store::ensure(client, settings.policy)?;
-    crate::report::legacy_counter::record_at_gate(client, name)?;
+    if release.name == super::COUPON_RELEASE {
+        crate::report::legacy_counter::record_at_gate(client, name)?;
+    }
     let who = format!("{}@{}", os_user(), hostname());
     let mut tx = client.transaction().doing("recording the gate")?;
-    store::records::confirm_gate(&mut tx, name, &who)?;
+    store::records::confirm_gate(&mut tx, release.name, name, &who)?;
     record_shapes(&mut tx, release, settings, i)?;
     tx.commit().doing("recording the gate")?;
     crate::say!("gate {name} confirmed by {who}");

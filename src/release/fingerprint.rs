@@ -24,7 +24,7 @@ use postgres::GenericClient;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{Progress, Step};
+use super::{Progress, Release, Step};
 use crate::db::conninfo::ConnParams;
 use crate::digest::sha256_hex;
 use crate::error::{PgContext, Stopped};
@@ -87,12 +87,10 @@ pub struct Fingerprint {
     pub data_steps: Vec<StepFigures>,
 }
 
-/// What the release is made of, for the fingerprint.
+/// What the release is made of, and where the database stands in it, for the fingerprint.
 pub struct Inputs<'a> {
-    pub steps: &'a [Step],
+    pub release: &'a Release<'a>,
     pub progress: &'a Progress,
-    pub files: &'a [Migration],
-    pub repairs: &'a [Repair],
 }
 
 /// The fingerprint of a plan whose pending repair steps preview `previews` (each with its
@@ -113,16 +111,10 @@ pub fn take(
             &[],
         )
         .doing("reading the server's identity (pg_control_system(), pg_database)")?;
-    let mut files = BTreeMap::new();
-    for m in inputs.files {
-        files.insert(format!("migrations/{}.sql", m.label()), sha256_hex(&m.sql));
-    }
-    for r in inputs.repairs {
-        files.insert(format!("repairs/{}.toml", r.name), r.sha256.clone());
-    }
-    files.insert("release.toml".into(), sha256_hex(super::text()));
-    let done_steps: Vec<usize> = (0..inputs.steps.len())
-        .filter(|i| inputs.progress.done(*i, &inputs.steps[*i]))
+    let release = inputs.release;
+    let files = super::project::file_digests(release.text, release.files, release.repairs);
+    let done_steps: Vec<usize> = (0..release.steps.len())
+        .filter(|i| inputs.progress.done(*i, &release.steps[*i]))
         .map(|i| i + 1)
         .collect();
     Ok(Fingerprint {
@@ -138,8 +130,8 @@ pub fn take(
         },
         schema: row.get::<_, Option<String>>(3).unwrap_or_default(),
         pgmend_version: env!("CARGO_PKG_VERSION").into(),
-        tables: table_shapes(tx, inputs.files, inputs.repairs)?,
-        covers: covers(inputs.steps, &done_steps),
+        tables: table_shapes(tx, release.files, release.repairs)?,
+        covers: covers(release.steps, &done_steps),
         done_steps,
         files,
         data_steps: data_steps(tx, inputs, previews)?,
@@ -153,11 +145,12 @@ fn data_steps(
     inputs: &Inputs,
     previews: &[(usize, &Preview)],
 ) -> Result<Vec<StepFigures>> {
+    let release = inputs.release;
     let mut out: Vec<StepFigures> = Vec::new();
     for &(step, r) in previews {
-        let label = inputs.steps[step - 1].label();
+        let label = release.steps[step - 1].label();
         let first = !out.iter().any(|s| s.label == label);
-        let resumed = match inputs.repairs.iter().find(|d| d.name == r.repair) {
+        let resumed = match release.repairs.iter().find(|d| d.name == r.repair) {
             Some(d) if first => {
                 let void = match &d.spec {
                     Spec::VoidDuplicates(v) => Some(v.void.as_str()),
@@ -522,7 +515,7 @@ mod tests {
 
     #[test]
     fn a_plan_covers_the_steps_up_to_the_next_gate() {
-        let steps = super::super::steps().unwrap();
+        let steps = super::super::Definition::built_in().steps;
         assert_eq!(covers(&steps, &[]), [1, 2, 3, 4, 5, 6, 7]);
         assert_eq!(covers(&steps, &[1, 2, 3, 4, 5, 6, 7]), [8, 9, 10, 11]);
     }
@@ -557,7 +550,7 @@ mod tests {
     }
 
     fn steps() -> Vec<Step> {
-        super::super::steps().unwrap()
+        super::super::Definition::built_in().steps
     }
 
     const LIMITS: Limits = Limits {

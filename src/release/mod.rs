@@ -1,25 +1,32 @@
-//! The whole release as data (`release.toml`, built into the binary): migrations, repairs and gates
-//! in the order docs/release.md explains, and where a database stands in it. Its dry run is
-//! [`dry_run`], its execution [`engine`].
+//! The whole release as data: a `release.toml` (its `name`, its steps — migrations, repairs
+//! and gates in the order docs/release.md explains — and the invariants it declares), the files
+//! its steps resolve to, and where a database stands in it. Where a release is found is
+//! [`project`]; its identity on the database [`identity`]; its dry run [`dry_run`]; its
+//! execution [`engine`].
 //!
-//! `release.toml` is compiled in (`include_str!`) and read with `toml` into `Step` values (`Migrate
-//! { version, retry_with }`, `Repair { name }`, `Gate { name, explain }`, serialized with a `kind`
-//! tag); a step that names not exactly one of `migrate`, `repair`, `gate`, or has an unknown key,
-//! is refused. A `Release` is the steps with the migration files and repair definitions they
-//! resolve to, what [`dry_run`] and [`engine`] both take. `resolve` checks, before `plan` and
-//! `apply` connect, that every step names a file of the migration set or a repair definition,
-//! and returns a note for each migration no step names. `progress` reads what is done, in the
-//! caller's transaction: the applied versions (passed in), the finished steps and the confirmed
-//! gates (`store::records`), or none of the last two when pgmend's schema does not exist yet (so
-//! a read-only plan creates nothing). `Progress::done` answers per step: migrations by version,
-//! repair steps by position, gates by name. A unit test pins the step order.
+//! `Definition::parse` reads a `release.toml` with `toml` into `Step` values (`Migrate {
+//! version, retry_with }`, `Repair { name }`, `Gate { name, explain }`, serialized with a
+//! `kind` tag) and `Invariant`s; a file without a `name` or a step, a step that names not
+//! exactly one of `migrate`, `repair`, `gate`, or an unknown key is refused. The coupon
+//! release's `release.toml` stays compiled in (`Definition::built_in`, named
+//! [`COUPON_RELEASE`]) for `pgmend demo` and `pgmend init`. A `Release` is a definition with the
+//! migration files and repair definitions it resolves to, what [`dry_run`] and [`engine`] both
+//! take. `resolve` checks, before `plan` and `apply` connect, that every step names a file of
+//! the migration set or a repair definition, and returns a note for each migration no step
+//! names. `progress` reads what is done, in the caller's transaction: the applied versions
+//! (passed in), the release's finished steps and confirmed gates (`store::records`, by release
+//! name), or none of the last two when pgmend's schema does not exist yet (so a read-only plan
+//! creates nothing). `Progress::done` answers per step: migrations by version, repair steps by
+//! position, gates by name. A unit test pins the coupon release's step order.
 
 pub mod compare;
 pub mod dry_run;
 pub mod engine;
 pub mod estimate;
 pub mod fingerprint;
+pub mod identity;
 pub mod markdown;
+pub mod project;
 
 use anyhow::{bail, Context, Result};
 use postgres::GenericClient;
@@ -29,17 +36,21 @@ use crate::migrate::source::Migration;
 use crate::repair::definition::Repair;
 use crate::store;
 
-const RELEASE: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/release.toml"));
+/// The coupon release's `release.toml`, built in for `pgmend demo` and `pgmend init`.
+const BUILT_IN: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/release.toml"));
 
-/// The text of `release.toml`, as built in.
-pub fn text() -> &'static str {
-    RELEASE
-}
+/// The name the built-in coupon release gives itself (`name` in its `release.toml`); a
+/// database whose records predate release identities is adopted as this release.
+pub const COUPON_RELEASE: &str = store::schema::ADOPTED_RELEASE;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct File {
+    name: Option<String>,
+    #[serde(default)]
     step: Vec<StepDef>,
+    #[serde(default)]
+    invariant: Vec<Invariant>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -52,7 +63,18 @@ struct StepDef {
     retry_with: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// An invariant a release declares in its `release.toml` (`[[invariant]]`): `sql` selects the
+/// rows that break it, none when it holds; `explain` says what it means and what to do.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Invariant {
+    pub name: String,
+    pub sql: String,
+    #[serde(default)]
+    pub explain: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Step {
     /// Apply migration `version`; when its census stops it, run `retry_with` and try again.
@@ -77,11 +99,116 @@ pub fn runs_migration(steps: &[Step], version: i32) -> bool {
         .any(|s| matches!(s, Step::Migrate { version: v, .. } if *v == version))
 }
 
-/// What the release is made of: its steps and the files they resolve to.
+/// A release's `release.toml`, read: its name, steps and declared invariants, and where it
+/// came from.
+#[derive(Debug, Clone)]
+pub struct Definition {
+    pub name: String,
+    pub steps: Vec<Step>,
+    pub invariants: Vec<Invariant>,
+    /// The file's text, as read (its digest is part of the release's and of a saved plan's).
+    pub text: String,
+    /// Where it was read, for messages: `release.toml in DIR`, or `the coupon release built
+    /// into pgmend`.
+    pub origin: String,
+}
+
+/// What the release is made of: its definition and the files its steps resolve to.
 pub struct Release<'a> {
+    pub name: &'a str,
+    pub text: &'a str,
     pub steps: &'a [Step],
     pub files: &'a [Migration],
     pub repairs: &'a [Repair],
+}
+
+impl Definition {
+    /// The coupon release built into pgmend.
+    pub fn built_in() -> Definition {
+        Definition::parse(BUILT_IN, "the coupon release built into pgmend")
+            .expect("the built-in release.toml is valid (a unit test reads it)")
+    }
+
+    /// Reads `text` (a `release.toml`), refusing a file without a `name`, with a step that
+    /// names not exactly one of `migrate`, `repair`, `gate`, or with an unknown key.
+    pub fn parse(text: &str, origin: &str) -> Result<Definition> {
+        let file: File = toml::from_str(text).with_context(|| format!("{origin} is malformed"))?;
+        let name = file.name.with_context(|| {
+            format!("{origin} has no name: give the release one at the top of the file, e.g. name = \"orders-cleanup-2027\" (its steps and gates are recorded under it)")
+        })?;
+        check_name(&name).with_context(|| format!("{origin}: name = {name:?}"))?;
+        let steps = file
+            .step
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| match (s.migrate, s.repair, s.gate) {
+                (Some(version), None, None) => Ok(Step::Migrate {
+                    version,
+                    retry_with: s.retry_with,
+                }),
+                (None, Some(name), None) => Ok(Step::Repair { name }),
+                (None, None, Some(name)) => Ok(Step::Gate {
+                    name,
+                    explain: s.explain.unwrap_or_default(),
+                }),
+                _ => bail!(
+                    "{origin} step {}: give exactly one of migrate, repair, gate",
+                    i + 1
+                ),
+            })
+            .collect::<Result<Vec<Step>>>()?;
+        if steps.is_empty() {
+            bail!("{origin} has no step: add [[step]] entries (migrate = N, repair = \"NAME\", gate = \"NAME\")");
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for inv in &file.invariant {
+            if inv.name.trim().is_empty() || inv.sql.trim().is_empty() {
+                bail!("{origin}: every [[invariant]] needs a name and the sql that selects the rows breaking it");
+            }
+            if !seen.insert(inv.name.as_str()) {
+                bail!("{origin}: two invariants are named {:?}", inv.name);
+            }
+        }
+        Ok(Definition {
+            name,
+            steps,
+            invariants: file.invariant,
+            text: text.to_string(),
+            origin: origin.to_string(),
+        })
+    }
+
+    /// The release with the files its steps resolve to.
+    pub fn with<'a>(&'a self, files: &'a [Migration], repairs: &'a [Repair]) -> Release<'a> {
+        Release {
+            name: &self.name,
+            text: &self.text,
+            steps: &self.steps,
+            files,
+            repairs,
+        }
+    }
+}
+
+/// A release's name: what its records are kept under, so letters, digits, `-`, `_` and `.`,
+/// at most 63 characters.
+fn check_name(name: &str) -> Result<()> {
+    if name.is_empty()
+        || name.len() > 63
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    {
+        bail!("a release name is 1 to 63 letters, digits, '-', '_' or '.'");
+    }
+    Ok(())
+}
+
+impl Release<'_> {
+    /// The digest of the release's files ([`project::digest`]).
+    pub fn digest(&self) -> String {
+        project::digest(&project::file_digests(self.text, self.files, self.repairs))
+    }
 }
 
 impl Step {
@@ -99,30 +226,6 @@ impl Step {
 /// the violators, so the census is expected clean. `apply` and the plan's estimate ask here.
 pub fn census_during_build(retry_with: Option<&str>) -> bool {
     retry_with.is_some()
-}
-
-/// The release steps, in order.
-pub fn steps() -> Result<Vec<Step>> {
-    let file: File = toml::from_str(RELEASE).context("release.toml is malformed")?;
-    file.step
-        .into_iter()
-        .enumerate()
-        .map(|(i, s)| match (s.migrate, s.repair, s.gate) {
-            (Some(version), None, None) => Ok(Step::Migrate {
-                version,
-                retry_with: s.retry_with,
-            }),
-            (None, Some(name), None) => Ok(Step::Repair { name }),
-            (None, None, Some(name)) => Ok(Step::Gate {
-                name,
-                explain: s.explain.unwrap_or_default(),
-            }),
-            _ => bail!(
-                "release.toml step {}: give exactly one of migrate, repair, gate",
-                i + 1
-            ),
-        })
-        .collect()
 }
 
 /// Checks, before pgmend connects, that every step resolves: each migration step to a file of
@@ -163,7 +266,7 @@ pub fn resolve(
     }
     if !missing.is_empty() {
         bail!(
-            "the release (release.toml) names steps that the migration and repair sets do not have; nothing was changed:\n  - {}\nPoint --migrations-dir and --repairs-dir (PGMEND_MIGRATIONS_DIR, PGMEND_REPAIRS_DIR) at the release's files, or leave them out for the ones built into pgmend",
+            "the release (release.toml) names steps that the migration and repair sets do not have; nothing was changed:\n  - {}\nPut the files in the release directory's migrations/ and repairs/, or point --migrations-dir and --repairs-dir (PGMEND_MIGRATIONS_DIR, PGMEND_REPAIRS_DIR) at them",
             missing.join("\n  - ")
         );
     }
@@ -184,19 +287,23 @@ pub fn resolve(
         .collect())
 }
 
-/// Which steps are done: migrations by the history, repair steps by pgmend.release_steps,
-/// gates by pgmend.gates.
+/// Which steps of a release are done: migrations by the history, repair steps by the
+/// release's rows of pgmend.release_steps, gates by its rows of pgmend.gates.
 pub struct Progress {
     pub applied_versions: Vec<i32>,
     pub finished_steps: Vec<i32>,
     pub gates: Vec<(String, String, String)>,
 }
 
-pub fn progress(client: &mut impl GenericClient, applied_versions: Vec<i32>) -> Result<Progress> {
+pub fn progress(
+    client: &mut impl GenericClient,
+    release: &str,
+    applied_versions: Vec<i32>,
+) -> Result<Progress> {
     let (mut finished_steps, mut gates) = (Vec::new(), Vec::new());
     if store::exists(client)? {
-        finished_steps = store::records::finished_steps(client)?;
-        gates = store::records::confirmed_gates(client)?;
+        finished_steps = store::records::finished_steps(client, release)?;
+        gates = store::records::confirmed_gates(client, release)?;
     }
     Ok(Progress {
         applied_versions,
@@ -222,7 +329,9 @@ mod tests {
 
     #[test]
     fn the_release_follows_product_md() {
-        let labels: Vec<String> = steps().unwrap().iter().map(Step::label).collect();
+        let built_in = Definition::built_in();
+        assert_eq!(built_in.name, COUPON_RELEASE);
+        let labels: Vec<String> = built_in.steps.iter().map(Step::label).collect();
         assert_eq!(
             labels,
             [
@@ -239,5 +348,31 @@ mod tests {
                 "migration V5",
             ]
         );
+    }
+
+    #[test]
+    fn a_release_without_a_name_or_steps_or_with_a_bad_name_is_refused() {
+        let e = Definition::parse("[[step]]\nmigrate = 1\n", "x").unwrap_err();
+        assert!(format!("{e:#}").contains("x has no name"), "{e:#}");
+        let e = Definition::parse("name = \"a b\"\n[[step]]\nmigrate = 1\n", "x").unwrap_err();
+        assert!(format!("{e:#}").contains("1 to 63 letters"), "{e:#}");
+        let e = Definition::parse("name = \"a\"\n", "x").unwrap_err();
+        assert!(format!("{e:#}").contains("x has no step"), "{e:#}");
+        let e = Definition::parse(
+            "name = \"a\"\n[[step]]\nmigrate = 1\n[[invariant]]\nname = \"i\"\nsql = \"\"\n",
+            "x",
+        )
+        .unwrap_err();
+        assert!(
+            format!("{e:#}").contains("needs a name and the sql"),
+            "{e:#}"
+        );
+        let ok = Definition::parse(
+            "name = \"orders-2027\"\n[[step]]\nmigrate = 6\n[[invariant]]\nname = \"i\"\nsql = \"SELECT 1 WHERE false\"\n",
+            "x",
+        )
+        .unwrap();
+        assert_eq!(ok.name, "orders-2027");
+        assert_eq!(ok.invariants.len(), 1);
     }
 }

@@ -23,6 +23,12 @@ mod embedded {
     include!(concat!(env!("OUT_DIR"), "/embedded_repairs.rs"));
 }
 
+/// The coupon release's repair definitions built into pgmend, as (file name, bytes): what `pgmend init`
+/// writes out.
+pub fn built_in_files() -> &'static [(&'static str, &'static [u8])] {
+    embedded::EMBEDDED
+}
+
 /// How one column orders the rows of a group (rank 1 is kept).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]

@@ -98,7 +98,11 @@ pub fn read(client: &mut impl GenericClient) -> Result<LegacyCounter> {
             campaigns: figures(&rows),
         });
     }
-    let passed = crate::store::records::gate_confirmed(client, DEPLOY_GATE)?;
+    let passed = crate::store::records::gate_confirmed(
+        client,
+        crate::store::schema::ADOPTED_RELEASE,
+        DEPLOY_GATE,
+    )?;
     if passed {
         return Ok(LegacyCounter {
             source: Source::NotRecorded,

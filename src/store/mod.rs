@@ -12,6 +12,7 @@
 //! ledger's reads; `records.rs` the release's records.
 
 pub mod records;
+pub mod releases;
 pub mod runs;
 pub mod schema;
 pub mod slices;
@@ -86,7 +87,7 @@ pub fn targets_insert() -> String {
 }
 
 /// pgmend's tables with the privileges pgmend's role needs on each, for the pre-flight.
-pub const TABLE_PRIVILEGES: [(&str, &[&str]); 13] = [
+pub const TABLE_PRIVILEGES: [(&str, &[&str]); 14] = [
     ("repair_runs", &["SELECT", "INSERT", "UPDATE"]),
     ("repair_targets", &["SELECT", "INSERT"]),
     // UPDATE: a counter row a batch creates and then corrects has its 'insert' record
@@ -103,6 +104,8 @@ pub const TABLE_PRIVILEGES: [(&str, &[&str]); 13] = [
     ("applied_plans", &["SELECT", "INSERT"]),
     ("plan_steps", &["SELECT", "INSERT", "UPDATE"]),
     ("run_slices", &["SELECT", "INSERT", "UPDATE", "DELETE"]),
+    // Release identities (schema version 7).
+    ("releases", &["SELECT", "INSERT", "UPDATE"]),
 ];
 
 /// Whether pgmend's schema exists yet (read-only commands must not create it).

@@ -1,4 +1,5 @@
-//! The release's records: finished steps, confirmed gates, the saved plans applied, the
+//! The releases' records: finished steps and confirmed gates (by release name, see
+//! `schema::V7_SQL`; [`releases`] for the releases themselves), the saved plans applied, the
 //! schema the release belongs to, and the legacy counter recorded at the deploy gate (read by
 //! `report::legacy_counter`).
 //!
@@ -14,83 +15,121 @@ use postgres::{GenericClient, Row};
 
 use crate::error::PgContext;
 
-/// The steps recorded as finished (1-based), in order.
-pub fn finished_steps(client: &mut impl GenericClient) -> Result<Vec<i32>> {
-    Ok(client
-        .query("SELECT step FROM pgmend.release_steps ORDER BY step", &[])
-        .doing("reading the release's finished steps")?
-        .iter()
-        .map(|r| r.get(0))
-        .collect())
+/// Whether the records are keyed by release (schema version 7 on). A read-only command may
+/// find an older schema, which it does not upgrade: its records are all the coupon release's
+/// ([`ADOPTED_RELEASE`](super::schema::ADOPTED_RELEASE)).
+fn keyed(client: &mut impl GenericClient) -> Result<bool> {
+    Ok(super::schema::version(client)?.is_some_and(|v| v >= 7))
 }
 
-/// The confirmed gates: (gate, confirmed by, when in UTC).
-pub fn confirmed_gates(client: &mut impl GenericClient) -> Result<Vec<(String, String, String)>> {
-    Ok(client
-        .query(
-            "SELECT gate, confirmed_by, to_char(confirmed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') FROM pgmend.gates",
-            &[],
-        )
-        .doing("reading the confirmed gates")?
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
-        .collect())
+/// The records of `release` in `table`, read with `sql` (whose `$1` is the release), or, in a
+/// schema from before release identities, with `unkeyed` when `release` is the adopted one.
+fn release_rows(
+    client: &mut impl GenericClient,
+    release: &str,
+    sql: &str,
+    unkeyed: &str,
+    what: &str,
+) -> Result<Vec<Row>> {
+    if keyed(client)? {
+        Ok(client.query(sql, &[&release]).doing(what)?)
+    } else if release == super::schema::ADOPTED_RELEASE {
+        Ok(client.query(unkeyed, &[]).doing(what)?)
+    } else {
+        Ok(Vec::new())
+    }
 }
 
-/// Records step `step` (1-based) as finished, with the run that did it; a rerun keeps the
-/// first record.
+/// The steps of `release` recorded as finished (1-based), in order.
+pub fn finished_steps(client: &mut impl GenericClient, release: &str) -> Result<Vec<i32>> {
+    Ok(release_rows(
+        client,
+        release,
+        "SELECT step FROM pgmend.release_steps WHERE release = $1 ORDER BY step",
+        "SELECT step FROM pgmend.release_steps ORDER BY step",
+        "reading the release's finished steps",
+    )?
+    .iter()
+    .map(|r| r.get(0))
+    .collect())
+}
+
+/// The confirmed gates of `release`: (gate, confirmed by, when in UTC).
+pub fn confirmed_gates(
+    client: &mut impl GenericClient,
+    release: &str,
+) -> Result<Vec<(String, String, String)>> {
+    const COLUMNS: &str = "gate, confirmed_by, to_char(confirmed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')";
+    Ok(release_rows(
+        client,
+        release,
+        &format!(
+            "SELECT {COLUMNS} FROM pgmend.gates WHERE release = $1 ORDER BY confirmed_at, gate"
+        ),
+        &format!("SELECT {COLUMNS} FROM pgmend.gates ORDER BY confirmed_at, gate"),
+        "reading the confirmed gates",
+    )?
+    .iter()
+    .map(|r| (r.get(0), r.get(1), r.get(2)))
+    .collect())
+}
+
+/// Records step `step` (1-based) of `release` as finished, with the run that did it; a rerun
+/// keeps the first record.
 pub fn record_step(
     client: &mut impl GenericClient,
+    release: &str,
     step: i32,
     what: &str,
     run_id: Option<i64>,
 ) -> Result<()> {
     client
         .execute(
-            "INSERT INTO pgmend.release_steps (step, what, run_id) VALUES ($1, $2, $3) ON CONFLICT (step) DO NOTHING",
-            &[&step, &what, &run_id],
+            "INSERT INTO pgmend.release_steps (release, step, what, run_id) VALUES ($1, $2, $3, $4) ON CONFLICT (release, step) DO NOTHING",
+            &[&release, &step, &what, &run_id],
         )
         .doing("recording the finished step")?;
     Ok(())
 }
 
-/// Records `gate` as confirmed by `who` (and the session's role); a rerun keeps the first.
-pub fn confirm_gate(client: &mut impl GenericClient, gate: &str, who: &str) -> Result<()> {
+/// Records `gate` of `release` as confirmed by `who` (and the session's role); a rerun keeps
+/// the first.
+pub fn confirm_gate(
+    client: &mut impl GenericClient,
+    release: &str,
+    gate: &str,
+    who: &str,
+) -> Result<()> {
     client
         .execute(
-            "INSERT INTO pgmend.gates (gate, confirmed_by) VALUES ($1, $2 || ' (role ' || current_user || ')') ON CONFLICT (gate) DO NOTHING",
-            &[&gate, &who],
+            "INSERT INTO pgmend.gates (release, gate, confirmed_by) VALUES ($1, $2, $3 || ' (role ' || current_user || ')') ON CONFLICT (release, gate) DO NOTHING",
+            &[&release, &gate, &who],
         )
         .doing("recording the gate")?;
     Ok(())
 }
 
-/// Whether the release has passed a gate (`pgmend.gates` has a row): from then on the new
-/// application runs, which keeps every counter in step with its source.
-pub fn gates_passed(client: &mut impl GenericClient) -> Result<bool> {
+/// Whether `release` (any release, when none is named) has passed a gate: from then on the
+/// new application runs, which keeps every counter in step with its source.
+pub fn gates_passed(client: &mut impl GenericClient, release: Option<&str>) -> Result<bool> {
     if !super::exists(client)? {
         return Ok(false);
     }
-    Ok(client
-        .query_one("SELECT EXISTS (SELECT 1 FROM pgmend.gates)", &[])
-        .doing("reading whether the release has passed its gate")?
-        .get(0))
+    Ok(match release {
+        Some(release) => !confirmed_gates(client, release)?.is_empty(),
+        None => client
+            .query_one("SELECT EXISTS (SELECT 1 FROM pgmend.gates)", &[])
+            .doing("reading whether the release has passed its gate")?
+            .get(0),
+    })
 }
 
-/// Whether `gate` is confirmed (false when pgmend's tables do not exist).
-pub fn gate_confirmed(client: &mut impl GenericClient, gate: &str) -> Result<bool> {
-    let has_gates: bool = client
-        .query_one("SELECT to_regclass('pgmend.gates') IS NOT NULL", &[])
-        .doing("looking for pgmend's tables")?
-        .get(0);
-    Ok(has_gates
-        && client
-            .query_one(
-                "SELECT EXISTS (SELECT 1 FROM pgmend.gates WHERE gate = $1)",
-                &[&gate],
-            )
-            .doing("reading the confirmed gates")?
-            .get::<_, bool>(0))
+/// Whether `gate` of `release` is confirmed (false when pgmend's tables do not exist).
+pub fn gate_confirmed(client: &mut impl GenericClient, release: &str, gate: &str) -> Result<bool> {
+    Ok(super::exists(client)?
+        && confirmed_gates(client, release)?
+            .iter()
+            .any(|g| g.0 == gate))
 }
 
 /// The schema whose release pgmend's records are, when recorded.

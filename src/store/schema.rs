@@ -8,7 +8,8 @@
 //! slices of a run walked by several workers (`--jobs`, see `store::slices`); version 6 the compact
 //! ledger (`ledger_compact` and `ledger_shapes`, read with `repair_ledger` through the view
 //! `ledger_records`, see
-//! `V6_SQL`). [`ensure`] creates the
+//! `V6_SQL`); version 7 release identities (`pgmend.releases`, step records and gates keyed
+//! by release, see `V7_SQL`). [`ensure`] creates the
 //! schema or upgrades it in place, in one transaction serialised by an advisory lock under
 //! the session's bounded lock waits; a schema newer than this binary is refused before any
 //! change.
@@ -35,7 +36,7 @@ use crate::db::retry::{with_lock_retry, LockPolicy};
 use crate::error::PgContext;
 
 /// The version of pgmend's schema this binary creates and works with.
-pub const CURRENT: i32 = 6;
+pub const CURRENT: i32 = 7;
 
 /// The first key of the transaction-level advisory lock upgrades take ("pgmd"), second key
 /// "schm": two pgmends upgrading at once take turns, the second finds the work done.
@@ -223,14 +224,46 @@ CREATE VIEW pgmend.ledger_records AS
          c.at
     FROM pgmend.ledger_compact c JOIN pgmend.ledger_shapes s ON s.run_id = c.run_id AND s.shape = c.shape;";
 
+/// The release that records made before release identities belong to: the coupon release, the
+/// one release pgmend ran then (`release::COUPON_RELEASE` is this name).
+pub const ADOPTED_RELEASE: &str = "coupon-incident";
+
+/// Version 7: release identities. `pgmend.releases` holds each release started on this database
+/// (its name, the digest of its files when last applied, its steps as JSON so that another
+/// release can tell whether it is finished without its files, and when it finished); the
+/// release's step records and gates are keyed by its name. Records an older pgmend wrote, and
+/// a database with any, are adopted as the coupon release's, with their progress (its steps
+/// are the built-in release's, filled in by `release::identity`).
+const V7_SQL: &str = "
+CREATE TABLE pgmend.releases (
+  release     text PRIMARY KEY,
+  digest      text NOT NULL,
+  steps       jsonb,
+  started_by  text NOT NULL DEFAULT current_user,
+  started_at  timestamptz NOT NULL DEFAULT now(),
+  finished_at timestamptz
+);
+ALTER TABLE pgmend.release_steps ADD COLUMN release text NOT NULL DEFAULT 'coupon-incident';
+ALTER TABLE pgmend.release_steps ALTER COLUMN release DROP DEFAULT;
+ALTER TABLE pgmend.release_steps DROP CONSTRAINT release_steps_pkey;
+ALTER TABLE pgmend.release_steps ADD PRIMARY KEY (release, step);
+ALTER TABLE pgmend.gates ADD COLUMN release text NOT NULL DEFAULT 'coupon-incident';
+ALTER TABLE pgmend.gates ALTER COLUMN release DROP DEFAULT;
+ALTER TABLE pgmend.gates DROP CONSTRAINT gates_pkey;
+ALTER TABLE pgmend.gates ADD PRIMARY KEY (release, gate);
+INSERT INTO pgmend.releases (release, digest)
+  SELECT 'coupon-incident', 'adopted: recorded before release identities'
+   WHERE EXISTS (SELECT 1 FROM pgmend.release_steps) OR EXISTS (SELECT 1 FROM pgmend.gates);";
+
 /// Each upgrade step, by the version it leads to.
-const STEPS: [(i32, &str); 6] = [
+const STEPS: [(i32, &str); 7] = [
     (1, V1_SQL),
     (2, V2_SQL),
     (3, V3_SQL),
     (4, V4_SQL),
     (5, V5_SQL),
     (6, V6_SQL),
+    (7, V7_SQL),
 ];
 
 /// The version of the schema in the database: None when there is no schema yet; 1 when the

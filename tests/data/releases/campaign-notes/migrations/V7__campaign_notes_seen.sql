@@ -1,0 +1,1 @@
+ALTER TABLE campaign_notes ADD COLUMN seen_at timestamptz;
