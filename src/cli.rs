@@ -2,10 +2,11 @@
 //!
 //! The clap definitions: the subcommands (`migrate status|plan|apply|baseline|validate`, `repair
 //! list|plan|apply|status|log|undo|abandon`, `report overruns`, top-level `plan`, `apply`,
-//! `verify`, `demo`, `completions`, `man`) and the option groups flattened into them —
-//! `ConnectionArgs` (`--database-url` / `DATABASE_URL`), `MigrationsArgs` (`--migrations-dir` /
-//! `PGMEND_MIGRATIONS_DIR`; not taken by `validate`), `RepairsArgs` (`--repairs-dir` /
-//! `PGMEND_REPAIRS_DIR`), `SafetyArgs` (`--yes`, `--lock-timeout` 500ms, `--lock-retry-for` 1m,
+//! `verify`, `demo`, `completions`, `man`, `init`) and the option groups flattened into them —
+//! `ConnectionArgs` (`--database-url` / `DATABASE_URL`), `ReleaseArgs` (`--release` /
+//! `PGMEND_RELEASE`), within `MigrationsArgs` (with `--migrations-dir` / `PGMEND_MIGRATIONS_DIR`;
+//! not taken by `validate`), `RepairsArgs` (with `--repairs-dir` / `PGMEND_REPAIRS_DIR`) and
+//! `ProjectArgs` (all three, for the top-level `plan` and `apply`), `SafetyArgs` (`--yes`, `--lock-timeout` 500ms, `--lock-retry-for` 1m,
 //! `--statement-timeout` 1m, `--build-wait` 5m, `--runner-wait` 0s), `BatchArgs` (`--batch-target`
 //! 200ms, `--max-replica-lag`) and the global `OutputArgs` (`--format
 //! human|json|csv|markdown|html|xlsx`, an `Option`: not given is not `human`, so `report overruns
@@ -489,8 +490,6 @@ pub struct RepairApplyArgs {
 pub struct RepairStatusArgs {
     #[command(flatten)]
     pub conn: ConnectionArgs,
-    #[command(flatten)]
-    pub release: ReleaseArgs,
 }
 
 #[derive(Debug, Args)]
@@ -580,8 +579,6 @@ pub struct BaselineArgs {
 pub struct VerifyArgs {
     #[command(flatten)]
     pub conn: ConnectionArgs,
-    #[command(flatten)]
-    pub release: ReleaseArgs,
 }
 
 #[derive(Debug, Args)]

@@ -54,8 +54,9 @@ fn commands(command: &clap::Command, path: &str) -> Vec<(String, String)> {
 const ENVIRONMENT: &[(&str, &str)] = &[
     ("DATABASE_URL", "The database, as --database-url takes it: a postgresql:// URL or \"host=... dbname=...\"."),
     ("PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, PGSSLMODE, PGSSLROOTCERT, PGCONNECT_TIMEOUT, PGAPPNAME, PGOPTIONS, PGPASSFILE, PGTARGETSESSIONATTRS", "libpq's variables, for whatever the URL leaves out."),
-    ("PGMEND_MIGRATIONS_DIR", "Read the migrations from this directory instead of the ones built in (--migrations-dir)."),
-    ("PGMEND_REPAIRS_DIR", "Read the repair definitions from this directory instead of the ones built in (--repairs-dir)."),
+    ("PGMEND_RELEASE", "The release directory (release.toml, migrations/, repairs/), as --release takes it; default: the current directory, when it holds a release.toml."),
+    ("PGMEND_MIGRATIONS_DIR", "Read the migrations from this directory instead of the release's migrations/ (--migrations-dir)."),
+    ("PGMEND_REPAIRS_DIR", "Read the repair definitions from this directory instead of the release's repairs/ (--repairs-dir)."),
     ("PGMEND_SCHEMA", "The schema that holds the legacy tables (--schema)."),
     ("PGMEND_POOLER", "What stands between pgmend and the server (--pooler)."),
     ("NO_COLOR", "When set, no colour even on a terminal."),

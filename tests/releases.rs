@@ -84,7 +84,7 @@ fn a_release_written_by_init_to_a_temporary_directory_runs_end_to_end_from_anywh
         &db.password(),
     );
     assert_eq!(r.code, 0, "{}", r.both());
-    let v = in_dir(&db, other.path(), &["verify", "--release", dir]);
+    let v = in_dir(&db, other.path(), &["verify"]);
     assert_eq!(v.code, 0, "{}", v.both());
     assert_eq!(
         db.scalar_i64("SELECT count(*) FROM refinery_schema_history"),

@@ -1564,7 +1564,7 @@ fn released_up_to_the_void_step() -> TestDb {
         0
     );
     db.client()
-        .batch_execute("INSERT INTO pgmend.release_steps (step, what, run_id) VALUES (4, 'repair void-duplicate-coupons', 1)")
+        .batch_execute("INSERT INTO pgmend.release_steps (release, step, what, run_id) VALUES ('coupon-incident', 4, 'repair void-duplicate-coupons', 1)")
         .unwrap();
     db
 }

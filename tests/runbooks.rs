@@ -1,8 +1,10 @@
 //! Every runbook in `runbooks/` is executable: each fenced shell block (```` ```sh ```` or
 //! ```` ```bash ````) is run, in the order of the file, with bash and `set -euo pipefail`,
 //! against a throwaway database prepared for that runbook, with the `pgmend` under test first
-//! on `PATH`, `DATABASE_URL` pointing at the test database, `HOME` and the working directory
-//! in a temporary directory, and no stray `PG*` variables.
+//! on `PATH`, `DATABASE_URL` pointing at the test database, `PGMEND_RELEASE` at the coupon
+//! release at the repository root (a runbook's reader exports it with the connection, in a `sh
+//! no-test` block), `HOME` and the working directory in a temporary directory, and no stray
+//! `PG*` variables.
 //!
 //! The convention, for whoever writes a runbook:
 //!
@@ -241,6 +243,7 @@ fn bash(db: &TestDb, work: &Path, env: &[(&'static str, String)], script: &str) 
         .current_dir(work)
         .env("PATH", std::env::join_paths(paths).unwrap())
         .env("DATABASE_URL", db.conninfo())
+        .env("PGMEND_RELEASE", repo())
         .env("HOME", work.join("home"))
         .env("RUNBOOK_STATE", work.join(".state.sh"))
         .env("TZ", "Asia/Tokyo")

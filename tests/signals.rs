@@ -162,8 +162,8 @@ fn late_duplicate() -> (TestDb, EndState, TestDb) {
     source
         .client()
         .batch_execute(&format!(
-            "INSERT INTO pgmend.release_steps (step, what, run_id)
-               SELECT 4, 'repair void-duplicate-coupons', max(run_id) FROM pgmend.repair_runs;
+            "INSERT INTO pgmend.release_steps (release, step, what, run_id)
+               SELECT 'coupon-incident', 4, 'repair void-duplicate-coupons', max(run_id) FROM pgmend.repair_runs;
              INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen)
                SELECT '{LATE}', campaign_id, member_id, month, amount_yen FROM issued_coupons
                 WHERE NOT legacy_duplicate ORDER BY coupon_id LIMIT 1"

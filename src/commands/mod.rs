@@ -5,7 +5,8 @@
 //! options and the environment, with `--schema` added to the connection's `search_path`, connect,
 //! and run the environment's pre-flight, `preflight::check`; `open_checked` also returns what it
 //! found; `open_to_read` first checks that the role may read what `verify` or the report reads),
-//! `load` (the migration files from `MigrationsArgs`), `source` (the repair definitions), `policy`
+//! `load` (the migration files from `MigrationsArgs`), `source` (the repair definitions),
+//! `release` (the release `plan` and `apply` run, `release::project`), `release_name`, `policy`
 //! (`SafetyArgs` to a checked `LockPolicy`), `run_options` (the batch options), `confirm` (ask
 //! `[y/N]` on the terminal, and stop with exit 1 on any answer but yes; without `--yes` and
 //! without a terminal on both stdin and stderr, refuse (exit 2), naming the caller's own dry

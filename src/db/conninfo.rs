@@ -270,11 +270,12 @@ const ENV_KEYS: &[(&str, &str)] = &[
 ];
 
 /// Every environment variable that changes what pgmend connects to or reads: the libpq ones
-/// above, `DATABASE_URL`, and the migrations and repairs directories. Test harnesses clear
+/// above, `DATABASE_URL`, and the release, migrations and repairs directories. Test harnesses clear
 /// them all, so that the caller's environment cannot leak into a run.
 pub fn environment_variables() -> impl Iterator<Item = &'static str> {
     [
         "DATABASE_URL",
+        "PGMEND_RELEASE",
         "PGMEND_MIGRATIONS_DIR",
         "PGMEND_REPAIRS_DIR",
         "PGMEND_SCHEMA",

@@ -222,7 +222,7 @@ impl TestDb {
         let r = self.run(&["repair", "apply", "void-duplicate-coupons", "--yes"]);
         assert_eq!(r.code, 0, "{}", r.both());
         self.client()
-            .batch_execute("INSERT INTO pgmend.release_steps (step, what, run_id) VALUES (4, 'repair void-duplicate-coupons', 1)")
+            .batch_execute("INSERT INTO pgmend.release_steps (release, step, what, run_id) VALUES ('coupon-incident', 4, 'repair void-duplicate-coupons', 1)")
             .unwrap();
     }
 
