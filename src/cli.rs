@@ -251,6 +251,8 @@ pub enum ReportCommand {
 pub struct OverrunsArgs {
     #[command(flatten)]
     pub conn: ConnectionArgs,
+    #[command(flatten)]
+    pub release: ReleaseArgs,
     /// Write the report to FILE (atomically: a temporary file beside it, then a rename)
     /// instead of stdout.
     #[arg(long, value_name = "FILE")]
@@ -490,6 +492,8 @@ pub struct RepairApplyArgs {
 pub struct RepairStatusArgs {
     #[command(flatten)]
     pub conn: ConnectionArgs,
+    #[command(flatten)]
+    pub release: ReleaseArgs,
 }
 
 #[derive(Debug, Args)]
@@ -579,6 +583,8 @@ pub struct BaselineArgs {
 pub struct VerifyArgs {
     #[command(flatten)]
     pub conn: ConnectionArgs,
+    #[command(flatten)]
+    pub project: ProjectArgs,
 }
 
 #[derive(Debug, Args)]

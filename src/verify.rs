@@ -1,15 +1,28 @@
-//! `pgmend verify`: the invariants the release establishes (docs/verify.md), checked in one
+//! `pgmend verify`: the invariants of the chosen release (docs/verify.md), checked in one
 //! read-only snapshot, and the anomalies worth a human look. Exit 1 names the first offending keys.
 //!
-//! `run` refuses a database without `campaigns` and `issued_coupons` (exit 2, `NO_COUPON_TABLES`,
-//! the report's message too); a legacy database fails the one check `released_schema`. Otherwise
-//! the invariants (`data_checks`: one live coupon per campaign and member, both counters equal to
-//! the non-voided coupons; `unique_index`: the unique index unique, valid and with its predicate;
-//! `budget_check`: the check present; `no_invalid_index`; `no_guard_trigger`: none left by an
-//! interrupted release) and two `anomalies` (voided coupons redeemed anyway, counter rows without a
-//! campaign), each one aggregate query with a sample of the first offending keys. The caller
-//! (`commands/verify.rs`) gives it one REPEATABLE READ, READ ONLY snapshot, so it runs on a hot
-//! standby. Tested in `tests/verify.rs` and `tests/hints.rs`.
+//! Nothing here knows a release's tables: every check comes from the release. `run` refuses a
+//! database that has none of the tables the release names (exit 2, [`no_tables`]); a database
+//! none of whose release migrations after the first is applied, and none of whose other
+//! release steps is done, fails the one check `released_schema` (its legacy state). Otherwise, in order:
+//!
+//! - the invariants the release declares (`[[invariant]]` in `release.toml`: a query whose rows
+//!   break it; `anomaly = true` ones are listed apart and do not change the exit code);
+//! - what its migrations imply, from their censuses (`online::census`): each unique index
+//!   present, unique and valid on its table (`unique_index_NAME`), each CHECK present (validated,
+//!   or NOT VALID with the rows that break it counted: accepted, `check_NAME`), each
+//!   precondition's query still empty (`NAME`); a declared invariant of the same name replaces
+//!   the derived one;
+//! - what its repairs imply: each repair step's census empty (a counter equal to its source, no
+//!   group with more than one unmarked row: `repair_NAME`), unless a declared invariant says it
+//!   checks that repair (`repair = "NAME"`);
+//! - `no_invalid_index` and `no_guard_trigger` (none left by an interrupted release).
+//!
+//! Each check is one aggregate query with a sample of the first offending rows, under a
+//! savepoint: a check whose table or column does not exist yet fails as "missing" instead of
+//! ending the snapshot. The caller (`commands/verify.rs`) gives it one REPEATABLE READ, READ ONLY
+//! snapshot, so it runs on a hot standby. Tested in `tests/verify.rs`, `tests/hints.rs` and
+//! `tests/releases.rs`.
 
 use anyhow::Result;
 use postgres::GenericClient;
@@ -17,10 +30,15 @@ use serde::Serialize;
 
 use crate::error::PgContext;
 use crate::online::catalog;
+use crate::online::census::{Census, Guard};
+use crate::release::{Release, Step};
+use crate::repair::counter::CounterEngine;
+use crate::repair::definition::Spec;
+use crate::repair::void::VoidEngine;
 
 #[derive(Debug, Serialize)]
 pub struct Check {
-    pub name: &'static str,
+    pub name: String,
     pub ok: bool,
     /// How many keys (or objects) break it.
     pub violations: i64,
@@ -39,43 +57,314 @@ pub struct Verification {
 
 const SAMPLE: i64 = 5;
 
-fn exists(client: &mut impl GenericClient, table: &str, column: &str) -> Result<bool> {
+/// Why there is nothing to verify: the connection points at another database (exit 2).
+pub fn no_tables(release: &str, tables: &[String]) -> String {
+    format!(
+        "this database has none of the tables release {release} works on ({}); check --database-url (and the search_path, or --schema) points at that release's database, or --release at the release of this one",
+        tables.join(", ")
+    )
+}
+
+/// Checks `release` on the database `client` reads (one snapshot); `applied` is the migration
+/// history's versions.
+pub fn run(
+    client: &mut impl GenericClient,
+    release: &Release,
+    applied: &[i32],
+) -> Result<Verification> {
+    let tables = release.tables();
+    if !tables.is_empty() && !any_exists(client, &tables)? {
+        anyhow::bail!(no_tables(release.name, &tables));
+    }
+    let migrations: Vec<i32> = release
+        .steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Migrate { version, .. } => Some(*version),
+            _ => None,
+        })
+        .collect();
+    // Its legacy state: some migration pending, none applied after the first (which may be the
+    // adopted legacy schema, as the coupon release's V1 is) and no other step done.
+    let progress = crate::release::progress(client, release.name, applied.to_vec())?;
+    let other_steps_done = release
+        .steps
+        .iter()
+        .enumerate()
+        .any(|(i, s)| !matches!(s, Step::Migrate { .. }) && progress.done(i, s));
+    if !migrations.iter().skip(1).any(|v| applied.contains(v))
+        && migrations.iter().any(|v| !applied.contains(v))
+        && !other_steps_done
+    {
+        return Ok(Verification {
+            ok: false,
+            checks: vec![missing(
+                "released_schema".into(),
+                format!(
+                    "the database is still in its legacy state (none of release {}'s migrations after the first is applied); run `pgmend plan`, then `pgmend apply`",
+                    release.name
+                ),
+            )],
+            anomalies: Vec::new(),
+        });
+    }
+    let definition = release.invariants;
+    let mut checks = Vec::new();
+    let mut anomalies = Vec::new();
+    for inv in definition {
+        let check = count(
+            client,
+            inv.name.clone(),
+            &inv.sql,
+            if inv.holds.is_empty() {
+                "holds"
+            } else {
+                &inv.holds
+            },
+            if inv.explain.is_empty() {
+                "rows break it"
+            } else {
+                &inv.explain
+            },
+        )?;
+        if inv.anomaly {
+            anomalies.push(check);
+        } else {
+            checks.push(check);
+        }
+    }
+    let declared = |name: &str| definition.iter().any(|i| i.name == name);
+    for m in release
+        .files
+        .iter()
+        .filter(|m| migrations.contains(&m.version))
+    {
+        for census in m.censuses.iter().filter(|c| !declared(&derived_name(c))) {
+            checks.push(from_census(client, census)?);
+        }
+    }
+    let mut seen = Vec::new();
+    for step in release.steps {
+        let Step::Repair { name } = step else {
+            continue;
+        };
+        if seen.contains(name) || definition.iter().any(|i| i.repair.as_deref() == Some(name)) {
+            continue;
+        }
+        seen.push(name.clone());
+        if let Some(repair) = release.repairs.iter().find(|r| &r.name == name) {
+            checks.push(from_repair(client, &repair.name, &repair.spec)?);
+        }
+    }
+    checks.push(no_invalid_index(client)?);
+    checks.push(no_guard_trigger(client)?);
+    Ok(Verification {
+        ok: checks.iter().all(|c| c.ok),
+        checks,
+        anomalies,
+    })
+}
+
+/// Whether any of `tables` exists on the session's search path.
+fn any_exists(client: &mut impl GenericClient, tables: &[String]) -> Result<bool> {
     Ok(client
         .query_one(
-            "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped)",
-            &[&table, &column],
+            "SELECT EXISTS (SELECT 1 FROM unnest($1::text[]) t WHERE to_regclass(quote_ident(t)) IS NOT NULL)",
+            &[&tables],
         )
         .doing("checking the schema")?
         .get(0))
 }
 
-/// Counts the rows of `violators` and samples the first few.
+/// The name of the check a census implies.
+fn derived_name(census: &Census) -> String {
+    match census.guard {
+        Guard::UniqueIndex => format!("unique_index_{}", census.name),
+        Guard::Check | Guard::CheckNotValid => format!("check_{}", census.name),
+        Guard::Precondition => census.name.clone(),
+    }
+}
+
+/// The check a migration's census implies: the index or constraint in place, the
+/// precondition still holding.
+fn from_census(client: &mut impl GenericClient, census: &Census) -> Result<Check> {
+    let name = derived_name(census);
+    let table = census.tables.first().cloned().unwrap_or_default();
+    match census.guard {
+        Guard::Precondition => count(
+            client,
+            name,
+            &census.violators_sql,
+            "holds",
+            &format!("{}: {}", census.counts, census.fix),
+        ),
+        Guard::UniqueIndex => {
+            let index = client
+                .query_opt(
+                    "SELECT i.indisunique, i.indisvalid AND i.indisready, i.indrelid = to_regclass($2),
+                            pg_get_indexdef(i.indexrelid)
+                       FROM pg_index i WHERE i.indexrelid = to_regclass($1)",
+                    &[&census.name, &table],
+                )
+                .doing("reading the unique index")?;
+            Ok(match index {
+                None => missing(
+                    name,
+                    format!(
+                        "the index {} does not exist: run `pgmend apply`",
+                        census.name
+                    ),
+                ),
+                Some(r) => {
+                    let (unique, valid, on_table, definition): (bool, bool, bool, String) =
+                        (r.get(0), r.get(1), r.get(2), r.get(3));
+                    let right = unique && valid && on_table;
+                    Check {
+                        name,
+                        ok: right,
+                        violations: i64::from(!right),
+                        sample: Vec::new(),
+                        detail: if right {
+                            format!("unique and valid: {definition}")
+                        } else {
+                            format!(
+                                "{} is {}{}{definition}{}: drop it concurrently and rebuild it (runbooks/failed-concurrent-index-build.md)",
+                                census.name,
+                                if unique { "" } else { "not unique, " },
+                                if valid { "" } else { "INVALID, " },
+                                if on_table { "" } else { " (not on the table its migration names)" },
+                            )
+                        },
+                    }
+                }
+            })
+        }
+        Guard::Check | Guard::CheckNotValid => {
+            let check = client
+                .query_opt(
+                    "SELECT convalidated FROM pg_constraint
+                      WHERE conname = $1 AND contype = 'c' AND conrelid = to_regclass($2)",
+                    &[&census.name, &table],
+                )
+                .doing("reading the check")?;
+            let Some(row) = check else {
+                return Ok(missing(
+                    name,
+                    format!(
+                        "the check {} is missing on {table}: run `pgmend apply`",
+                        census.name
+                    ),
+                ));
+            };
+            let validated: bool = row.get(0);
+            let detail = if validated {
+                format!("present on {table}, validated")
+            } else {
+                let breaking: i64 = client
+                    .query_one(
+                        &format!("SELECT count(*) FROM ({}) v", census.violators_sql),
+                        &[],
+                    )
+                    .doing(format!("counting the rows that break {}", census.name))?
+                    .get(0);
+                match breaking {
+                    0 => format!("present on {table}, NOT VALID, and no row breaks it: `pgmend migrate validate {}` validates it", census.name),
+                    n => format!(
+                        "present on {table}, NOT VALID: {} {} it (from before the check, accepted; new ones are refused). Once none is left, `pgmend migrate validate {}`",
+                        crate::human::count(n, "row"),
+                        if n == 1 { "breaks" } else { "break" },
+                        census.name
+                    ),
+                }
+            };
+            Ok(Check {
+                name,
+                ok: true,
+                violations: 0,
+                sample: Vec::new(),
+                detail,
+            })
+        }
+    }
+}
+
+/// The check a repair step implies: its census empty now.
+fn from_repair(client: &mut impl GenericClient, repair: &str, spec: &Spec) -> Result<Check> {
+    let name = format!("repair_{repair}");
+    let fix = format!("run `pgmend repair apply {repair}`");
+    match spec {
+        Spec::RebuildCounter(c) => count(
+            client,
+            name,
+            &format!(
+                "SELECT key, counter, source FROM ({}) d(key, counter, source)",
+                CounterEngine::preview_only(c.clone()).preview_sql(true)
+            ),
+            &format!("every {}.{} equals its source", c.counter_table, c.counter),
+            &format!(
+                "keys whose {}.{} differs from its source: {fix}",
+                c.counter_table, c.counter
+            ),
+        ),
+        Spec::VoidDuplicates(v) => count(
+            client,
+            name,
+            &VoidEngine::preview_only(v.clone()).duplicates_sql(),
+            &format!(
+                "no group of {} has more than one row not marked {}",
+                v.table, v.mark
+            ),
+            &format!(
+                "groups of {} with more than one row not marked {}: {fix}",
+                v.table, v.mark
+            ),
+        ),
+    }
+}
+
+/// Counts the rows of `violators` and samples the first few, under a savepoint: a table or
+/// column that does not exist yet makes the check fail as missing.
 fn count(
     client: &mut impl GenericClient,
-    name: &'static str,
+    name: String,
     violators: &str,
     ok_detail: &str,
     bad_detail: &str,
 ) -> Result<Check> {
-    let n: i64 = client
-        .query_one(&format!("SELECT count(*) FROM ({violators}) v"), &[])
-        .doing(format!("checking {name}"))?
-        .get(0);
-    let sample = if n > 0 {
-        client
-            .query(
-                &format!(
-                    "SELECT row_to_json(v)::text FROM ({violators}) v ORDER BY 1 LIMIT {SAMPLE}"
+    let mut tx = client.transaction().doing("opening a savepoint")?;
+    let n: i64 =
+        match tx.query_one(&format!("SELECT count(*) FROM ({violators}) v"), &[]) {
+            Ok(row) => row.get(0),
+            Err(e)
+                if matches!(
+                    crate::error::sqlstate(&e),
+                    Some("42P01" | "42703" | "42883")
+                ) =>
+            {
+                drop(tx);
+                return Ok(missing(
+                    name,
+                    format!(
+                    "its query cannot run here yet ({}): run `pgmend plan`, then `pgmend apply`",
+                    e.as_db_error().map(|d| d.message()).unwrap_or("an object is missing")
                 ),
-                &[],
-            )
-            .doing(format!("sampling {name}"))?
-            .iter()
-            .map(|r| r.get(0))
-            .collect()
+                ));
+            }
+            Err(e) => return Err(e).doing(format!("checking {name}")),
+        };
+    let sample = if n > 0 {
+        tx.query(
+            &format!("SELECT row_to_json(v)::text FROM ({violators}) v ORDER BY 1 LIMIT {SAMPLE}"),
+            &[],
+        )
+        .doing(format!("sampling {name}"))?
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
     } else {
         Vec::new()
     };
+    tx.commit().doing("releasing the savepoint")?;
     Ok(Check {
         name,
         ok: n == 0,
@@ -89,7 +378,7 @@ fn count(
     })
 }
 
-fn missing(name: &'static str, detail: String) -> Check {
+fn missing(name: String, detail: String) -> Check {
     Check {
         name,
         ok: false,
@@ -97,201 +386,6 @@ fn missing(name: &'static str, detail: String) -> Check {
         sample: Vec::new(),
         detail,
     }
-}
-
-/// Why there is nothing to verify or report on: the connection points at another database.
-pub const NO_COUPON_TABLES: &str = "this database has no campaigns and issued_coupons tables; check --database-url (and the search_path) points at the coupon database";
-
-pub fn run(client: &mut impl GenericClient) -> Result<Verification> {
-    ensure_coupon_tables(client)?;
-    if !released(client)? {
-        return Ok(Verification {
-            ok: false,
-            checks: vec![missing(
-                "released_schema",
-                "the database is still in its legacy state (no legacy_duplicate column or counter tables); run `pgmend plan`, then `pgmend apply`".into(),
-            )],
-            anomalies: Vec::new(),
-        });
-    }
-    let mut checks = data_checks(client)?;
-    checks.push(unique_index(client)?);
-    checks.push(budget_check(client)?);
-    checks.push(no_invalid_index(client)?);
-    checks.push(no_guard_trigger(client)?);
-    let anomalies = anomalies(client)?;
-    Ok(Verification {
-        ok: checks.iter().all(|c| c.ok),
-        checks,
-        anomalies,
-    })
-}
-
-/// Not a legacy database either: a wrong --database-url is an error (exit 2), as in the
-/// report, not a check that failed.
-fn ensure_coupon_tables(client: &mut impl GenericClient) -> Result<()> {
-    let tables: bool = client
-        .query_one(
-            "SELECT to_regclass('campaigns') IS NOT NULL AND to_regclass('issued_coupons') IS NOT NULL",
-            &[],
-        )
-        .doing("checking the schema")?
-        .get(0);
-    if !tables {
-        anyhow::bail!(NO_COUPON_TABLES);
-    }
-    Ok(())
-}
-
-/// Whether the release's columns and counter tables exist.
-fn released(client: &mut impl GenericClient) -> Result<bool> {
-    Ok(exists(client, "issued_coupons", "legacy_duplicate")?
-        && exists(client, "campaign_budgets", "issued_yen")?
-        && exists(client, "member_monthly_usage", "used_yen")?)
-}
-
-/// The invariants of the data: one live coupon per member and campaign, and both counters
-/// equal to the sum of their non-voided coupons.
-fn data_checks(client: &mut impl GenericClient) -> Result<Vec<Check>> {
-    Ok(vec![
-        count(
-            client,
-            "one_live_coupon_per_member",
-            "SELECT campaign_id, member_id, count(*) FILTER (WHERE NOT legacy_duplicate) AS live
-               FROM issued_coupons GROUP BY 1, 2 HAVING count(*) FILTER (WHERE NOT legacy_duplicate) <> 1",
-            "every (campaign, member) has exactly one coupon that is not a legacy duplicate",
-            "(campaign, member) pairs with zero or several live coupons: run `pgmend repair apply void-duplicate-coupons`",
-        )?,
-        count(
-            client,
-            "campaign_budgets_match_coupons",
-            "SELECT c.campaign_id, b.issued_yen AS counter_yen, coalesce(s.yen, 0) AS real_yen
-               FROM campaigns c
-               LEFT JOIN campaign_budgets b USING (campaign_id)
-               LEFT JOIN (SELECT campaign_id, sum(amount_yen)::bigint AS yen FROM issued_coupons
-                           WHERE voided_at IS NULL GROUP BY 1) s USING (campaign_id)
-              WHERE b.issued_yen IS DISTINCT FROM coalesce(s.yen, 0)",
-            "every campaign's issued_yen equals the sum of its non-voided coupons",
-            "campaigns whose counter is missing or differs from its coupons: run `pgmend repair apply rebuild-campaign-budgets`",
-        )?,
-        count(
-            client,
-            "member_monthly_usage_matches_coupons",
-            "SELECT coalesce(s.member_id, u.member_id) AS member_id, coalesce(s.month, u.month) AS month,
-                    coalesce(u.used_yen, 0) AS counter_yen, coalesce(s.yen, 0) AS real_yen
-               FROM (SELECT member_id, month, sum(amount_yen)::bigint AS yen FROM issued_coupons
-                      WHERE voided_at IS NULL GROUP BY 1, 2) s
-               FULL JOIN member_monthly_usage u ON u.member_id = s.member_id AND u.month = s.month
-              WHERE coalesce(u.used_yen, 0) <> coalesce(s.yen, 0)",
-            "every member-month's used_yen equals the sum of its non-voided coupons (a missing row counts as 0)",
-            "member-months whose usage differs from their coupons: run `pgmend repair apply rebuild-member-monthly-usage`",
-        )?,
-    ])
-}
-
-/// The unique index `one_coupon_per_member`: unique, valid, on its columns, with its predicate.
-fn unique_index(client: &mut impl GenericClient) -> Result<Check> {
-    let index = client
-        .query_opt(
-            "SELECT i.indisunique, i.indisvalid, i.indisready, coalesce(pg_get_expr(i.indpred, i.indrelid), ''),
-                    (SELECT string_agg(a.attname, ', ' ORDER BY k.n) FROM unnest(i.indkey) WITH ORDINALITY k(attnum, n)
-                       JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum),
-                    i.indrelid::regclass::text
-               FROM pg_index i WHERE i.indexrelid = to_regclass('one_coupon_per_member')",
-            &[],
-        )
-        .doing("reading the unique index")?;
-    Ok(match index {
-        None => missing(
-            "unique_index_one_coupon_per_member",
-            "the index one_coupon_per_member does not exist: run `pgmend apply`".into(),
-        ),
-        Some(r) => {
-            let (unique, valid, ready, predicate, columns, table): (
-                bool,
-                bool,
-                bool,
-                String,
-                String,
-                String,
-            ) = (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5));
-            let right = unique
-                && valid
-                && ready
-                && predicate == "(NOT legacy_duplicate)"
-                && columns == "campaign_id, member_id"
-                && table == "issued_coupons";
-            Check {
-                name: "unique_index_one_coupon_per_member",
-                ok: right,
-                violations: i64::from(!right),
-                sample: Vec::new(),
-                detail: if right {
-                    "unique, valid, on issued_coupons (campaign_id, member_id) WHERE NOT legacy_duplicate".into()
-                } else {
-                    format!(
-                        "one_coupon_per_member is {}{}on {table} ({columns}) WHERE {predicate}: drop it concurrently and rebuild it (runbooks/failed-concurrent-index-build.md)",
-                        if unique { "" } else { "not unique, " },
-                        if valid && ready { "" } else { "INVALID, " }
-                    )
-                },
-            }
-        }
-    })
-}
-
-/// The NOT VALID check `issued_within_budget` exists. Its detail says whether it is validated
-/// and, while it is NOT VALID, how many existing rows break it (accepted: the check still
-/// refuses new violations, so it holds).
-fn budget_check(client: &mut impl GenericClient) -> Result<Check> {
-    let check = client
-        .query_opt(
-            "SELECT convalidated, pg_get_constraintdef(oid) FROM pg_constraint
-              WHERE conname = 'issued_within_budget' AND contype = 'c'
-                AND conrelid = to_regclass('campaign_budgets')",
-            &[],
-        )
-        .doing("reading the check")?;
-    Ok(if let Some(row) = check {
-        let (validated, definition): (bool, String) = (row.get(0), row.get(1));
-        let detail = if validated {
-            "present on campaign_budgets, validated".to_string()
-        } else {
-            let expression = definition
-                .strip_prefix("CHECK ")
-                .and_then(|d| d.strip_suffix(" NOT VALID"))
-                .unwrap_or(&definition);
-            // The server's own rendering of the check, read back from the catalog.
-            let breaking: i64 = client
-                .query_one(
-                    &format!("SELECT count(*) FROM campaign_budgets WHERE NOT {expression}"),
-                    &[],
-                )
-                .doing("counting the rows that break issued_within_budget")?
-                .get(0);
-            match breaking {
-                0 => "present on campaign_budgets, NOT VALID, and no row breaks it: `pgmend migrate validate issued_within_budget` validates it".to_string(),
-                n => format!(
-                    "present on campaign_budgets, NOT VALID: {} {} it (overruns from before the check, accepted; new ones are refused). Once none is left, `pgmend migrate validate issued_within_budget`",
-                    crate::human::count(n, "row"),
-                    if n == 1 { "breaks" } else { "break" }
-                ),
-            }
-        };
-        Check {
-            name: "check_issued_within_budget",
-            ok: true,
-            violations: 0,
-            sample: Vec::new(),
-            detail,
-        }
-    } else {
-        missing(
-            "check_issued_within_budget",
-            "the check issued_within_budget is missing on campaign_budgets: run `pgmend apply`"
-                .into(),
-        )
-    })
 }
 
 /// No INVALID index anywhere in the database.
@@ -328,7 +422,7 @@ fn no_guard_trigger(client: &mut impl GenericClient) -> Result<Check> {
 
 /// A check that holds when `offenders` is empty; the sample is the first few of them.
 fn listed(
-    name: &'static str,
+    name: &str,
     mut offenders: Vec<String>,
     ok_detail: &str,
     bad_detail: impl FnOnce() -> String,
@@ -336,7 +430,7 @@ fn listed(
     let violations = offenders.len() as i64;
     offenders.truncate(SAMPLE as usize);
     Check {
-        name,
+        name: name.into(),
         ok: violations == 0,
         violations,
         sample: offenders,
@@ -346,25 +440,4 @@ fn listed(
             bad_detail()
         },
     }
-}
-
-/// What is worth a human look without breaking an invariant.
-fn anomalies(client: &mut impl GenericClient) -> Result<Vec<Check>> {
-    Ok(vec![
-        count(
-            client,
-            "voided_then_redeemed",
-            "SELECT coupon_id, campaign_id, member_id, voided_at, redeemed_at FROM issued_coupons
-              WHERE voided_at IS NOT NULL AND redeemed_at IS NOT NULL",
-            "no voided coupon was redeemed",
-            "voided coupons that were redeemed anyway (the old cart ignores voided_at): change the cart, and tell finance (the report counts them apart)",
-        )?,
-        count(
-            client,
-            "counter_without_campaign",
-            "SELECT b.campaign_id FROM campaign_budgets b LEFT JOIN campaigns c USING (campaign_id) WHERE c.campaign_id IS NULL",
-            "every campaign_budgets row has its campaign",
-            "campaign_budgets rows with no campaign",
-        )?,
-    ])
 }

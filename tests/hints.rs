@@ -46,7 +46,7 @@ fn without_a_terminal_each_command_names_its_own_dry_run() {
     );
 }
 
-/// A database without the coupon tables is the wrong database, not a legacy one: verify
+/// A database without the release's tables is the wrong database, not a legacy one: verify
 /// says so and exits 2, as the report does.
 #[test]
 fn verify_on_a_database_without_the_coupon_tables_says_they_are_missing() {
@@ -56,7 +56,7 @@ fn verify_on_a_database_without_the_coupon_tables_says_they_are_missing() {
         assert_eq!(r.code, 2, "{args:?}: {}", r.both());
         assert!(
             r.stderr
-                .contains("this database has no campaigns and issued_coupons tables"),
+                .contains("this database has none of the tables release coupon-incident works on (campaigns, issued_coupons,"),
             "{args:?}: {}",
             r.stderr
         );

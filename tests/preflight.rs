@@ -385,7 +385,9 @@ fn legacy_tables_in_another_schema_are_refused_and_named_and_schema_releases_the
             &db,
             || db.run(args),
             &[
-                "the legacy tables (campaigns, issued_coupons) are in schema coupons, not in public",
+                "the tables this works on (",
+                "issued_coupons",
+                "are in schema coupons, not in public",
                 "--schema coupons",
                 "nothing was changed",
             ],

@@ -84,7 +84,7 @@ fn a_release_written_by_init_to_a_temporary_directory_runs_end_to_end_from_anywh
         &db.password(),
     );
     assert_eq!(r.code, 0, "{}", r.both());
-    let v = in_dir(&db, other.path(), &["verify"]);
+    let v = in_dir(&db, other.path(), &["verify", "--release", dir]);
     assert_eq!(v.code, 0, "{}", v.both());
     assert_eq!(
         db.scalar_i64("SELECT count(*) FROM refinery_schema_history"),
@@ -289,6 +289,102 @@ fn a_second_release_runs_after_the_first_under_its_own_name_and_a_third_waits_un
             ("campaign-notes".to_string(), false)
         ]
     );
+    // verify and repair status follow the chosen release.
+    let names = |args: &[&str]| -> Vec<String> {
+        let r = db.run(&[args, &["--format", "json"]].concat());
+        let v: serde_json::Value =
+            serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("{e}: {}", r.both()));
+        v["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let of_notes = names(&["verify", "--release", &notes]);
+    assert!(
+        of_notes.contains(&"no_empty_note".to_string()),
+        "{of_notes:?}"
+    );
+    assert!(
+        of_notes.contains(&"repair_recount-campaign-budgets".to_string()),
+        "{of_notes:?}"
+    );
+    assert!(
+        !of_notes.iter().any(|n| n.contains("coupon")),
+        "{of_notes:?}"
+    );
+    let of_coupons = names(&["verify"]);
+    assert!(
+        of_coupons.contains(&"one_live_coupon_per_member".to_string()),
+        "{of_coupons:?}"
+    );
+    assert!(
+        !of_coupons.contains(&"no_empty_note".to_string()),
+        "{of_coupons:?}"
+    );
+    let v = db.run(&["verify", "--release", &notes]);
+    assert_eq!(v.code, 0, "{}", v.both());
+    // A counter changed by hand and an empty note: the second release's checks fail, each
+    // naming what breaks it.
+    db.client()
+        .batch_execute(
+            "UPDATE campaign_budgets SET issued_yen = issued_yen - 1
+              WHERE campaign_id = (SELECT min(campaign_id) FROM campaign_budgets
+                                    WHERE issued_yen BETWEEN 1 AND budget_yen);
+             INSERT INTO campaign_notes VALUES ((SELECT min(campaign_id) FROM campaigns), '');",
+        )
+        .unwrap();
+    let r = db.run(&["verify", "--release", &notes, "--format", "json"]);
+    assert_eq!(r.code, 1, "{}", r.both());
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    let failed: Vec<(String, i64)> = v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["ok"] == false)
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap().to_string(),
+                c["violations"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        failed,
+        [
+            ("no_empty_note".to_string(), 1),
+            ("repair_recount-campaign-budgets".to_string(), 1)
+        ]
+    );
+    db.client()
+        .batch_execute(
+            "UPDATE campaign_budgets b SET issued_yen = s.yen
+               FROM (SELECT campaign_id, sum(amount_yen) AS yen FROM issued_coupons
+                      WHERE voided_at IS NULL GROUP BY 1) s
+              WHERE s.campaign_id = b.campaign_id AND b.issued_yen <> s.yen;
+             DELETE FROM campaign_notes;",
+        )
+        .unwrap();
+    let s = db.run(&["repair", "status", "--release", &notes]);
+    assert_eq!(s.code, 0, "{}", s.both());
+    assert!(
+        s.stdout.contains("coupon-incident: complete (11 steps)")
+            && s.stdout.contains(
+                "campaign-notes: step 3 of 4 pending (gate tell-accounting) (the chosen release)"
+            ),
+        "{}",
+        s.stdout
+    );
+    // The finance report is the coupon release's: refused under another.
+    let r = db.run(&["report", "overruns", "--release", &notes]);
+    assert_eq!(r.code, 2, "{}", r.both());
+    assert!(
+        r.stderr.contains("belongs to the coupon release"),
+        "{}",
+        r.stderr
+    );
+
     // A third release is refused while the second waits at its gate; nothing changes.
     let before = snapshot(&db);
     let r = db.run(&["apply", "--yes", "--release", &third]);
@@ -353,4 +449,50 @@ fn a_release_whose_migration_versions_another_release_has_is_refused_before_any_
         r.stderr
     );
     assert_eq!(snapshot(&db), before);
+}
+
+#[test]
+fn a_coupon_release_known_only_by_its_migrations_holds_back_another_release_in_every_command_that_writes(
+) {
+    let db = fresh_db();
+    db.make_legacy_data(50);
+    assert_eq!(db.run(&["migrate", "baseline", "--yes"]).code, 0);
+    // Its first migrations applied alone: no step record, no gate, no pgmend schema.
+    let r = db.run(&["migrate", "apply", "--yes", "--target", "3"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    let third = data("third");
+    let notes = data("campaign-notes");
+    let before = snapshot(&db);
+    for args in [
+        vec!["apply", "--yes", "--release", &third],
+        vec!["migrate", "apply", "--yes", "--release", &third],
+        vec![
+            "repair",
+            "apply",
+            "recount-campaign-budgets",
+            "--yes",
+            "--release",
+            &notes,
+        ],
+    ] {
+        let r = db.run(&args);
+        assert_eq!(r.code, 2, "{args:?}: {}", r.both());
+        assert!(
+            r.stderr.contains("release coupon-incident is unfinished")
+                && r.stderr.contains("step 4 (repair void-duplicate-coupons)")
+                && r.stderr.contains("pgmend init DIR"),
+            "{args:?}: {}",
+            r.stderr
+        );
+    }
+    assert_eq!(snapshot(&db), before);
+    // migrate status from the third release shows the coupon release's versions as another
+    // release's, not as missing files.
+    let s = db.run(&["migrate", "status", "--release", &third]);
+    assert!(
+        s.stdout.contains("applied (another release)"),
+        "{}",
+        s.both()
+    );
+    assert!(!s.stdout.contains("missing from disk"), "{}", s.stdout);
 }

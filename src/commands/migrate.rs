@@ -49,11 +49,15 @@ fn database_json(p: &ConnParams) -> DatabaseJson<'_> {
 
 pub fn status(args: &StatusArgs, format: Format) -> Result<Outcome> {
     let files = load(&args.migrations)?;
-    let mut session = open(&args.conn)?;
+    let definition = super::definition(&args.migrations.release)?;
+    let mut session = open(&args.conn, &super::migration_tables(&files))?;
     let mut tx = super::read_only(&mut session.client)?;
     let applied = history::read(&mut tx)?;
     let invalid_indexes = catalog::invalid_indexes(&mut tx)?;
-    let others = crate::store::releases::migration_versions(&mut tx)?;
+    let others = crate::release::identity::other_versions(
+        &mut tx,
+        definition.as_ref().map_or("", |d| d.name.as_str()),
+    )?;
     let legacy = match files.iter().find(|m| m.version == 1) {
         Some(v1) if applied.is_empty() => plan::unrecorded_legacy(&mut tx, v1)?,
         _ => Vec::new(),
@@ -143,8 +147,10 @@ pub fn status(args: &StatusArgs, format: Format) -> Result<Outcome> {
 
 pub fn plan(args: &PlanArgs, format: Format) -> Result<Outcome> {
     let files = load(&args.migrations)?;
-    let mut session = open(&args.conn)?;
-    let mut plan = plan::build(&mut session.client, files, args.target)?;
+    let definition = super::definition(&args.migrations.release)?;
+    let mut session = open(&args.conn, &super::migration_tables(&files))?;
+    let others = super::other_versions(&mut session.client, definition.as_ref())?;
+    let mut plan = plan::build(&mut session.client, files, args.target, &others)?;
     let refused =
         plan.flag_long_locks(&mut session.client, args.long_locks.long_lock_rows, |_| {
             true
@@ -170,15 +176,18 @@ fn render_plan(plan: &plan::Plan, format: Format) -> Result<()> {
 pub fn apply(args: &ApplyArgs, format: Format) -> Result<Outcome> {
     let policy = policy(&args.safety)?;
     let files = load(&args.plan.migrations)?;
-    let mut session = open(&args.plan.conn)?;
+    let definition = super::definition(&args.plan.migrations.release)?;
+    let mut session = open(&args.plan.conn, &super::migration_tables(&files))?;
     session.ensure_writable()?;
     let _lock = runner_lock::acquire(&mut session, args.safety.runner_wait)?;
+    let others = super::other_versions(&mut session.client, definition.as_ref())?;
     // Planned under the runner lock: what is shown is what is applied.
     let mut plan = plan::build_with(
         &mut session.client,
         files,
         args.plan.target,
         !args.safety.yes,
+        &others,
     )?;
     let refused = plan.flag_long_locks(
         &mut session.client,
@@ -186,6 +195,9 @@ pub fn apply(args: &ApplyArgs, format: Format) -> Result<Outcome> {
         |_| true,
     )?;
     plan.blockers.extend(refused);
+    if !plan.pending.is_empty() {
+        super::one_release_at_a_time(&mut session.client, definition.as_ref())?;
+    }
     if plan.blockers.is_empty() {
         let pending = plan
             .pending
@@ -277,12 +289,11 @@ pub fn baseline(args: &BaselineArgs, format: Format) -> Result<Outcome> {
         .find(|m| m.version == 1)
         .context("there is no V1 migration to adopt as the baseline; check --migrations-dir")?
         .clone();
-    let mut session = open(&args.conn)?;
+    let mut session = open(&args.conn, &super::migration_tables(&files))?;
     session.ensure_writable()?;
     let _lock = runner_lock::acquire(&mut session, args.safety.runner_wait)?;
     let applied = history::read(&mut session.client)?;
-    let others = crate::store::releases::migration_versions(&mut session.client)?;
-    let entries = status::compute(&files, &applied, &others);
+    let entries = status::compute(&files, &applied, &[]);
     status::ensure_consistent(&entries)?;
     if applied.iter().any(|a| a.version == 1) {
         report_baseline(format, &session.params, &v1, None, true)?;
@@ -380,7 +391,7 @@ fn report_baseline(
 
 pub fn validate(args: &ValidateArgs, format: Format) -> Result<Outcome> {
     let policy = policy(&args.safety)?;
-    let mut session = open(&args.conn)?;
+    let mut session = open(&args.conn, &[])?;
     session.ensure_writable()?;
     let _lock = runner_lock::acquire(&mut session, args.safety.runner_wait)?;
     confirm(

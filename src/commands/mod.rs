@@ -6,7 +6,7 @@
 //! and run the environment's pre-flight, `preflight::check`; `open_checked` also returns what it
 //! found; `open_to_read` first checks that the role may read what `verify` or the report reads),
 //! `load` (the migration files from `MigrationsArgs`), `source` (the repair definitions),
-//! `release` (the release `plan` and `apply` run, `release::project`), `release_name`, `policy`
+//! `load_release` (the release `plan` and `apply` run, `release::project`), `release_name`, `policy`
 //! (`SafetyArgs` to a checked `LockPolicy`), `run_options` (the batch options), `confirm` (ask
 //! `[y/N]` on the terminal, and stop with exit 1 on any answer but yes; without `--yes` and
 //! without a terminal on both stdin and stderr, refuse (exit 2), naming the caller's own dry
@@ -21,7 +21,7 @@ pub mod verify;
 
 use std::io::{IsTerminal, Write};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 
 use crate::cli::{
     BatchArgs, ConnectionArgs, MigrationsArgs, Pooler, ProjectArgs, ReleaseArgs, RepairsArgs,
@@ -42,12 +42,16 @@ pub use crate::db::connect::{read_only, snapshot};
 /// neither, [`project::NOT_FOUND`]).
 pub fn load(args: &MigrationsArgs) -> Result<Vec<Migration>> {
     let found = project::find(args.release.release.as_deref())?;
-    project::migrations(found.as_ref(), args.migrations_dir.as_deref())
+    let mut files = project::migrations(found.as_ref(), args.migrations_dir.as_deref())?;
+    if let Some(found) = &found {
+        crate::release::name_repairs_in_censuses(&project::definition(found)?.steps, &mut files);
+    }
+    Ok(files)
 }
 
 /// The release `plan` and `apply` run: `--release DIR` or the current directory, its parts
 /// overridden by `--migrations-dir` and `--repairs-dir` (exit 2 when there is none).
-pub fn release(args: &ProjectArgs) -> Result<project::Loaded> {
+pub fn load_release(args: &ProjectArgs) -> Result<project::Loaded> {
     let found = project::find(args.release.release.as_deref())?;
     project::load(
         found.as_ref(),
@@ -56,17 +60,44 @@ pub fn release(args: &ProjectArgs) -> Result<project::Loaded> {
     )
 }
 
-/// The name of the release `--release` or the current directory holds, when there is one.
-pub fn release_name(args: &ReleaseArgs) -> Result<Option<String>> {
+/// The definition of the release `--release` or the current directory holds, when there is
+/// one (its files are not read).
+pub fn definition(args: &ReleaseArgs) -> Result<Option<crate::release::Definition>> {
     let Some(found) = project::find(args.release.as_deref())? else {
         return Ok(None);
     };
-    let path = found.dir.join(project::FILE);
-    let text =
-        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    Ok(Some(
-        crate::release::Definition::parse(&text, &path.display().to_string())?.name,
-    ))
+    project::definition(&found).map(Some)
+}
+
+/// Refuses (exit 2, before any change) work for the release `definition` names (none: work
+/// outside any release, from `--migrations-dir` or `--repairs-dir` alone) while another
+/// release is unfinished on the database, or when its migration versions clash with
+/// another's (`release::identity::check`). For `migrate apply` and `repair apply`; `apply`
+/// checks its own.
+pub fn one_release_at_a_time(
+    client: &mut postgres::Client,
+    definition: Option<&crate::release::Definition>,
+) -> Result<()> {
+    let applied: Vec<i32> = crate::migrate::history::read(client)?
+        .iter()
+        .map(|a| a.version)
+        .collect();
+    let me = definition.map_or("", |d| d.name.as_str());
+    let others = crate::release::identity::standings(client, me, &applied)?;
+    crate::release::identity::check(
+        &others,
+        definition.map(|d| d.name.as_str()),
+        definition.map_or(&[], |d| d.steps.as_slice()),
+    )
+}
+
+/// The migration versions other releases than the one `definition` names apply
+/// (`release::identity::other_versions`).
+pub fn other_versions(
+    client: &mut postgres::Client,
+    definition: Option<&crate::release::Definition>,
+) -> Result<Vec<i32>> {
+    crate::release::identity::other_versions(client, definition.map_or("", |d| d.name.as_str()))
 }
 
 /// `--lock-timeout`, `--statement-timeout` and `--lock-retry-for`, checked.
@@ -77,6 +108,11 @@ pub fn policy(safety: &SafetyArgs) -> Result<LockPolicy> {
         statement_timeout: safety.statement_timeout,
         retry_for: safety.lock_retry_for,
     })
+}
+
+/// The name of the release `--release` or the current directory holds, when there is one.
+pub fn release_name(args: &ReleaseArgs) -> Result<Option<String>> {
+    Ok(definition(args)?.map(|d| d.name))
 }
 
 /// Where the repair definitions are: `--repairs-dir`, else the release's repairs/ (exit 2
@@ -94,7 +130,6 @@ pub fn run_options(safety: &SafetyArgs, batch: &BatchArgs) -> Result<RunOptions>
         max_replica_lag: batch.max_replica_lag,
         workers: None,
         checked_later: false,
-        release: None,
         neighbour: crate::repair::neighbour::Neighbour {
             pause: batch.pause,
             duty_cycle: batch.duty_cycle,
@@ -123,34 +158,56 @@ pub fn workers(
 
 /// Opens a session from `--database-url` / `DATABASE_URL` and the PG* variables, in the
 /// schema `--schema` names, and runs the pre-flight of the environment on it
-/// ([`preflight`]): every command goes through here before its first statement.
-pub fn open(conn: &ConnectionArgs) -> Result<Session> {
-    Ok(open_checked(conn)?.0)
+/// ([`preflight`]) for a command that works on `tables` (those its release, migrations or
+/// repair name; none for one that reads only pgmend's records): every command goes through
+/// here before its first statement.
+pub fn open(conn: &ConnectionArgs, tables: &[String]) -> Result<Session> {
+    Ok(open_checked(conn, tables)?.0)
 }
 
 /// [`open`], with what the pre-flight found (for the summaries of `plan`, `apply` and `verify`).
-pub fn open_checked(conn: &ConnectionArgs) -> Result<(Session, Environment)> {
-    open_for(conn, None)
+pub fn open_checked(conn: &ConnectionArgs, tables: &[String]) -> Result<(Session, Environment)> {
+    open_for(conn, None, tables)
 }
 
 /// [`open_checked`] for a command that only reads (`verify`, `report overruns`): first, before
-/// the pre-flight reads pgmend's records, whether the role may read all it reads
-/// ([`preflight::reading`]), refusing with every GRANT it lacks.
-pub fn open_to_read(conn: &ConnectionArgs, command: &str) -> Result<(Session, Environment)> {
-    open_for(conn, Some(command))
+/// the pre-flight reads pgmend's records, whether the role may read pgmend's tables and
+/// `tables` ([`preflight::reading`]), refusing with every GRANT it lacks.
+pub fn open_to_read(
+    conn: &ConnectionArgs,
+    command: &str,
+    tables: &[String],
+) -> Result<(Session, Environment)> {
+    open_for(conn, Some(command), tables)
 }
 
-fn open_for(conn: &ConnectionArgs, reads_for: Option<&str>) -> Result<(Session, Environment)> {
+fn open_for(
+    conn: &ConnectionArgs,
+    reads_for: Option<&str>,
+    tables: &[String],
+) -> Result<(Session, Environment)> {
     let mut params = conninfo::resolve(conn.database_url.as_deref(), &|k| std::env::var(k).ok())?;
     if let Some(schema) = &conn.schema {
         params.options = Some(with_search_path(params.options.as_deref(), schema)?);
     }
     let mut session = db::connect(&params)?;
     if let Some(command) = reads_for {
-        preflight::reading::check(&mut session.client, command)?;
+        preflight::reading::check(&mut session.client, command, tables)?;
     }
-    let environment = preflight::check(&mut session, conn.pooler == Pooler::Session)?;
+    let environment = preflight::check(&mut session, conn.pooler == Pooler::Session, tables)?;
     Ok((session, environment))
+}
+
+/// The tables a migration set works on: those its statements lock.
+pub fn migration_tables(files: &[Migration]) -> Vec<String> {
+    let mut out: Vec<String> = files
+        .iter()
+        .flat_map(|m| m.statements.iter())
+        .flat_map(|s| s.locks.iter().map(|l| l.relation.clone()))
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// The connection's `options` with `-c search_path=SCHEMA` added last, so that every

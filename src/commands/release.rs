@@ -57,14 +57,14 @@ pub fn plan(args: &ReleasePlanArgs, format: Format) -> Result<Outcome> {
         }
         None => None,
     };
-    let loaded = super::release(&args.project)?;
+    let loaded = super::load_release(&args.project)?;
     let (files, repairs) = (&loaded.files, &loaded.repairs);
     let steps = &loaded.definition.steps;
     let unreleased = release::resolve(steps, files, repairs)?;
     for note in &unreleased {
         crate::say!("note: {note}");
     }
-    let (mut session, environment) = open_checked(&args.conn)?;
+    let (mut session, environment) = open_checked(&args.conn, &loaded.release().tables())?;
     // What `apply --jobs N` would find of the server's connection slots now.
     let slots = match args.jobs {
         1 => None,
@@ -73,7 +73,8 @@ pub fn plan(args: &ReleasePlanArgs, format: Format) -> Result<Outcome> {
             usize::from(jobs),
         )?),
     };
-    let mut migrations = migrate_plan::build(&mut session.client, files.clone(), None)?;
+    let others = identity::other_versions(&mut session.client, &loaded.definition.name)?;
+    let mut migrations = migrate_plan::build(&mut session.client, files.clone(), None, &others)?;
     let long_locks = migrations.flag_long_locks(
         &mut session.client,
         args.long_locks.long_lock_rows,
@@ -104,8 +105,8 @@ pub fn plan(args: &ReleasePlanArgs, format: Format) -> Result<Outcome> {
         .iter()
         .map(|a| a.version)
         .collect();
-    let others = identity::standings(&mut session.client, &loaded.definition.name, &applied)?;
-    if let Err(refused) = identity::check(&others, &release) {
+    let standings = identity::standings(&mut session.client, &loaded.definition.name, &applied)?;
+    if let Err(refused) = identity::check(&standings, Some(release.name), release.steps) {
         blockers.insert(0, format!("apply would be refused: {refused:#}"));
     }
     if let Some(Err(short)) = &slots {
@@ -292,7 +293,9 @@ fn check_saved_plan(
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading the plan file {}", path.display()))?;
     let saved = fingerprint::open(path, &text, args.saved.plan_sha256.as_deref())?;
-    let migrations = migrate_plan::build(&mut session.client, release.files.to_vec(), None)?;
+    let others = identity::other_versions(&mut session.client, release.name)?;
+    let migrations =
+        migrate_plan::build(&mut session.client, release.files.to_vec(), None, &others)?;
     let params = session.params.clone();
     let now = dry_run::run(&mut session.client, &params, release, &migrations, 0)?.fingerprint;
     let limits = Limits {
@@ -320,10 +323,9 @@ fn gate_names(steps: &[Step]) -> impl Iterator<Item = &str> {
 pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
     let policy = policy(&args.safety)?;
     let mut options = run_options(&args.safety, &args.batch)?;
-    let loaded = super::release(&args.project)?;
+    let loaded = super::load_release(&args.project)?;
     let (files, repairs) = (&loaded.files, &loaded.repairs);
     let steps = &loaded.definition.steps;
-    options.release = Some(loaded.definition.name.clone());
     for note in release::resolve(steps, files, repairs)? {
         crate::say!("note: {note}");
     }
@@ -336,7 +338,7 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
             );
         }
     }
-    let (mut session, environment) = open_checked(&args.conn)?;
+    let (mut session, environment) = open_checked(&args.conn, &loaded.release().tables())?;
     session.ensure_writable()?;
     let _lock = runner_lock::acquire(&mut session, args.safety.runner_wait)?;
     options.workers = super::workers(&mut session, &args.batch)?;
@@ -345,7 +347,7 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
         // Before any step: an edited or missing applied migration stops the release here,
         // not at the first migration step after a repair has already run.
         let history = history::read(&mut session.client)?;
-        let others = crate::store::releases::migration_versions(&mut session.client)?;
+        let others = identity::other_versions(&mut session.client, &loaded.definition.name)?;
         crate::migrate::status::ensure_consistent(&crate::migrate::status::compute(
             files, &history, &others,
         ))?;
@@ -362,16 +364,16 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
         // Another release unfinished, or a migration version another release has, stops this
         // one before it asks (a complete release has nothing to run).
         if steps_pending {
-            let others =
+            let standings =
                 identity::standings(&mut session.client, &loaded.definition.name, &applied)?;
-            identity::check(&others, &loaded.release())?;
+            identity::check(&standings, Some(&loaded.definition.name), steps)?;
         }
         let needs = privileges::for_release(steps, &progress, files, repairs, &args.confirm);
         privileges::check(&mut session.client, "this release", &needs)?;
         // A pending migration that would hold a strong lock over a large table stops the
         // release here, not after the repairs before it have run.
         let mut pending =
-            migrate_plan::build_with(&mut session.client, files.clone(), None, false)?;
+            migrate_plan::build_with(&mut session.client, files.clone(), None, false, &others)?;
         let refused = pending.flag_long_locks(
             &mut session.client,
             args.long_locks.long_lock_rows,

@@ -65,7 +65,7 @@ pub fn list(args: &RepairListArgs, format: Format) -> Result<Outcome> {
 
 pub fn plan(args: &RepairPlanArgs, format: Format) -> Result<Outcome> {
     let repair = source(&args.repairs)?.find(&args.name)?;
-    let mut session = open(&args.conn)?;
+    let mut session = open(&args.conn, &repair.tables())?;
     let mut tx = super::read_only(&mut session.client)?;
     let colour = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let sample = if args.all { None } else { Some(args.sample) };
@@ -114,11 +114,14 @@ pub fn plan(args: &RepairPlanArgs, format: Format) -> Result<Outcome> {
 pub fn apply(args: &RepairApplyArgs, format: Format) -> Result<Outcome> {
     let repair = source(&args.repairs)?.find(&args.name)?;
     let mut options = run_options(&args.safety, &args.batch)?;
-    options.release = super::release_name(&args.repairs.release)?;
-    let mut session = open(&args.conn)?;
+    let mut session = open(&args.conn, &repair.tables())?;
     session.ensure_writable()?;
     let _lock = runner_lock::acquire(&mut session, args.safety.runner_wait)?;
     options.workers = super::workers(&mut session, &args.batch)?;
+    super::one_release_at_a_time(
+        &mut session.client,
+        super::definition(&args.repairs.release)?.as_ref(),
+    )?;
     privileges::check(
         &mut session.client,
         &format!("repair {}", repair.name),
@@ -178,10 +181,12 @@ pub fn print_report(report: &RunReport, format: Format) -> Result<()> {
 }
 
 pub fn status(args: &RepairStatusArgs, format: Format) -> Result<Outcome> {
-    let mut session = open(&args.conn)?;
+    let chosen = super::definition(&args.release)?;
+    let mut session = open(&args.conn, &[])?;
     let mut tx = super::read_only(&mut session.client)?;
     let runs = store::runs::all(&mut tx)?;
     let plans = store::records::applied_plans(&mut tx)?;
+    let releases = release_lines(&mut tx, chosen.as_ref())?;
     tx.rollback().doing("closing the read-only transaction")?;
     match format {
         Format::Json => print_json(&runs)?,
@@ -240,13 +245,57 @@ pub fn status(args: &RepairStatusArgs, format: Format) -> Result<Outcome> {
             for p in &plans {
                 writeln!(out, "{p}")?;
             }
+            if !releases.is_empty() {
+                writeln!(out, "Releases on this database:")?;
+                for line in &releases {
+                    writeln!(out, "  {line}")?;
+                }
+            }
         }
     }
     Ok(Outcome::Done)
 }
 
+/// One line per release recorded on the database and for the chosen one (`--release` or the
+/// current directory): where it stands, read in `tx`.
+fn release_lines(
+    tx: &mut postgres::Transaction,
+    chosen: Option<&crate::release::Definition>,
+) -> Result<Vec<String>> {
+    use crate::release::identity;
+    let applied: Vec<i32> = crate::migrate::history::read(tx)?
+        .iter()
+        .map(|a| a.version)
+        .collect();
+    let me = chosen.map_or("", |d| d.name.as_str());
+    let standing = |name: &str,
+                    steps: &[crate::release::Step],
+                    pending: Option<(usize, String)>| match pending {
+        None => format!("{name}: complete ({} steps)", steps.len()),
+        Some((n, label)) => format!("{name}: step {n} of {} pending ({label})", steps.len()),
+    };
+    let mut lines: Vec<String> = identity::standings(tx, me, &applied)?
+        .into_iter()
+        .map(|o| standing(&o.recorded.name, &o.steps, o.pending))
+        .collect();
+    if let Some(d) = chosen {
+        let done = crate::release::progress(tx, &d.name, applied.clone())?;
+        let pending = d
+            .steps
+            .iter()
+            .enumerate()
+            .find(|(i, s)| !done.done(*i, s))
+            .map(|(i, s)| (i + 1, s.label()));
+        lines.push(format!(
+            "{} (the chosen release)",
+            standing(&d.name, &d.steps, pending)
+        ));
+    }
+    Ok(lines)
+}
+
 pub fn log(args: &RepairLogArgs, format: Format) -> Result<Outcome> {
-    let mut session = open(&args.conn)?;
+    let mut session = open(&args.conn, &[])?;
     let mut tx = super::read_only(&mut session.client)?;
     if store::run(&mut tx, args.run_id)?.is_none() {
         bail!(
@@ -391,7 +440,7 @@ fn find_run(client: &mut postgres::Client, run_id: i64) -> Result<store::Run> {
 
 pub fn undo(args: &RepairRunArgs, format: Format) -> Result<Outcome> {
     let policy: LockPolicy = policy(&args.safety)?;
-    let mut session = open(&args.conn)?;
+    let mut session = open(&args.conn, &[])?;
     session.ensure_writable()?;
     let _lock = runner_lock::acquire(&mut session, args.safety.runner_wait)?;
     let run = find_run(&mut session.client, args.run_id)?;
@@ -433,7 +482,7 @@ pub fn undo(args: &RepairRunArgs, format: Format) -> Result<Outcome> {
 }
 
 pub fn abandon(args: &RepairRunArgs, format: Format) -> Result<Outcome> {
-    let mut session = open(&args.conn)?;
+    let mut session = open(&args.conn, &[])?;
     session.ensure_writable()?;
     let _lock = runner_lock::acquire(&mut session, args.safety.runner_wait)?;
     let run = find_run(&mut session.client, args.run_id)?;

@@ -42,7 +42,12 @@ pub fn overruns(args: &OverrunsArgs, given: Option<Format>) -> Result<Outcome> {
             check_target(path, args.force)?;
         }
     }
-    let (mut session, _) = open_to_read(&args.conn, "report overruns")?;
+    refuse_another_release(args)?;
+    let tables: Vec<String> = crate::report::TABLES
+        .iter()
+        .map(|t| t.to_string())
+        .collect();
+    let (mut session, _) = open_to_read(&args.conn, "report overruns", &tables)?;
     let database = Database::from_params(&session.params);
     let mut tx = snapshot(&mut session.client)?;
 
@@ -299,6 +304,21 @@ fn check_target(path: &Path, force: bool) -> Result<()> {
             path.display(),
             dir.display()
         );
+    }
+    Ok(())
+}
+
+/// `report overruns` is the coupon release's: under another release (`--release` or the
+/// current directory) it refuses, before connecting, rather than report another incident's
+/// database with the coupon incident's figures.
+fn refuse_another_release(args: &OverrunsArgs) -> Result<()> {
+    if let Some(name) = super::release_name(&args.release)? {
+        if name != crate::release::COUPON_RELEASE {
+            bail!(
+                "`pgmend report overruns` reports what the coupon incident cost and belongs to the coupon release ({}); the release chosen here is {name} (--release, PGMEND_RELEASE or the current directory). Run it without --release from a directory that holds no other release, or from the coupon release's directory; nothing was read",
+                crate::release::COUPON_RELEASE
+            );
+        }
     }
     Ok(())
 }

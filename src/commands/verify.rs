@@ -1,7 +1,8 @@
 //! `pgmend verify`: one REPEATABLE READ, READ ONLY snapshot (a hot standby will do).
 //!
-//! Calls `crate::verify::run` in that snapshot and renders its `Verification`: a failed invariant
-//! exits 1, anomalies do not change the exit code.
+//! Loads the release (`--release DIR` or the current directory; none: exit 2), calls
+//! `crate::verify::run` with it and the migration history in that snapshot and renders its
+//! `Verification`: a failed invariant exits 1, anomalies do not change the exit code.
 
 use std::io::Write;
 
@@ -13,23 +14,30 @@ use crate::cli::{Format, VerifyArgs};
 use crate::error::{Outcome, PgContext};
 
 pub fn run(args: &VerifyArgs, format: Format) -> Result<Outcome> {
-    let (mut session, environment) = open_to_read(&args.conn, "verify")?;
+    let loaded = super::load_release(&args.project)?;
+    let release = loaded.release();
+    let tables = release.tables();
+    let (mut session, environment) = open_to_read(&args.conn, "verify", &tables)?;
     let mut tx = snapshot(&mut session.client)?;
-    let result = crate::verify::run(&mut tx)?;
+    let applied: Vec<i32> = crate::migrate::history::read(&mut tx)?
+        .iter()
+        .map(|a| a.version)
+        .collect();
+    let result = crate::verify::run(&mut tx, &release, &applied)?;
     tx.rollback().doing("closing the snapshot")?;
     match format {
         Format::Json => print_json(&result)?,
         _ => {
             #[derive(Tabled)]
             struct Row {
-                check: &'static str,
+                check: String,
                 status: &'static str,
                 detail: String,
             }
             // The samples (JSON rows, hundreds of characters) go below the table: in a cell
             // they would pad every row to their width.
             let row = |c: &crate::verify::Check, bad: &'static str| Row {
-                check: c.name,
+                check: c.name.clone(),
                 status: if c.ok { "ok" } else { bad },
                 detail: if c.violations > 0 && !c.sample.is_empty() {
                     format!(

@@ -67,13 +67,15 @@ pub struct PlannedMigration {
 }
 
 /// Builds the plan up to `target` (or the newest file), reading the database in one
-/// READ ONLY transaction: the server refuses any write.
+/// READ ONLY transaction: the server refuses any write. `others`: the versions other
+/// releases apply (`status::compute`).
 pub fn build(
     client: &mut postgres::Client,
     files: Vec<Migration>,
     target: Option<i32>,
+    others: &[i32],
 ) -> Result<Plan> {
-    build_with(client, files, target, true)
+    build_with(client, files, target, true, others)
 }
 
 /// [`build`], with the censuses taken only when `take_censuses` (for showing them): applying
@@ -83,6 +85,7 @@ pub fn build_with(
     files: Vec<Migration>,
     target: Option<i32>,
     take_censuses: bool,
+    others: &[i32],
 ) -> Result<Plan> {
     if let Some(t) = target {
         if !files.iter().any(|m| m.version == t) {
@@ -99,8 +102,7 @@ pub fn build_with(
         .start()
         .doing("opening a read-only transaction for the plan")?;
     let applied = history::read(&mut tx)?;
-    let others = crate::store::releases::migration_versions(&mut tx)?;
-    let entries = status::compute(&files, &applied, &others);
+    let entries = status::compute(&files, &applied, others);
     status::ensure_consistent(&entries)?;
     let current_version = applied.iter().map(|a| a.version).max();
     let pending_entries: Vec<&Entry> = entries

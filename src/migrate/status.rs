@@ -2,8 +2,8 @@
 //!
 //! Pure: pairs the files with the history by version into `Entry` values with a `State` (`applied`,
 //! `pending`, `pending_out_of_order`, `edited`, `missing_from_disk`, `other_release`: one history
-//! serves the releases run on a database one after another, so a version applied below every
-//! file of the set, or by another recorded release's steps, is not a missing file). `ensure_consistent` turns the
+//! serves the releases run on a database one after another, so a version another recorded
+//! release's steps apply is not a missing file). `ensure_consistent` turns the
 //! problem states into one error that says what to do for each.
 
 use anyhow::{bail, Result};
@@ -23,8 +23,7 @@ pub enum State {
     Edited,
     /// Applied, and no file has this version.
     MissingFromDisk,
-    /// Applied, below every version of the set (or the set is empty), or by the steps of
-    /// another release recorded on the database: that release's.
+    /// Applied by the steps of another release recorded on the database: that release's.
     OtherRelease,
 }
 
@@ -66,8 +65,8 @@ pub struct Entry {
 }
 
 /// Pairs the files with the history, by version. `others`: the versions the steps of the
-/// releases recorded on the database apply (`store::releases::migration_versions`); one of
-/// them applied without a file here is another release's, as is any applied below every file.
+/// other releases recorded on the database apply (`release::identity::other_versions`); one
+/// of them applied without a file here is that release's, not a missing file.
 pub fn compute(files: &[Migration], applied: &[Applied], others: &[i32]) -> Vec<Entry> {
     let newest_applied = applied.iter().map(|a| a.version).max();
     let mut entries: Vec<Entry> = files
@@ -95,7 +94,6 @@ pub fn compute(files: &[Migration], applied: &[Applied], others: &[i32]) -> Vec<
             }
         })
         .collect();
-    let lowest_file = files.iter().map(|m| m.version).min();
     for a in applied
         .iter()
         .filter(|a| !files.iter().any(|m| m.version == a.version))
@@ -103,7 +101,7 @@ pub fn compute(files: &[Migration], applied: &[Applied], others: &[i32]) -> Vec<
         entries.push(Entry {
             version: a.version,
             name: a.name.clone(),
-            state: if lowest_file.is_none_or(|v| a.version < v) || others.contains(&a.version) {
+            state: if others.contains(&a.version) {
                 State::OtherRelease
             } else {
                 State::MissingFromDisk

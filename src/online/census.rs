@@ -105,7 +105,7 @@ pub fn for_migration(sql: &str, statements: &[Statement], origin: &str) -> Resul
                     cols.join(", "),
                     predicate.as_ref().map(|p| format!(" where {p}")).unwrap_or_default()
                 ),
-                fix: "void the duplicates first: pgmend repair apply void-duplicate-coupons --yes (or fix the rows by hand), then rerun".into(),
+                fix: "void the duplicates first (with the release's void_duplicates repair: pgmend repair apply NAME --yes, or by hand), then rerun".into(),
                 violators_sql: format!(
                     "SELECT {cols}, count(*) AS rows FROM {table} WHERE {filter} GROUP BY {cols} HAVING count(*) > 1 ORDER BY count(*) DESC, {cols}",
                     cols = cols.join(", ")

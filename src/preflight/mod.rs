@@ -26,9 +26,6 @@ use anyhow::{bail, Result};
 use crate::db::Session;
 use crate::error::PgContext;
 
-/// The tables of the legacy schema (V1). The schema that holds them is the one released.
-pub const LEGACY_TABLES: &[&str] = &["campaigns", "issued_coupons"];
-
 /// What the pre-flight found, for the summaries of `plan` and `verify`.
 #[derive(Debug, Clone)]
 pub struct Environment {
@@ -65,7 +62,11 @@ impl fmt::Display for Environment {
 }
 
 /// Runs every check on a fresh session. `pooler_keeps_sessions` is `--pooler session`.
-pub fn check(session: &mut Session, pooler_keeps_sessions: bool) -> Result<Environment> {
+pub fn check(
+    session: &mut Session,
+    pooler_keeps_sessions: bool,
+    tables: &[String],
+) -> Result<Environment> {
     let intermediary = intermediary(session)?;
     if let Some(what) = &intermediary {
         if !pooler_keeps_sessions {
@@ -97,7 +98,7 @@ pub fn check(session: &mut Session, pooler_keeps_sessions: bool) -> Result<Envir
             "the search_path of this session names no schema that exists, so pgmend cannot tell which schema holds the legacy tables. Name it with --schema SCHEMA (PGMEND_SCHEMA); nothing was changed"
         );
     };
-    check_schema(session, &schema)?;
+    check_schema(session, &schema, tables)?;
     if !bypasses_rls {
         check_row_security(session, &schema, &role)?;
     }
@@ -158,11 +159,10 @@ pub fn ensure_session_kept(session: &mut Session) -> Result<()> {
     crate::db::runner_lock::ensure_backend(&mut session.client, session.backend_pid)
 }
 
-/// The release is tied to the schema that holds the legacy tables: refuses a session whose
-/// schema lacks them while another schema has them, and a session on another schema than
-/// the one pgmend's own records were made for.
-fn check_schema(session: &mut Session, schema: &str) -> Result<()> {
-    let tables: Vec<String> = LEGACY_TABLES.iter().map(|t| t.to_string()).collect();
+/// The release is tied to the schema that holds the tables it works on (`tables`): refuses a
+/// session whose schema has none of them while another schema has some, and a session on
+/// another schema than the one pgmend's own records were made for.
+fn check_schema(session: &mut Session, schema: &str, tables: &[String]) -> Result<()> {
     let row = session
         .client
         .query_one(
@@ -175,12 +175,12 @@ fn check_schema(session: &mut Session, schema: &str) -> Result<()> {
                         AND n.nspname::text <> $1::text AND n.nspname::text <> $3::text)",
             &[&schema, &tables, &crate::store::SCHEMA],
         )
-        .doing("finding the schema that holds the legacy tables")?;
+        .doing("finding the schema that holds the release's tables")?;
     let (here, elsewhere): (i64, Vec<String>) = (row.get(0), row.get(1));
     if here == 0 && !elsewhere.is_empty() {
         bail!(
-            "the legacy tables ({}) are in schema {}, not in {schema}, the schema this session works in (the first existing schema of its search_path): a release here would create new, empty tables in {schema} and repair those. Name the schema with --schema {} (PGMEND_SCHEMA), then rerun; nothing was changed",
-            LEGACY_TABLES.join(", "),
+            "the tables this works on ({}) are in schema {}, not in {schema}, the schema this session works in (the first existing schema of its search_path): a release here would create new, empty tables in {schema} and repair those. Name the schema with --schema {} (PGMEND_SCHEMA), then rerun; nothing was changed",
+            tables.join(", "),
             elsewhere.join(", "),
             elsewhere[0]
         );

@@ -194,6 +194,11 @@ pub fn for_release(
             }
         }
     }
+    // The walk records the release itself first (`release::identity::enter`); listed last, so
+    // that a privilege a step needs too is named with that step.
+    if steps.iter().enumerate().any(|(i, s)| !progress.done(i, s)) {
+        needs.extend(for_pgmend_schema("recording the release"));
+    }
     if let Some(up_to) = up_to {
         let pending = migrations
             .iter()

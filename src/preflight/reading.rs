@@ -1,5 +1,6 @@
 //! What a role needs to read for `verify` and `report overruns`: USAGE on pgmend's schema and
-//! SELECT on its tables and the coupon tables (each only when it exists). Checked before the
+//! SELECT on its tables and the tables the command reads (its release's; each only when it
+//! exists). Checked before the
 //! snapshot, so that a reporting role without grants is told every GRANT it lacks instead of
 //! a raw `permission denied` for the first table the command reads (exit 2, nothing read).
 
@@ -8,16 +9,8 @@ use postgres::Client;
 
 use super::privileges::{self, Kind, Need};
 
-/// The coupon tables `verify` and the report read, besides pgmend's own.
-const READ_TABLES: &[&str] = &[
-    "campaigns",
-    "issued_coupons",
-    "campaign_budgets",
-    "member_monthly_usage",
-];
-
-/// What reading for `command` needs.
-fn needs(command: &str) -> Vec<Need> {
+/// What reading `tables` for `command` needs.
+fn needs(command: &str, tables: &[String]) -> Vec<Need> {
     let why = format!("`pgmend {command}`");
     let mut needs = vec![Need {
         kind: Kind::SchemaUsage(crate::store::SCHEMA.into()),
@@ -26,10 +19,10 @@ fn needs(command: &str) -> Vec<Need> {
     let pgmend = crate::store::TABLE_PRIVILEGES
         .iter()
         .map(|(table, _)| crate::store::table(table).minimal());
-    let coupons = READ_TABLES
+    let read = tables
         .iter()
-        .map(|t| crate::db::sql_text::Ident::new(*t).minimal());
-    needs.extend(pgmend.chain(coupons).map(|table| Need {
+        .map(|t| crate::db::sql_text::Ident::new(t.as_str()).minimal());
+    needs.extend(pgmend.chain(read).map(|table| Need {
         kind: Kind::Table(table, "SELECT"),
         why: why.clone(),
     }));
@@ -37,9 +30,9 @@ fn needs(command: &str) -> Vec<Need> {
 }
 
 /// Refuses (exit 2), listing every GRANT, when the connected role may not read what `command`
-/// (`verify`, `report overruns`) reads.
-pub fn check(client: &mut Client, command: &str) -> Result<()> {
-    let (me, missing) = privileges::missing(client, &needs(command))?;
+/// (`verify`, `report overruns`) reads: pgmend's tables and `tables`.
+pub fn check(client: &mut Client, command: &str, tables: &[String]) -> Result<()> {
+    let (me, missing) = privileges::missing(client, &needs(command, tables))?;
     if !missing.is_empty() {
         bail!(
             "role {me} may not read what `pgmend {command}` reads; nothing was read:\n  - {}\nGrant them (docs/connecting.md, \"A role for verify and the report\"), or run pgmend as a role that has them, then rerun",

@@ -303,7 +303,14 @@ pub fn migration(
     let mut passes = 0;
     let mut guarded = false;
     let outcome = loop {
-        let plan = migrate_plan::build_with(client, release.files.to_vec(), Some(version), false)?;
+        let others = identity::other_versions(client, release.name)?;
+        let plan = migrate_plan::build_with(
+            client,
+            release.files.to_vec(),
+            Some(version),
+            false,
+            &others,
+        )?;
         let error = match migrate_apply::execute(
             client,
             settings.params,

@@ -104,7 +104,7 @@ fn summary(out: &mut impl Write, steps: &[StepPlan]) -> io::Result<()> {
     )
 }
 
-/// The yen each pending repair moves, per campaign (or per key of a counter).
+/// The amount each pending repair moves, per key (a void: per group's `report_by`).
 fn totals(out: &mut impl Write, steps: &[StepPlan]) -> io::Result<()> {
     let with = steps
         .iter()
@@ -113,14 +113,11 @@ fn totals(out: &mut impl Write, steps: &[StepPlan]) -> io::Result<()> {
     let mut any = false;
     for (p, r) in with.filter(|(_, r)| !r.amounts.is_empty()) {
         if !any {
-            writeln!(
-                out,
-                "## Totals per campaign (and per key of each counter)\n"
-            )?;
+            writeln!(out, "## Totals per key of each repair\n")?;
             any = true;
         }
         let what = match r.kind {
-            crate::repair::definition::Kind::VoidDuplicates => "yen of the coupons it voids",
+            crate::repair::definition::Kind::VoidDuplicates => "the amount of the rows it voids",
             crate::repair::definition::Kind::RebuildCounter => "new counter minus old",
         };
         writeln!(
@@ -129,7 +126,7 @@ fn totals(out: &mut impl Write, steps: &[StepPlan]) -> io::Result<()> {
             p.step,
             text(&p.what.label())
         )?;
-        writeln!(out, "| key | yen |\n|---|---:|")?;
+        writeln!(out, "| key | amount |\n|---|---:|")?;
         for (key, yen) in r.amounts.iter().take(KEYS_LISTED) {
             writeln!(out, "| {} | {} |", text(key), human::int(*yen))?;
         }

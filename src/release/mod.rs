@@ -64,7 +64,10 @@ struct StepDef {
 }
 
 /// An invariant a release declares in its `release.toml` (`[[invariant]]`): `sql` selects the
-/// rows that break it, none when it holds; `explain` says what it means and what to do.
+/// rows that break it, none when it holds; `explain` says what breaking rows mean and what to
+/// do, `holds` what it means when none does. An `anomaly` is listed apart by `verify` and does
+/// not change its exit code; `repair = "NAME"` says the invariant checks that repair's outcome
+/// (`verify` then derives no check of its own for it).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Invariant {
@@ -72,6 +75,11 @@ pub struct Invariant {
     pub sql: String,
     #[serde(default)]
     pub explain: String,
+    #[serde(default)]
+    pub holds: String,
+    #[serde(default)]
+    pub anomaly: bool,
+    pub repair: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -118,6 +126,7 @@ pub struct Release<'a> {
     pub name: &'a str,
     pub text: &'a str,
     pub steps: &'a [Step],
+    pub invariants: &'a [Invariant],
     pub files: &'a [Migration],
     pub repairs: &'a [Repair],
 }
@@ -184,6 +193,7 @@ impl Definition {
             name: &self.name,
             text: &self.text,
             steps: &self.steps,
+            invariants: &self.invariants,
             files,
             repairs,
         }
@@ -209,6 +219,35 @@ impl Release<'_> {
     pub fn digest(&self) -> String {
         project::digest(&project::file_digests(self.text, self.files, self.repairs))
     }
+
+    /// The tables the release works on, as its steps name them: those its migrations lock
+    /// and those its repairs read and write. The pre-flight looks for them, and `verify`
+    /// refuses a database that has none of them.
+    pub fn tables(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for step in self.steps {
+            match step {
+                Step::Migrate { version, .. } => {
+                    if let Some(m) = self.files.iter().find(|m| m.version == *version) {
+                        out.extend(
+                            m.statements
+                                .iter()
+                                .flat_map(|s| s.locks.iter().map(|l| l.relation.clone())),
+                        );
+                    }
+                }
+                Step::Repair { name } => {
+                    if let Some(r) = self.repairs.iter().find(|r| &r.name == name) {
+                        out.extend(r.tables());
+                    }
+                }
+                Step::Gate { .. } => {}
+            }
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        out.retain(|t| seen.insert(t.clone()));
+        out
+    }
 }
 
 impl Step {
@@ -217,6 +256,32 @@ impl Step {
             Step::Migrate { version, .. } => format!("migration V{version}"),
             Step::Repair { name } => format!("repair {name}"),
             Step::Gate { name, .. } => format!("gate {name}"),
+        }
+    }
+}
+
+/// Names the repair in the advice of each unique index's census: a migration step with
+/// `retry_with = "NAME"` is retried after that repair, so its census says to run it (a census
+/// read from the file alone knows no repair).
+pub fn name_repairs_in_censuses(steps: &[Step], files: &mut [Migration]) {
+    for step in steps {
+        let Step::Migrate {
+            version,
+            retry_with: Some(repair),
+        } = step
+        else {
+            continue;
+        };
+        for m in files.iter_mut().filter(|m| m.version == *version) {
+            for c in m
+                .censuses
+                .iter_mut()
+                .filter(|c| c.guard == crate::online::census::Guard::UniqueIndex)
+            {
+                c.fix = format!(
+                    "void the duplicates first: pgmend repair apply {repair} --yes (or fix the rows by hand), then rerun"
+                );
+            }
         }
     }
 }
@@ -291,7 +356,8 @@ pub fn resolve(
 /// release's rows of pgmend.release_steps, gates by its rows of pgmend.gates.
 pub struct Progress {
     pub applied_versions: Vec<i32>,
-    pub finished_steps: Vec<i32>,
+    /// (1-based position, label) of each repair step recorded as finished.
+    pub finished_steps: Vec<(i32, String)>,
     pub gates: Vec<(String, String, String)>,
 }
 
@@ -317,7 +383,12 @@ impl Progress {
     pub fn done(&self, index: usize, step: &Step) -> bool {
         match step {
             Step::Migrate { version, .. } => self.applied_versions.contains(version),
-            Step::Repair { .. } => self.finished_steps.contains(&(index as i32 + 1)),
+            // By position and label: a release whose steps moved since does not take another
+            // step's record for this one.
+            Step::Repair { .. } => self
+                .finished_steps
+                .iter()
+                .any(|(n, what)| *n == index as i32 + 1 && *what == step.label()),
             Step::Gate { name, .. } => self.gates.iter().any(|g| &g.0 == name),
         }
     }
@@ -348,6 +419,22 @@ mod tests {
                 "migration V5",
             ]
         );
+    }
+
+    #[test]
+    fn a_repair_step_is_done_by_its_position_and_its_label() {
+        let steps = Definition::built_in().steps;
+        let progress = Progress {
+            applied_versions: vec![],
+            finished_steps: vec![
+                (4, "repair void-duplicate-coupons".into()),
+                (6, "repair other".into()),
+            ],
+            gates: vec![],
+        };
+        assert!(progress.done(3, &steps[3]));
+        // Step 6 recorded under another label: a step that moved is not taken as done.
+        assert!(!progress.done(5, &steps[5]));
     }
 
     #[test]

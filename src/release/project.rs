@@ -84,7 +84,26 @@ pub fn repairs(found: Option<&Found>, dir: Option<&Path>) -> Result<RepairSource
     }
 }
 
-/// A release as a command runs it: its definition, its files and its digest.
+/// The `release.toml` of the release `found` names. One found in the current directory that
+/// does not read as a release says so (another tool's file of that name, such as
+/// cargo-release's).
+pub fn definition(found: &Found) -> Result<Definition> {
+    let path = found.dir.join(FILE);
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    Definition::parse(&text, &path.display().to_string()).with_context(|| {
+        if found.how == "the current directory" {
+            format!(
+                "pgmend took {} for a release because it is in the current directory; if it is another tool's file, give --release DIR (or PGMEND_RELEASE), or run pgmend elsewhere",
+                path.display()
+            )
+        } else {
+            format!("reading the release {}", found.dir.display())
+        }
+    })
+}
+
+/// A release as a command runs it: its definition and its files.
 pub struct Loaded {
     pub definition: Definition,
     pub files: Vec<Migration>,
@@ -106,11 +125,9 @@ pub fn load(
     repairs_dir: Option<&Path>,
 ) -> Result<Loaded> {
     let found = found.context(NOT_FOUND)?;
-    let path = found.dir.join(FILE);
-    let text =
-        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let definition = Definition::parse(&text, &path.display().to_string())?;
-    let files = migrations(Some(found), migrations_dir)?;
+    let definition = definition(found)?;
+    let mut files = migrations(Some(found), migrations_dir)?;
+    super::name_repairs_in_censuses(&definition.steps, &mut files);
     let repairs = match repairs_dir {
         None if !found.dir.join("repairs").exists() => Vec::new(),
         _ => self::repairs(Some(found), repairs_dir)?.load()?,

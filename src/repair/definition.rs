@@ -138,6 +138,23 @@ pub struct Repair {
 }
 
 impl Repair {
+    /// The tables the repair reads and writes, as its definition names them.
+    pub fn tables(&self) -> Vec<String> {
+        match &self.spec {
+            Spec::VoidDuplicates(v) => vec![v.table.as_str().to_string()],
+            Spec::RebuildCounter(c) => {
+                let mut t = vec![
+                    c.counter_table.as_str().to_string(),
+                    c.source_table.as_str().to_string(),
+                ];
+                if c.keys_from.as_str() != "source" {
+                    t.push(c.keys_from.as_str().to_string());
+                }
+                t
+            }
+        }
+    }
+
     pub fn description(&self) -> &str {
         match &self.spec {
             Spec::VoidDuplicates(v) => &v.description,

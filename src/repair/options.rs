@@ -24,9 +24,6 @@ pub struct RunOptions {
     /// it). The run then ends without that pass over the table (`left_over` is `None`), unless
     /// the reconciliation decides the run's outcome (a counter after the gate).
     pub checked_later: bool,
-    /// The release the run belongs to, whose gates say whether the new application runs
-    /// (`store::records::gates_passed`); none: any release's.
-    pub release: Option<String>,
 }
 
 /// How the command lets a run use several workers: how many, where to connect them, and the

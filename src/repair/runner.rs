@@ -89,8 +89,7 @@ pub fn apply(
     // differs again after its batch means one does not (the old application still
     // committing, a guard left behind, a manual void): its keys are corrected again, a
     // bounded number of times, and what still differs is reported (exit 1).
-    let after_gate = matches!(engine, Engine::Counter(_))
-        && store::gates_passed(client, options.release.as_deref())?;
+    let after_gate = matches!(engine, Engine::Counter(_)) && store::gates_passed(client)?;
     // Before the gate a counter run goes through every key in ranges (the first pass fills
     // the counters: nearly every key differs); after it, through the few keys that differ.
     let ranges = engine.freezes_ranges(after_gate);

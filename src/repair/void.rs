@@ -334,6 +334,19 @@ impl VoidEngine {
         )
     }
 
+    /// The census of the repair (`verify`): every group with more than one unmarked row,
+    /// NULL group columns left out, with how many it has (`rows`).
+    pub fn duplicates_sql(&self) -> String {
+        let s = &self.spec;
+        let cols = self.group_cols("t");
+        format!(
+            "SELECT {cols}, count(*) AS rows FROM {table} t WHERE NOT t.{mark} AND {not_null} GROUP BY {cols} HAVING count(*) > 1",
+            table = &s.table,
+            mark = &s.mark,
+            not_null = all_not_null("t", &s.group_by),
+        )
+    }
+
     /// After a run: how many of its frozen groups still hold more than one unmarked row.
     pub fn reconcile_sql(&self) -> String {
         let s = &self.spec;

@@ -46,6 +46,17 @@ pub use legacy_counter::Source as LegacyCounterSource;
 pub use render::{markdown_text, Json, Render, Text, TextStyle};
 pub use xlsx::{Xlsx, EXCEL_ROWS};
 
+/// The report belongs to the coupon release: the tables it reads.
+pub const TABLES: &[&str] = &[
+    "campaigns",
+    "issued_coupons",
+    "campaign_budgets",
+    "member_monthly_usage",
+];
+
+/// Why there is nothing to report on: the connection points at another database.
+pub const NO_COUPON_TABLES: &str = "this database has no campaigns and issued_coupons tables; check --database-url (and the search_path) points at the coupon database";
+
 /// How far the release has got, read from the catalog.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -475,7 +486,7 @@ fn state(tx: &mut Transaction<'_>) -> Result<State> {
     let (tables, duplicate, voided, unique, check): (bool, bool, bool, bool, bool) =
         (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
     if !tables {
-        bail!(crate::verify::NO_COUPON_TABLES);
+        bail!(NO_COUPON_TABLES);
     }
     Ok(match (duplicate && voided, unique && check) {
         (false, _) => State::Legacy,

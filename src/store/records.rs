@@ -40,17 +40,20 @@ fn release_rows(
     }
 }
 
-/// The steps of `release` recorded as finished (1-based), in order.
-pub fn finished_steps(client: &mut impl GenericClient, release: &str) -> Result<Vec<i32>> {
+/// The steps of `release` recorded as finished: (1-based position, label), in order.
+pub fn finished_steps(
+    client: &mut impl GenericClient,
+    release: &str,
+) -> Result<Vec<(i32, String)>> {
     Ok(release_rows(
         client,
         release,
-        "SELECT step FROM pgmend.release_steps WHERE release = $1 ORDER BY step",
-        "SELECT step FROM pgmend.release_steps ORDER BY step",
+        "SELECT step, what FROM pgmend.release_steps WHERE release = $1 ORDER BY step",
+        "SELECT step, what FROM pgmend.release_steps ORDER BY step",
         "reading the release's finished steps",
     )?
     .iter()
-    .map(|r| r.get(0))
+    .map(|r| (r.get(0), r.get(1)))
     .collect())
 }
 
@@ -109,19 +112,17 @@ pub fn confirm_gate(
     Ok(())
 }
 
-/// Whether `release` (any release, when none is named) has passed a gate: from then on the
-/// new application runs, which keeps every counter in step with its source.
-pub fn gates_passed(client: &mut impl GenericClient, release: Option<&str>) -> Result<bool> {
+/// Whether any release has passed a gate: from then on the new application runs (a gate is
+/// about the database and its application, whichever release asked for it), which keeps
+/// every counter in step with its source.
+pub fn gates_passed(client: &mut impl GenericClient) -> Result<bool> {
     if !super::exists(client)? {
         return Ok(false);
     }
-    Ok(match release {
-        Some(release) => !confirmed_gates(client, release)?.is_empty(),
-        None => client
-            .query_one("SELECT EXISTS (SELECT 1 FROM pgmend.gates)", &[])
-            .doing("reading whether the release has passed its gate")?
-            .get(0),
-    })
+    Ok(client
+        .query_one("SELECT EXISTS (SELECT 1 FROM pgmend.gates)", &[])
+        .doing("reading whether the release has passed its gate")?
+        .get(0))
 }
 
 /// Whether `gate` of `release` is confirmed (false when pgmend's tables do not exist).

@@ -97,25 +97,3 @@ pub fn finish(client: &mut impl GenericClient, name: &str) -> Result<()> {
         .doing("recording the release as finished")?;
     Ok(())
 }
-
-/// The migration versions the steps of every recorded release apply: one history serves them
-/// all, so a version applied by another release is no missing file (`migrate::status`).
-pub fn migration_versions(client: &mut impl GenericClient) -> Result<Vec<i32>> {
-    let mut out = Vec::new();
-    for recorded in all(client)? {
-        let Some(steps) = recorded.steps else {
-            continue;
-        };
-        let steps: serde_json::Value = serde_json::from_str(&steps)?;
-        out.extend(
-            steps
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|s| s["kind"] == "migrate")
-                .filter_map(|s| s["version"].as_i64())
-                .filter_map(|v| i32::try_from(v).ok()),
-        );
-    }
-    Ok(out)
-}
