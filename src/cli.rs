@@ -1,7 +1,7 @@
 //! The command line, as clap definitions. Option groups are shared with `flatten`.
 //!
 //! The clap definitions: the subcommands (`migrate status|plan|apply|baseline|validate`, `repair
-//! list|plan|apply|status|log|undo|abandon`, `report overruns`, top-level `plan`, `apply`,
+//! list|plan|apply|status|log|undo|abandon|pause|resume|throttle`, `report overruns`, top-level `plan`, `apply`,
 //! `verify`, `demo`, `completions`, `man`, `init`) and the option groups flattened into them —
 //! `ConnectionArgs` (`--database-url` / `DATABASE_URL`), `ReleaseArgs` (`--release` /
 //! `PGMEND_RELEASE`), within `MigrationsArgs` (with `--migrations-dir` / `PGMEND_MIGRATIONS_DIR`;
@@ -73,6 +73,7 @@ fn with_formats(command: clap::Command, path: &str, format: &clap::Arg) -> clap:
                 "report overruns" => return sub.arg(format.clone()),
                 "repair log" => "human, json or csv",
                 "plan" => "human, json or markdown",
+                "verify" | "repair status" => "human, json or openmetrics",
                 _ => "human or json",
             };
             sub.arg(own.help(format!(
@@ -419,6 +420,33 @@ pub enum RepairCommand {
     Undo(RepairRunArgs),
     /// Give up an unfinished run (its changes stay, and can be undone).
     Abandon(RepairRunArgs),
+    /// Ask the pgmend walking a run to stop between batches until `repair resume`.
+    Pause(SteerArgs),
+    /// Let a paused run go on.
+    Resume(SteerArgs),
+    /// Change a running run's --pause and --duty-cycle from another session.
+    Throttle(ThrottleArgs),
+}
+
+/// A run to steer from another session: the request is recorded on the run's row and read by
+/// the pgmend walking it before its next batch; no --yes, no runner lock.
+#[derive(Debug, Args)]
+pub struct SteerArgs {
+    pub run_id: i64,
+    #[command(flatten)]
+    pub conn: ConnectionArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct ThrottleArgs {
+    #[command(flatten)]
+    pub run: SteerArgs,
+    /// Pause this long after each batch (as `repair apply --pause`).
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub pause: Option<Duration>,
+    /// Spend at most this percent of the time in batches (as `repair apply --duty-cycle`).
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=100), value_name = "PERCENT")]
+    pub duty_cycle: Option<u8>,
 }
 
 #[derive(Debug, Args)]
@@ -494,6 +522,8 @@ pub struct RepairStatusArgs {
     pub conn: ConnectionArgs,
     #[command(flatten)]
     pub release: ReleaseArgs,
+    #[command(flatten)]
+    pub metrics: MetricsArgs,
 }
 
 #[derive(Debug, Args)]
@@ -585,6 +615,17 @@ pub struct VerifyArgs {
     pub conn: ConnectionArgs,
     #[command(flatten)]
     pub project: ProjectArgs,
+    #[command(flatten)]
+    pub metrics: MetricsArgs,
+}
+
+/// Where `--format openmetrics` goes.
+#[derive(Debug, Args)]
+pub struct MetricsArgs {
+    /// With --format openmetrics: write the metrics to FILE atomically (for node_exporter's
+    /// textfile collector), also when the check cannot run (then `_up` is 0).
+    #[arg(long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -690,6 +731,10 @@ pub enum Format {
     Html,
     /// An Excel workbook; `report overruns` only, with --output FILE.xlsx.
     Xlsx,
+    /// The OpenMetrics (Prometheus) text format; `verify` and `repair status` only (hidden from
+    /// the lists of the commands that do not take it; theirs say so).
+    #[value(hide = true)]
+    Openmetrics,
 }
 
 impl Format {
@@ -702,6 +747,7 @@ impl Format {
             Format::Markdown => "markdown",
             Format::Html => "html",
             Format::Xlsx => "xlsx",
+            Format::Openmetrics => "openmetrics",
         }
     }
 }

@@ -11,6 +11,7 @@ pub mod error;
 pub mod human;
 pub mod localpg;
 pub mod manpage;
+pub mod metrics;
 pub mod migrate;
 pub mod online;
 pub mod output;

@@ -67,9 +67,14 @@ fn main() -> ExitCode {
     let report = matches!(cli.command, Command::Report(_));
     let csv_ok = report || matches!(cli.command, Command::Repair(RepairCommand::Log(_)));
     let markdown_ok = report || matches!(cli.command, Command::Plan(_));
+    let metrics_ok = matches!(
+        cli.command,
+        Command::Verify(_) | Command::Repair(RepairCommand::Status(_))
+    );
     if (format == Format::Csv && !csv_ok)
         || (format == Format::Markdown && !markdown_ok)
         || (matches!(format, Format::Html | Format::Xlsx) && !report)
+        || (format == Format::Openmetrics && !metrics_ok)
     {
         pgmend::say!(
             "pgmend: error: --format {} is only for {}; use human or json",
@@ -77,6 +82,7 @@ fn main() -> ExitCode {
             match format {
                 Format::Csv => "`pgmend repair log` and `pgmend report overruns`",
                 Format::Markdown => "`pgmend plan` and `pgmend report overruns`",
+                Format::Openmetrics => "`pgmend verify` and `pgmend repair status`",
                 _ => "`pgmend report overruns`",
             }
         );
@@ -95,6 +101,20 @@ fn main() -> ExitCode {
         Command::Repair(RepairCommand::Log(a)) => repair::log(a, format),
         Command::Repair(RepairCommand::Undo(a)) => repair::undo(a, format),
         Command::Repair(RepairCommand::Abandon(a)) => repair::abandon(a, format),
+        Command::Repair(RepairCommand::Pause(a)) => {
+            repair::steer(&a.conn, a.run_id, Some(true), None, None, format)
+        }
+        Command::Repair(RepairCommand::Resume(a)) => {
+            repair::steer(&a.conn, a.run_id, Some(false), None, None, format)
+        }
+        Command::Repair(RepairCommand::Throttle(a)) => repair::steer(
+            &a.run.conn,
+            a.run.run_id,
+            None,
+            a.pause,
+            a.duty_cycle,
+            format,
+        ),
         Command::Migrate(MigrateCommand::Baseline(a)) => migrate::baseline(a, format),
         Command::Migrate(MigrateCommand::Validate(a)) => migrate::validate(a, format),
         Command::Verify(a) => verify::run(a, format),

@@ -680,7 +680,8 @@ fn help_offers_only_the_formats_a_command_renders() {
         assert!(!help(args).contains("--format"), "{args:?}");
     }
     for (args, offered, not) in [
-        (&["verify"][..], "human or json", "xlsx"),
+        (&["verify"][..], "human, json or openmetrics", "xlsx"),
+        (&["repair", "status"][..], "human, json or openmetrics", "xlsx"),
         (&["migrate", "status"][..], "human or json", "csv"),
         (&["repair", "log"][..], "human, json or csv", "xlsx"),
         (&["plan"][..], "human, json or markdown", "xlsx"),

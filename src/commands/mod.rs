@@ -21,7 +21,7 @@ pub mod verify;
 
 use std::io::{IsTerminal, Write};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 
 use crate::cli::{
     BatchArgs, ConnectionArgs, MigrationsArgs, Pooler, ProjectArgs, ReleaseArgs, RepairsArgs,
@@ -266,4 +266,88 @@ pub fn print_json(value: &impl serde::Serialize) -> Result<()> {
     serde_json::to_writer_pretty(&mut out, value)?;
     writeln!(out)?;
     Ok(())
+}
+
+/// The directory a file `path` goes in (`.` for a bare name).
+pub fn parent(path: &std::path::Path) -> &std::path::Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => std::path::Path::new("."),
+    }
+}
+
+/// A temporary file beside `path`, to be renamed into place once complete.
+pub fn temporary_beside(path: &std::path::Path) -> Result<tempfile::NamedTempFile> {
+    let dir = parent(path);
+    // Mode 0666 is masked by the umask when the file is created, as for any new file;
+    // tempfile's default (0600) would hide the report from the people it is for.
+    tempfile::Builder::new()
+        .prefix(".pgmend-report-")
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666))
+        .tempfile_in(dir)
+        .with_context(|| {
+            format!(
+                "cannot create a temporary file in {}; check the directory exists and is writable",
+                dir.display()
+            )
+        })
+}
+
+/// Writes `text` to `path` atomically: a temporary file beside it, synced, renamed over it
+/// (a reader such as node_exporter's textfile collector sees the old file or the new one).
+pub fn write_atomically(path: &std::path::Path, text: &str) -> Result<()> {
+    let mut file = temporary_beside(path)?;
+    file.write_all(text.as_bytes())
+        .and_then(|()| file.as_file().sync_all())
+        .with_context(|| format!("writing {}", file.path().display()))?;
+    file.persist(path).map_err(|e| e.error).with_context(|| {
+        format!(
+            "cannot write {} (nothing was written there)",
+            path.display()
+        )
+    })?;
+    Ok(())
+}
+
+/// Seconds since the Unix epoch, now.
+pub fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64().floor())
+}
+
+/// Refuses (exit 2, before connecting) `--output` without `--format openmetrics`.
+pub fn metrics_output_needs_openmetrics(
+    args: &crate::cli::MetricsArgs,
+    format: crate::cli::Format,
+) -> Result<()> {
+    if args.output.is_some() && format != crate::cli::Format::Openmetrics {
+        bail!("--output writes the metrics of --format openmetrics; add --format openmetrics, or leave --output out");
+    }
+    Ok(())
+}
+
+/// Writes the OpenMetrics document `render` makes (given the last success the file it
+/// replaces recorded) to `--output`, atomically, or to stdout. A run that could not check
+/// (`ran` false) still writes its file, with `_up` 0, unless there is no `--output`.
+pub fn emit_metrics(
+    args: &crate::cli::MetricsArgs,
+    command: &str,
+    ran: bool,
+    render: impl FnOnce(Option<f64>) -> String,
+) -> Result<()> {
+    match &args.output {
+        Some(path) => {
+            let previous = std::fs::read_to_string(path).unwrap_or_default();
+            write_atomically(
+                path,
+                &render(crate::metrics::last_success(&previous, command)),
+            )
+        }
+        None if ran => {
+            crate::output::stdout().write_all(render(None).as_bytes())?;
+            Ok(())
+        }
+        None => Ok(()),
+    }
 }

@@ -181,13 +181,28 @@ pub fn print_report(report: &RunReport, format: Format) -> Result<()> {
 }
 
 pub fn status(args: &RepairStatusArgs, format: Format) -> Result<Outcome> {
+    super::metrics_output_needs_openmetrics(&args.metrics, format)?;
     let chosen = super::definition(&args.release)?;
-    let mut session = open(&args.conn, &[])?;
-    let mut tx = super::read_only(&mut session.client)?;
-    let runs = store::runs::all(&mut tx)?;
-    let plans = store::records::applied_plans(&mut tx)?;
-    let releases = release_lines(&mut tx, chosen.as_ref())?;
-    tx.rollback().doing("closing the read-only transaction")?;
+    let read = (|| {
+        let mut session = open(&args.conn, &[])?;
+        let mut tx = super::read_only(&mut session.client)?;
+        let runs = store::runs::all(&mut tx)?;
+        let plans = store::records::applied_plans(&mut tx)?;
+        let releases = release_lines(&mut tx, chosen.as_ref())?;
+        tx.rollback().doing("closing the read-only transaction")?;
+        anyhow::Ok((runs, plans, releases))
+    })();
+    if format == Format::Openmetrics {
+        let now = super::unix_now();
+        let runs = read.as_ref().ok().map(|(runs, _, _)| runs.as_slice());
+        let written = super::emit_metrics(&args.metrics, "repair_status", runs.is_some(), |last| {
+            crate::metrics::repair_status(runs, now, last)
+        });
+        read?;
+        written?;
+        return Ok(Outcome::Done);
+    }
+    let (runs, plans, releases) = read?;
     match format {
         Format::Json => print_json(&runs)?,
         _ => {
@@ -213,11 +228,18 @@ pub fn status(args: &RepairStatusArgs, format: Format) -> Result<Outcome> {
                     changed: human::int(r.changed),
                     skipped: human::int(r.skipped.len() as i64),
                     as_of: r.as_of.clone(),
-                    note: match (r.undone_by_run, r.undoes_run) {
-                        (Some(u), _) => format!("undone by run {u}"),
-                        (_, Some(u)) => format!("undoes run {u}"),
-                        _ => String::new(),
-                    },
+                    note: [
+                        match (r.undone_by_run, r.undoes_run) {
+                            (Some(u), _) => format!("undone by run {u}"),
+                            (_, Some(u)) => format!("undoes run {u}"),
+                            _ => String::new(),
+                        },
+                        steering_note(&r.steering),
+                    ]
+                    .into_iter()
+                    .filter(|n| !n.is_empty())
+                    .collect::<Vec<_>>()
+                    .join("; "),
                 })
                 .collect();
             let mut out = crate::output::stdout();
@@ -511,4 +533,84 @@ pub fn abandon(args: &RepairRunArgs, format: Format) -> Result<Outcome> {
         )?,
     }
     Ok(Outcome::Done)
+}
+
+/// `repair pause`, `resume` and `throttle`: records the request on the run's row for the pgmend
+/// walking it (`repair::steer`); needs neither `--yes` nor the runner lock, which that pgmend
+/// holds. Refuses (exit 2) a run that does not exist or is not running, and a throttle that
+/// changes nothing.
+pub fn steer(
+    conn: &crate::cli::ConnectionArgs,
+    run_id: i64,
+    pause: Option<bool>,
+    pause_for: Option<std::time::Duration>,
+    duty_cycle: Option<u8>,
+    format: Format,
+) -> Result<Outcome> {
+    if pause.is_none() && pause_for.is_none() && duty_cycle.is_none() {
+        bail!("pgmend repair throttle {run_id}: give --pause DURATION, --duty-cycle PERCENT, or both (--pause 0s --duty-cycle 100 lifts a throttle)");
+    }
+    let mut session = open(conn, &[])?;
+    session.ensure_writable()?;
+    let run = store::run(&mut session.client, run_id)?;
+    match &run {
+        None => bail!("there is no repair run {run_id}; `pgmend repair status` lists the runs"),
+        Some(r) if r.state != store::RunState::Running => bail!(
+            "run {run_id} of {} is {}: only a running run can be paused, resumed or throttled; `pgmend repair status` lists the runs",
+            r.repair,
+            r.state
+        ),
+        Some(_) => {}
+    }
+    let who = format!(
+        "{}@{}",
+        crate::release::engine::os_user(),
+        crate::release::engine::hostname()
+    );
+    let throttle = (
+        pause_for.map(|d| d.as_millis() as i64),
+        duty_cycle.map(i16::from),
+    );
+    let run = store::runs::steer(&mut session.client, run_id, &who, pause, throttle)?
+        .with_context(|| format!("run {run_id} is gone"))?;
+    if format == Format::Json {
+        return print_json(&run).map(|()| Outcome::Done);
+    }
+    let mut out = crate::output::stdout();
+    let said = match (pause, &run.steering.paused) {
+        (Some(true), Some((by, at))) => format!(
+            "run {run_id} of {} is paused (by {by} at {at}): the pgmend walking it stops before its next batch, with no transaction open, until `pgmend repair resume {run_id}`",
+            run.repair
+        ),
+        (Some(false), _) => format!(
+            "run {run_id} of {} is not paused: the pgmend walking it goes on with its next batch",
+            run.repair
+        ),
+        _ => format!(
+            "run {run_id} of {}: after each batch, pause {} and spend at most {}% of the time in batches, from its next batch on",
+            run.repair,
+            run.steering.pause_ms.map_or("as the command said".into(), |ms| human::millis(ms.max(0) as u64)),
+            run.steering.duty_cycle.map_or("as the command said".into(), |p| p.to_string()),
+        ),
+    };
+    writeln!(out, "{said}")?;
+    Ok(Outcome::Done)
+}
+
+/// What another session asked of a run, for `repair status`.
+fn steering_note(s: &store::runs::Steering) -> String {
+    let mut parts = Vec::new();
+    if let Some((by, at)) = &s.paused {
+        parts.push(format!("PAUSED by {by} at {at}"));
+    }
+    if let Some(ms) = s.pause_ms {
+        parts.push(format!(
+            "throttled: pause {}",
+            human::millis(ms.max(0) as u64)
+        ));
+    }
+    if let Some(p) = s.duty_cycle {
+        parts.push(format!("duty cycle {p}%"));
+    }
+    parts.join(", ")
 }

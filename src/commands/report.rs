@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
-use super::{open_to_read, snapshot};
+use super::{open_to_read, parent, snapshot, temporary_beside};
 use crate::cli::{CsvSection, Format, Limit, OverrunsArgs, ReportLang};
 use crate::error::{Outcome, PgContext};
 use crate::report::{
@@ -169,22 +169,6 @@ fn section_path(path: &Path, section: Section) -> PathBuf {
     path.with_file_name(format!("{stem}-{}{ext}", section.name()))
 }
 
-fn temporary_beside(path: &Path) -> Result<tempfile::NamedTempFile> {
-    let dir = parent(path);
-    // Mode 0666 is masked by the umask when the file is created, as for any new file;
-    // tempfile's default (0600) would hide the report from the people it is for.
-    tempfile::Builder::new()
-        .prefix(".pgmend-report-")
-        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666))
-        .tempfile_in(dir)
-        .with_context(|| {
-            format!(
-                "cannot create a temporary file in {}; check the directory exists and is writable",
-                dir.display()
-            )
-        })
-}
-
 fn write<W: Write>(
     tx: &mut postgres::Transaction<'_>,
     database: Database,
@@ -208,6 +192,7 @@ fn write<W: Write>(
             Format::Html => Box::new(Html::new(out, lang(args)).with_member_limit(limit)),
             Format::Csv => unreachable!("handled above"),
             Format::Xlsx => unreachable!("written to a file by its own renderer"),
+            Format::Openmetrics => unreachable!("refused for the report by main"),
         }
     };
     report::generate(tx, database, args.monthly_cap_yen, renderer.as_mut())
@@ -275,13 +260,6 @@ fn format_for(output: Option<&Path>, given: Option<Format>) -> Result<Format> {
         ),
         (Some(given), _) => Ok(given),
         (None, named) => Ok(named.unwrap_or(Format::Human)),
-    }
-}
-
-fn parent(path: &Path) -> &Path {
-    match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
     }
 }
 

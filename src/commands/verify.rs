@@ -14,17 +14,22 @@ use crate::cli::{Format, VerifyArgs};
 use crate::error::{Outcome, PgContext};
 
 pub fn run(args: &VerifyArgs, format: Format) -> Result<Outcome> {
+    super::metrics_output_needs_openmetrics(&args.metrics, format)?;
     let loaded = super::load_release(&args.project)?;
     let release = loaded.release();
-    let tables = release.tables();
-    let (mut session, environment) = open_to_read(&args.conn, "verify", &tables)?;
-    let mut tx = snapshot(&mut session.client)?;
-    let applied: Vec<i32> = crate::migrate::history::read(&mut tx)?
-        .iter()
-        .map(|a| a.version)
-        .collect();
-    let result = crate::verify::run(&mut tx, &release, &applied)?;
-    tx.rollback().doing("closing the snapshot")?;
+    let checked = check(args, &release);
+    if format == Format::Openmetrics {
+        let now = super::unix_now();
+        let result = checked.as_ref().ok().map(|(r, _, _)| r);
+        let written = super::emit_metrics(&args.metrics, "verify", checked.is_ok(), |last| {
+            crate::metrics::verify(release.name, result, now, last)
+        });
+        // The check's own error first: the file says it could not run.
+        let outcome = outcome(&checked?.0);
+        written?;
+        return Ok(outcome);
+    }
+    let (result, header, environment) = checked?;
     match format {
         Format::Json => print_json(&result)?,
         _ => {
@@ -52,11 +57,7 @@ pub fn run(args: &VerifyArgs, format: Format) -> Result<Outcome> {
             let mut rows: Vec<Row> = result.checks.iter().map(|c| row(c, "FAILED")).collect();
             rows.extend(result.anomalies.iter().map(|c| row(c, "look")));
             let mut out = crate::output::stdout();
-            writeln!(
-                out,
-                "{} (PostgreSQL {})",
-                session.params, session.server_version
-            )?;
+            writeln!(out, "{header}")?;
             writeln!(out, "{environment}")?;
             writeln!(out, "{}", crate::human::table(rows))?;
             let sampled = result.checks.iter().chain(&result.anomalies);
@@ -83,9 +84,36 @@ pub fn run(args: &VerifyArgs, format: Format) -> Result<Outcome> {
             )?;
         }
     }
-    Ok(if result.ok {
+    Ok(outcome(&result))
+}
+
+fn outcome(result: &crate::verify::Verification) -> Outcome {
+    if result.ok {
         Outcome::Done
     } else {
         Outcome::Findings
-    })
+    }
+}
+
+/// The release's invariants checked in one snapshot, with the header line (server and
+/// version) and what the pre-flight found.
+fn check(
+    args: &VerifyArgs,
+    release: &crate::release::Release,
+) -> Result<(
+    crate::verify::Verification,
+    String,
+    crate::preflight::Environment,
+)> {
+    let tables = release.tables();
+    let (mut session, environment) = open_to_read(&args.conn, "verify", &tables)?;
+    let mut tx = snapshot(&mut session.client)?;
+    let applied: Vec<i32> = crate::migrate::history::read(&mut tx)?
+        .iter()
+        .map(|a| a.version)
+        .collect();
+    let result = crate::verify::run(&mut tx, release, &applied)?;
+    tx.rollback().doing("closing the snapshot")?;
+    let header = format!("{} (PostgreSQL {})", session.params, session.server_version);
+    Ok((result, header, environment))
 }

@@ -594,7 +594,7 @@ pub fn record_plan(
     store::records::record_plan(client, digest, made_at, steps, &who)
 }
 
-fn os_user() -> String {
+pub fn os_user() -> String {
     std::env::var("USER")
         .or_else(|_| std::env::var("LOGNAME"))
         .ok()
@@ -609,7 +609,7 @@ fn os_user() -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-fn hostname() -> String {
+pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "unknown-host".into())

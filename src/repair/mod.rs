@@ -9,7 +9,8 @@
 //! worker, its sizing and its progress line. `options.rs`: a run's options, `--jobs` included.
 //! `runner.rs`: a run (resume or freeze, one stream or the workers, reconciliation, a counter's
 //! passes after the gate). `workers.rs`: `--jobs N`. `neighbour.rs`: `--pause`, `--duty-cycle`,
-//! the throttle on batches others wait for. `verdict.rs`: what a finished run means (exit 1 when
+//! the throttle on batches others wait for. `steer.rs`: pause, resume and throttle requests from
+//! another session, read before each batch. `verdict.rs`: what a finished run means (exit 1 when
 //! it stopped early, skipped keys or left differences), for `repair apply` and the release.
 //! `preview.rs`: dry runs and their diffs. `guard.rs`: the trigger that marks late duplicates
 //! while the unique index is built. `undo.rs`: undo runs.
@@ -31,6 +32,7 @@ pub mod neighbour;
 pub mod options;
 pub mod preview;
 pub mod runner;
+pub mod steer;
 pub mod undo;
 pub mod verdict;
 pub mod void;

@@ -95,6 +95,13 @@ pub fn apply(
     let ranges = engine.freezes_ranges(after_gate);
     let unfinished = store::runs::unfinished(client, &repair.name)?;
     let (mut run, resumed) = match unfinished {
+        Some(run) if run.steering.paused.is_some() => {
+            let (by, at) = run.steering.paused.clone().unwrap_or_default();
+            return Err(Stopped::error(format!(
+                "run {} of {} is paused (by {by} at {at}); nothing was changed. Resume it with `pgmend repair resume {}`, then rerun this command",
+                run.run_id, repair.name, run.run_id
+            )));
+        }
         Some(run) if run.definition_checksum == repair.checksum => {
             progress(&format!(
                 "resuming run {} of {} from its checkpoint: {} of {} done",
@@ -230,6 +237,17 @@ fn stream(
     let mut pace = Pace::new();
     let mut shown = Progress::new(&repair.name, run.targets, run.checkpoint, None);
     while run.checkpoint < run.targets {
+        if crate::signals::requested().is_some() {
+            tally.interrupted = true;
+            break;
+        }
+        let options = &super::steer::before_batch(
+            client,
+            run.run_id,
+            &format!("run {} of {}", run.run_id, repair.name),
+            options,
+            progress,
+        )?;
         if crate::signals::requested().is_some() {
             tally.interrupted = true;
             break;

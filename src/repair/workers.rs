@@ -191,6 +191,19 @@ impl Worker<'_> {
                 if stop.load(Ordering::Relaxed) || crate::signals::requested().is_some() {
                     return Ok(());
                 }
+                let options = &super::steer::before_batch(
+                    client,
+                    self.run_id,
+                    &format!(
+                        "run {} of {} (worker {})",
+                        self.run_id, self.name, self.number
+                    ),
+                    self.options,
+                    &mut |line| crate::say!("{line}"),
+                )?;
+                if stop.load(Ordering::Relaxed) || crate::signals::requested().is_some() {
+                    return Ok(());
+                }
                 let targets = Targets {
                     lo: checkpoint,
                     hi: (checkpoint + pace.size()).min(slice.hi),
@@ -202,7 +215,7 @@ impl Worker<'_> {
                     self.engine,
                     self.name,
                     self.run_id,
-                    self.options,
+                    options,
                     Checkpoint::Slice {
                         slice: slice.slice,
                         worker: self.number,
@@ -226,7 +239,7 @@ impl Worker<'_> {
                 counts
                     .blocking
                     .fetch_add(u64::from(done.waiting > 0), Ordering::Relaxed);
-                neighbour::sleep(pace.after(self.options, targets, &done, true));
+                neighbour::sleep(pace.after(options, targets, &done, true));
             }
         }
     }

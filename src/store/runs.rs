@@ -104,15 +104,41 @@ pub struct Run {
     /// checkpoint and the worker that walked it last (filled by [`all`] only).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub slices: Vec<super::slices::Slice>,
+    /// What another session asked of the run (`repair pause`, `throttle`); none asked: absent.
+    #[serde(skip_serializing_if = "Steering::is_none")]
+    pub steering: Steering,
 }
 
-/// Over `pgmend.repair_runs r`. `target_ranges` (version 4) is read through the row's JSON:
-/// read-only commands never upgrade the schema, and an older one lacks the column.
+/// What another session asked of a run, read by the running pgmend before each batch.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Steering {
+    /// Paused: by whom and when (UTC); the batches wait until it is resumed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub paused: Option<(String, String)>,
+    /// `repair throttle --pause`, in milliseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pause_ms: Option<i64>,
+    /// `repair throttle --duty-cycle`, in percent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duty_cycle: Option<i16>,
+}
+
+impl Steering {
+    pub fn is_none(&self) -> bool {
+        *self == Steering::default()
+    }
+}
+
+/// Over `pgmend.repair_runs r`. `target_ranges` (version 4) and the steering (version 7) are
+/// read through the row's JSON: read-only commands never upgrade the schema, and an older one
+/// lacks the columns.
 const RUN_COLUMNS: &str = "run_id, repair, kind, definition_checksum, state,
     to_char(as_of AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), targets, checkpoint, processed, changed,
     skipped::text, started_by, to_char(finished_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),
     undoes_run, undone_by_run, repass_from,
-    coalesce((to_jsonb(r) ->> 'target_ranges')::boolean, false)";
+    coalesce((to_jsonb(r) ->> 'target_ranges')::boolean, false),
+    to_jsonb(r) ->> 'paused_by', to_char((to_jsonb(r) ->> 'paused_at')::timestamptz AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),
+    (to_jsonb(r) ->> 'throttle_pause_ms')::bigint, (to_jsonb(r) ->> 'throttle_duty_cycle')::smallint";
 
 fn run_from_row(r: &postgres::Row) -> Run {
     Run {
@@ -134,7 +160,47 @@ fn run_from_row(r: &postgres::Row) -> Run {
         repass_from: r.get(15),
         target_ranges: r.get(16),
         slices: Vec::new(),
+        steering: Steering {
+            paused: r
+                .get::<_, Option<String>>(17)
+                .map(|by| (by, r.get::<_, Option<String>>(18).unwrap_or_default())),
+            pause_ms: r.get(19),
+            duty_cycle: r.get(20),
+        },
     }
+}
+
+/// What another session asked of run `run_id` now (read before each batch, outside any
+/// transaction).
+pub fn steering(client: &mut impl GenericClient, run_id: i64) -> Result<Steering> {
+    Ok(run(client, run_id)?.map(|r| r.steering).unwrap_or_default())
+}
+
+/// Records a request for run `run_id` (`repair pause`, `resume`, `throttle`), if it is
+/// running: `pause` Some(true) pauses it (by `who`), Some(false) resumes it; `throttle` sets
+/// `--pause` (ms) and `--duty-cycle` (%), each kept when None. Returns the run as it is now
+/// (none: no such run).
+pub fn steer(
+    client: &mut impl GenericClient,
+    run_id: i64,
+    who: &str,
+    pause: Option<bool>,
+    throttle: (Option<i64>, Option<i16>),
+) -> Result<Option<Run>> {
+    client
+        .execute(
+            "UPDATE pgmend.repair_runs
+                SET paused_at = CASE WHEN $3::boolean IS NULL THEN paused_at
+                                     WHEN $3 THEN coalesce(paused_at, now()) END,
+                    paused_by = CASE WHEN $3::boolean IS NULL THEN paused_by
+                                     WHEN $3 THEN coalesce(paused_by, $2 || ' (role ' || current_user || ')') END,
+                    throttle_pause_ms = coalesce($4, throttle_pause_ms),
+                    throttle_duty_cycle = coalesce($5, throttle_duty_cycle)
+              WHERE run_id = $1 AND state = 'running'",
+            &[&run_id, &who, &pause, &throttle.0, &throttle.1],
+        )
+        .doing("recording the request")?;
+    run(client, run_id)
 }
 
 /// Every run, oldest first (none when pgmend's tables do not exist).

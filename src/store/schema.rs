@@ -9,7 +9,7 @@
 //! ledger (`ledger_compact` and `ledger_shapes`, read with `repair_ledger` through the view
 //! `ledger_records`, see
 //! `V6_SQL`); version 7 release identities (`pgmend.releases`, step records and gates keyed
-//! by release, see `V7_SQL`). [`ensure`] creates the
+//! by release) and the steering requests on `repair_runs` (see `V7_SQL`). [`ensure`] creates the
 //! schema or upgrades it in place, in one transaction serialised by an advisory lock under
 //! the session's bounded lock waits; a schema newer than this binary is refused before any
 //! change.
@@ -228,7 +228,8 @@ CREATE VIEW pgmend.ledger_records AS
 /// one release pgmend ran then (`release::COUPON_RELEASE` is this name).
 pub const ADOPTED_RELEASE: &str = "coupon-incident";
 
-/// Version 7: release identities. `pgmend.releases` holds each release started on this database
+/// Version 7: release identities, and steering a run from another session (the requests on
+/// `repair_runs`: `paused_at`/`paused_by`, `throttle_pause_ms`, `throttle_duty_cycle`). `pgmend.releases` holds each release started on this database
 /// (its name, the digest of its files when last applied, its steps as JSON so that another
 /// release can tell whether it is finished without its files, and when it finished); the
 /// release's step records and gates are keyed by its name. Records an older pgmend wrote, and
@@ -251,6 +252,12 @@ ALTER TABLE pgmend.gates ADD COLUMN release text NOT NULL DEFAULT 'coupon-incide
 ALTER TABLE pgmend.gates ALTER COLUMN release DROP DEFAULT;
 ALTER TABLE pgmend.gates DROP CONSTRAINT gates_pkey;
 ALTER TABLE pgmend.gates ADD PRIMARY KEY (release, gate);
+-- Steering a run from another session (`pgmend repair pause|resume|throttle`): requests the
+-- running pgmend reads before each batch.
+ALTER TABLE pgmend.repair_runs ADD COLUMN paused_at timestamptz;
+ALTER TABLE pgmend.repair_runs ADD COLUMN paused_by text;
+ALTER TABLE pgmend.repair_runs ADD COLUMN throttle_pause_ms bigint;
+ALTER TABLE pgmend.repair_runs ADD COLUMN throttle_duty_cycle smallint;
 INSERT INTO pgmend.releases (release, digest)
   SELECT 'coupon-incident', 'adopted: recorded before release identities'
    WHERE EXISTS (SELECT 1 FROM pgmend.release_steps) OR EXISTS (SELECT 1 FROM pgmend.gates);";
