@@ -38,6 +38,35 @@ pub struct Cli {
     pub command: Command,
     #[command(flatten)]
     pub output: OutputArgs,
+    /// What pgmend writes on stderr: lines for people (human, the default), or one JSON object
+    /// per line (json; docs/progress.schema.json) for CI logs and log shippers.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        env = "PGMEND_PROGRESS",
+        value_name = "MODE"
+    )]
+    pub progress: Option<ProgressMode>,
+}
+
+/// `--progress`: how stderr is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ProgressMode {
+    Human,
+    Json,
+}
+
+/// Whether the command line (`argv`) or `PGMEND_PROGRESS` (`env`) asks for JSON lines, read
+/// before clap parses, so that a usage error is a JSON line too.
+pub fn json_progress_requested(argv: &[String], env: Option<&str>) -> bool {
+    let given = argv
+        .windows(2)
+        .filter(|w| w[0] == "--progress")
+        .map(|w| w[1].as_str())
+        .chain(argv.iter().filter_map(|a| a.strip_prefix("--progress=")))
+        .last();
+    given.or(env) == Some("json")
 }
 
 /// The command line as pgmend parses it: [`Cli`], with each command's own `--format` (clap

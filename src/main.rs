@@ -25,6 +25,13 @@ use pgmend::error::{exit_code_for, Outcome};
 use pgmend::output;
 
 fn main() -> ExitCode {
+    {
+        let argv: Vec<String> = std::env::args_os()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let env = std::env::var("PGMEND_PROGRESS").ok();
+        output::set_json_lines(pgmend::cli::json_progress_requested(&argv, env.as_deref()));
+    }
     let cli = match pgmend::cli::command()
         .try_get_matches()
         .and_then(|matches| Cli::from_arg_matches(&matches))
@@ -40,7 +47,16 @@ fn main() -> ExitCode {
             let argv: Vec<String> = std::env::args_os()
                 .map(|a| a.to_string_lossy().into_owned())
                 .collect();
-            let _ = write!(std::io::stderr(), "{}", pgmend::cli::redacted(&e, &argv));
+            let text = pgmend::cli::redacted(&e, &argv);
+            if output::json_lines() {
+                output::event(
+                    "error",
+                    text.trim_end(),
+                    serde_json::json!({ "exit_code": 2 }),
+                );
+            } else {
+                let _ = write!(std::io::stderr(), "{text}");
+            }
             if let Some(hint) = pgmend::cli::misplaced_option_hint(&argv, &e) {
                 pgmend::say!("hint: {hint}");
             }
@@ -144,9 +160,11 @@ fn main() -> ExitCode {
         Ok(Outcome::Findings) => ExitCode::from(1),
         Err(e) => {
             let code = exit_code_for(&e);
-            pgmend::say!(
-                "pgmend: {}: {e:#}",
-                if code == 1 { "stopped" } else { "error" }
+            let what = if code == 1 { "stopped" } else { "error" };
+            pgmend::output::event(
+                what,
+                &format!("pgmend: {what}: {e:#}"),
+                serde_json::json!({ "exit_code": code }),
             );
             if let Some(left) = pgmend::signals::leftovers() {
                 pgmend::say!("pgmend: {left}");

@@ -59,6 +59,7 @@ const ENVIRONMENT: &[(&str, &str)] = &[
     ("PGMEND_REPAIRS_DIR", "Read the repair definitions from this directory instead of the release's repairs/ (--repairs-dir)."),
     ("PGMEND_SCHEMA", "The schema that holds the legacy tables (--schema)."),
     ("PGMEND_POOLER", "What stands between pgmend and the server (--pooler)."),
+    ("PGMEND_PROGRESS", "human or json: what pgmend writes on stderr (--progress)."),
     ("NO_COLOR", "When set, no colour even on a terminal."),
 ];
 

@@ -46,8 +46,7 @@ fn in_flight() -> String {
 #[macro_export]
 macro_rules! say {
     ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
+        $crate::output::say(&format!($($arg)*));
     }};
 }
 

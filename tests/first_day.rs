@@ -681,7 +681,11 @@ fn help_offers_only_the_formats_a_command_renders() {
     }
     for (args, offered, not) in [
         (&["verify"][..], "human, json or openmetrics", "xlsx"),
-        (&["repair", "status"][..], "human, json or openmetrics", "xlsx"),
+        (
+            &["repair", "status"][..],
+            "human, json or openmetrics",
+            "xlsx",
+        ),
         (&["migrate", "status"][..], "human or json", "csv"),
         (&["repair", "log"][..], "human, json or csv", "xlsx"),
         (&["plan"][..], "human, json or markdown", "xlsx"),

@@ -210,6 +210,7 @@ pub fn apply(args: &ApplyArgs, format: Format) -> Result<Outcome> {
         )?;
     }
     if !plan.pending.is_empty() && !args.safety.yes {
+        super::ensure_can_ask("review its plan first (`pgmend migrate plan`)")?;
         plan::render_human(&plan, &mut std::io::stderr().lock())?;
         confirm(
             false,

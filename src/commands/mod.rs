@@ -232,15 +232,26 @@ fn with_search_path(options: Option<&str>, schema: &str) -> Result<String> {
     })
 }
 
+/// Refuses (exit 2) to ask where no one can answer: without a terminal on both stdin and
+/// stderr, or with `--progress json` (stderr is for a program then). `review` names the
+/// command's own dry run. Called before anything is shown for the question.
+pub fn ensure_can_ask(review: &str) -> Result<()> {
+    if crate::output::json_lines() {
+        bail!("this command changes the database and asks first, and with --progress json there is no one to ask; {review}, then rerun with --yes");
+    }
+    if !std::io::stdin().is_terminal() || !std::io::stderr().is_terminal() {
+        bail!("this command changes the database and there is no terminal to ask on; {review}, then rerun with --yes");
+    }
+    Ok(())
+}
+
 /// Asks on the terminal before a change; refuses without one unless `--yes` was given,
 /// saying `review`: how to see first what this command would do (its own dry run).
 pub fn confirm(yes: bool, question: &str, review: &str) -> Result<()> {
     if yes {
         return Ok(());
     }
-    if !std::io::stdin().is_terminal() || !std::io::stderr().is_terminal() {
-        bail!("this command changes the database and there is no terminal to ask on; {review}, then rerun with --yes");
-    }
+    ensure_can_ask(review)?;
     eprint!("{question} [y/N] ");
     std::io::stderr().flush()?;
     let mut answer = String::new();

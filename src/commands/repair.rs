@@ -128,6 +128,10 @@ pub fn apply(args: &RepairApplyArgs, format: Format) -> Result<Outcome> {
         &privileges::for_repair(&repair),
     )?;
     if !args.safety.yes {
+        super::ensure_can_ask(&format!(
+            "review its diff first (`pgmend repair plan {}`)",
+            repair.name
+        ))?;
         let mut tx = super::read_only(&mut session.client)?;
         let p = preview::preview(&mut tx, &repair, &[], Some(5), &mut |c| {
             Ok(preview::render_diff(c, false, &mut std::io::stderr())?)

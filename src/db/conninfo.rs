@@ -280,6 +280,7 @@ pub fn environment_variables() -> impl Iterator<Item = &'static str> {
         "PGMEND_REPAIRS_DIR",
         "PGMEND_SCHEMA",
         "PGMEND_POOLER",
+        "PGMEND_PROGRESS",
     ]
     .into_iter()
     .chain(ENV_KEYS.iter().map(|(var, _)| *var))

@@ -148,7 +148,11 @@ pub fn apply(
             walk.beyond_plan = Some(i + 1);
             break;
         }
-        crate::say!("\n== step {}: {}", i + 1, step.label());
+        crate::output::event(
+            "step_started",
+            &format!("\n== step {}: {}", i + 1, step.label()),
+            serde_json::json!({ "step": i + 1, "label": step.label(), "release": release.name }),
+        );
         let started = Instant::now();
         let end =
             run_step(client, release, settings, i, step, just_exact(&walk, i)).map_err(failed)?;
@@ -166,12 +170,20 @@ pub fn apply(
                 break;
             }
             StepEnd::Done(run) => {
-                crate::say!(
-                    "step {} done in {}",
-                    i + 1,
-                    crate::config::format_duration(Duration::from_millis(
-                        started.elapsed().as_millis() as u64
-                    ))
+                let took = Duration::from_millis(started.elapsed().as_millis() as u64);
+                crate::output::event(
+                    "step_done",
+                    &format!(
+                        "step {} done in {}",
+                        i + 1,
+                        crate::config::format_duration(took)
+                    ),
+                    serde_json::json!({
+                        "step": i + 1,
+                        "label": step.label(),
+                        "release": release.name,
+                        "seconds": took.as_secs_f64(),
+                    }),
                 );
                 walk.steps
                     .push(applied_step(i, step, "done", run.map(|r| *r)));

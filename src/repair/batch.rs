@@ -290,7 +290,7 @@ impl Progress {
         let rate =
             (done - self.done_before) as f64 / self.started.elapsed().as_secs_f64().max(0.001);
         let eta = ((targets - done) as f64 / rate.max(0.001)) as u64;
-        progress(&format!(
+        let line = format!(
             "{}: {}/{} targets ({}), {} changed, {} targets{}, ETA {}{}",
             self.name,
             human::int(done),
@@ -311,7 +311,24 @@ impl Progress {
                 ),
                 None => String::new(),
             }
-        ));
+        );
+        if crate::output::json_lines() {
+            crate::output::event(
+                "progress",
+                &line,
+                serde_json::json!({
+                    "repair": self.name,
+                    "done": done,
+                    "targets": targets,
+                    "changed": changed,
+                    "targets_per_second": (rate * 10.0).round() / 10.0,
+                    "workers": self.workers,
+                    "eta_seconds": eta,
+                }),
+            );
+        } else {
+            progress(&line);
+        }
         self.last_line = Instant::now();
     }
 
@@ -348,7 +365,7 @@ impl Drop for Progress {
 /// On a terminal, a progress bar on stderr with rate and ETA; elsewhere none.
 fn progress_bar(name: &str, targets: i64, done: i64) -> Option<indicatif::ProgressBar> {
     use std::io::IsTerminal;
-    if !std::io::stderr().is_terminal() || targets == 0 {
+    if !std::io::stderr().is_terminal() || crate::output::json_lines() || targets == 0 {
         return None;
     }
     let bar = indicatif::ProgressBar::new(targets as u64);
