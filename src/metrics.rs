@@ -131,8 +131,32 @@ pub fn verify(
                 violations = violations.sample(labels, c.violations as f64);
             }
         }
+        let mut amount = Family::new(
+            "pgmend_verify_check_amount",
+            "The sum the release declares for the check's breaking rows (the counters' drift in yen, for the coupon release)",
+        );
+        for (kind, checks) in [("invariant", &v.checks), ("anomaly", &v.anomalies)] {
+            for c in checks.iter() {
+                if let Some(a) = c.amount {
+                    let labels = vec![
+                        ("release", release.to_string()),
+                        ("check", c.name.clone()),
+                        ("kind", kind.to_string()),
+                    ];
+                    amount = amount.sample(labels, a as f64);
+                }
+            }
+        }
         families.push(ok);
         families.push(violations);
+        families.push(amount);
+        families.push(
+            Family::new(
+                "pgmend_verify_unfinished_runs",
+                "Repair runs not finished (running, or stopped before their end)",
+            )
+            .sample(r.clone(), v.unfinished_runs as f64),
+        );
     }
     render(&families)
 }

@@ -44,6 +44,10 @@ pub struct Check {
     pub violations: i64,
     /// The first offending keys, as JSON rows.
     pub sample: Vec<String>,
+    /// The sum of the invariant's `amount` over the offending rows (yen, for the coupon
+    /// release's counters), when it declares one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub amount: Option<i64>,
     pub detail: String,
 }
 
@@ -53,6 +57,8 @@ pub struct Verification {
     pub checks: Vec<Check>,
     /// Not invariants, but worth a look (they do not change the exit code).
     pub anomalies: Vec<Check>,
+    /// Repair runs not finished (running, or stopped before their end).
+    pub unfinished_runs: i64,
 }
 
 const SAMPLE: i64 = 5;
@@ -106,6 +112,7 @@ pub fn run(
                 ),
             )],
             anomalies: Vec::new(),
+            unfinished_runs: unfinished_runs(client)?,
         });
     }
     let definition = release.invariants;
@@ -127,6 +134,28 @@ pub fn run(
                 &inv.explain
             },
         )?;
+        let check = match &inv.amount {
+            Some(amount) if check.violations > 0 => Check {
+                amount: Some(
+                    client
+                        .query_one(
+                            &format!(
+                                "SELECT coalesce(sum(({amount})::numeric), 0)::int8 FROM ({}) v",
+                                inv.sql
+                            ),
+                            &[],
+                        )
+                        .doing(format!("summing the amount of {}", inv.name))?
+                        .get(0),
+                ),
+                ..check
+            },
+            Some(_) => Check {
+                amount: Some(0),
+                ..check
+            },
+            None => check,
+        };
         if inv.anomaly {
             anomalies.push(check);
         } else {
@@ -162,7 +191,16 @@ pub fn run(
         ok: checks.iter().all(|c| c.ok),
         checks,
         anomalies,
+        unfinished_runs: unfinished_runs(client)?,
     })
+}
+
+/// How many repair runs are unfinished (none without pgmend's tables).
+fn unfinished_runs(client: &mut impl GenericClient) -> Result<i64> {
+    Ok(crate::store::runs::all(client)?
+        .iter()
+        .filter(|r| r.state == crate::store::RunState::Running)
+        .count() as i64)
 }
 
 /// Whether any of `tables` exists on the session's search path.
@@ -224,6 +262,7 @@ fn from_census(client: &mut impl GenericClient, census: &Census) -> Result<Check
                         ok: right,
                         violations: i64::from(!right),
                         sample: Vec::new(),
+                        amount: None,
                         detail: if right {
                             format!("unique and valid: {definition}")
                         } else {
@@ -282,6 +321,7 @@ fn from_census(client: &mut impl GenericClient, census: &Census) -> Result<Check
                 ok: true,
                 violations: 0,
                 sample: Vec::new(),
+                amount: None,
                 detail,
             })
         }
@@ -370,6 +410,7 @@ fn count(
         ok: n == 0,
         violations: n,
         sample,
+        amount: None,
         detail: if n == 0 {
             ok_detail.into()
         } else {
@@ -384,6 +425,7 @@ fn missing(name: String, detail: String) -> Check {
         ok: false,
         violations: 1,
         sample: Vec::new(),
+        amount: None,
         detail,
     }
 }
@@ -434,6 +476,7 @@ fn listed(
         ok: violations == 0,
         violations,
         sample: offenders,
+        amount: None,
         detail: if violations == 0 {
             ok_detail.into()
         } else {

@@ -156,6 +156,34 @@ fn verify_as_openmetrics_parses_and_says_what_verify_json_says_on_exit_0_1_and_2
         Some(2.0)
     );
     assert_same_as_json(&db, &samples);
+    // The drift in yen, the member-months over the cap and the unfinished runs, each equal to
+    // what SQL computes here.
+    assert_eq!(
+        value(
+            &samples,
+            "pgmend_verify_check_amount",
+            &[("check", "member_monthly_usage_matches_coupons")]
+        ),
+        Some(2.0)
+    );
+    let over_cap = db.scalar_i64(
+        "SELECT coalesce(sum(used_yen - 2000), 0)::int8 FROM member_monthly_usage WHERE used_yen > 2000",
+    );
+    assert!(over_cap > 0, "the demo data has member-months over the cap");
+    assert_eq!(
+        value(
+            &samples,
+            "pgmend_verify_check_amount",
+            &[("check", "member_months_over_the_cap"), ("kind", "anomaly")]
+        ),
+        Some(over_cap as f64)
+    );
+    assert_eq!(
+        value(&samples, "pgmend_verify_unfinished_runs", &[]),
+        Some(
+            db.scalar_i64("SELECT count(*) FROM pgmend.repair_runs WHERE state = 'running'") as f64
+        )
+    );
     let succeeded = value(
         &samples,
         "pgmend_verify_last_success_timestamp_seconds",

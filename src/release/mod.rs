@@ -67,7 +67,8 @@ struct StepDef {
 /// rows that break it, none when it holds; `explain` says what breaking rows mean and what to
 /// do, `holds` what it means when none does. An `anomaly` is listed apart by `verify` and does
 /// not change its exit code; `repair = "NAME"` says the invariant checks that repair's outcome
-/// (`verify` then derives no check of its own for it).
+/// (`verify` then derives no check of its own for it); `amount` is summed over the breaking
+/// rows (the counters' drift in yen, for the coupon release).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Invariant {
@@ -80,6 +81,8 @@ pub struct Invariant {
     #[serde(default)]
     pub anomaly: bool,
     pub repair: Option<String>,
+    /// An SQL expression over the breaking rows whose sum `verify` reports (yen, say).
+    pub amount: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
