@@ -114,7 +114,7 @@ pub fn verify(
         );
         let mut ok = Family::new(
             "pgmend_verify_check_ok",
-            "1 when the check holds; an anomaly (kind=\"anomaly\") when nothing is worth a look",
+            "1 when the check holds; for an anomaly (kind anomaly), when nothing is worth a look",
         );
         let mut violations = Family::new(
             "pgmend_verify_check_violations",
@@ -176,7 +176,7 @@ pub fn repair_status(runs: Option<&[Run]>, now: f64, last_success: Option<f64>) 
         }
         families.push(by_state);
         let per_run: [PerRun; 6] = [
-            ("pgmend_repair_run_paused", "1 while another session has paused the run (`pgmend repair pause`)", |r| f64::from(u8::from(r.steering.paused.is_some()))),
+            ("pgmend_repair_run_paused", "1 while another session has paused the unfinished run (`pgmend repair pause`)", |r| f64::from(u8::from(r.steering.paused.is_some() && r.state == RunState::Running))),
             ("pgmend_repair_run_running", "1 while the run is unfinished (running or stopped before its end), 0 once finished or abandoned", |r| f64::from(u8::from(r.state == RunState::Running))),
             ("pgmend_repair_run_targets", "How many targets (keys or key ranges) the run froze", |r| r.targets as f64),
             ("pgmend_repair_run_targets_done", "How many of its targets the run has done (its checkpoint)", |r| r.checkpoint as f64),

@@ -42,7 +42,10 @@ pub fn json_lines() -> bool {
 pub fn say(text: &str) {
     if json_lines() {
         let lower = text.trim_start().to_ascii_lowercase();
-        let level = if lower.starts_with("warning") || lower.contains(": warning") {
+        let level = if lower.starts_with("warning")
+            || lower.starts_with("server warning")
+            || lower.contains(": warning")
+        {
             "warning"
         } else if lower.starts_with("pgmend: error") || lower.starts_with("server error") {
             "error"

@@ -119,10 +119,11 @@ pub fn run(
     let mut checks = Vec::new();
     let mut anomalies = Vec::new();
     for inv in definition {
-        let check = count(
+        let check = count_with(
             client,
             inv.name.clone(),
             &inv.sql,
+            inv.amount.as_deref(),
             if inv.holds.is_empty() {
                 "holds"
             } else {
@@ -134,28 +135,6 @@ pub fn run(
                 &inv.explain
             },
         )?;
-        let check = match &inv.amount {
-            Some(amount) if check.violations > 0 => Check {
-                amount: Some(
-                    client
-                        .query_one(
-                            &format!(
-                                "SELECT coalesce(sum(({amount})::numeric), 0)::int8 FROM ({}) v",
-                                inv.sql
-                            ),
-                            &[],
-                        )
-                        .doing(format!("summing the amount of {}", inv.name))?
-                        .get(0),
-                ),
-                ..check
-            },
-            Some(_) => Check {
-                amount: Some(0),
-                ..check
-            },
-            None => check,
-        };
         if inv.anomaly {
             anomalies.push(check);
         } else {
@@ -371,10 +350,25 @@ fn count(
     ok_detail: &str,
     bad_detail: &str,
 ) -> Result<Check> {
+    count_with(client, name, violators, None, ok_detail, bad_detail)
+}
+
+/// [`count`], with the sum of `amount` (an expression over the rows) in the same query.
+fn count_with(
+    client: &mut impl GenericClient,
+    name: String,
+    violators: &str,
+    amount: Option<&str>,
+    ok_detail: &str,
+    bad_detail: &str,
+) -> Result<Check> {
     let mut tx = client.transaction().doing("opening a savepoint")?;
-    let n: i64 =
-        match tx.query_one(&format!("SELECT count(*) FROM ({violators}) v"), &[]) {
-            Ok(row) => row.get(0),
+    let sum = amount.map_or("NULL::int8".to_string(), |a| {
+        format!("coalesce(sum(({a})::numeric), 0)::int8")
+    });
+    let (n, amount): (i64, Option<i64>) =
+        match tx.query_one(&format!("SELECT count(*), {sum} FROM ({violators}) v"), &[]) {
+            Ok(row) => (row.get(0), row.get(1)),
             Err(e)
                 if matches!(
                     crate::error::sqlstate(&e),
@@ -410,7 +404,7 @@ fn count(
         ok: n == 0,
         violations: n,
         sample,
-        amount: None,
+        amount,
         detail: if n == 0 {
             ok_detail.into()
         } else {

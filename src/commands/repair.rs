@@ -186,8 +186,9 @@ pub fn print_report(report: &RunReport, format: Format) -> Result<()> {
 
 pub fn status(args: &RepairStatusArgs, format: Format) -> Result<Outcome> {
     super::metrics_output_needs_openmetrics(&args.metrics, format)?;
-    let chosen = super::definition(&args.release)?;
+    let chosen = super::definition(&args.release);
     let read = (|| {
+        let chosen = chosen.as_ref().map_err(|e| anyhow::anyhow!("{e:#}"))?;
         let mut session = open(&args.conn, &[])?;
         let mut tx = super::read_only(&mut session.client)?;
         let runs = store::runs::all(&mut tx)?;
@@ -238,7 +239,11 @@ pub fn status(args: &RepairStatusArgs, format: Format) -> Result<Outcome> {
                             (_, Some(u)) => format!("undoes run {u}"),
                             _ => String::new(),
                         },
-                        steering_note(&r.steering),
+                        if r.state == store::RunState::Running {
+                            steering_note(&r.steering)
+                        } else {
+                            String::new()
+                        },
                     ]
                     .into_iter()
                     .filter(|n| !n.is_empty())
@@ -564,6 +569,10 @@ pub fn steer(
             r.repair,
             r.state
         ),
+        Some(r) if r.repair.starts_with("undo:") => bail!(
+            "run {run_id} is an undo ({}): an undo is not paused or throttled between its batches; stop it with SIGINT or SIGTERM, and rerun it to resume",
+            r.repair
+        ),
         Some(_) => {}
     }
     let who = format!(
@@ -575,8 +584,11 @@ pub fn steer(
         pause_for.map(|d| d.as_millis() as i64),
         duty_cycle.map(i16::from),
     );
-    let run = store::runs::steer(&mut session.client, run_id, &who, pause, throttle)?
-        .with_context(|| format!("run {run_id} is gone"))?;
+    let Some(run) = store::runs::steer(&mut session.client, run_id, &who, pause, throttle)? else {
+        bail!(
+            "run {run_id} finished (or was abandoned) as the request was recorded; nothing was asked of it. `pgmend repair status` shows it"
+        );
+    };
     if format == Format::Json {
         return print_json(&run).map(|()| Outcome::Done);
     }

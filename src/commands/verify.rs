@@ -15,7 +15,19 @@ use crate::error::{Outcome, PgContext};
 
 pub fn run(args: &VerifyArgs, format: Format) -> Result<Outcome> {
     super::metrics_output_needs_openmetrics(&args.metrics, format)?;
-    let loaded = super::load_release(&args.project)?;
+    let loaded = match super::load_release(&args.project) {
+        Ok(loaded) => loaded,
+        Err(e) => {
+            // The metrics file says the check could not run, as for any later failure.
+            if format == Format::Openmetrics {
+                let now = super::unix_now();
+                super::emit_metrics(&args.metrics, "verify", false, |last| {
+                    crate::metrics::verify("unknown", None, now, last)
+                })?;
+            }
+            return Err(e);
+        }
+    };
     let release = loaded.release();
     let checked = check(args, &release);
     if format == Format::Openmetrics {

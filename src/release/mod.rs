@@ -180,6 +180,15 @@ impl Definition {
             if !seen.insert(inv.name.as_str()) {
                 bail!("{origin}: two invariants are named {:?}", inv.name);
             }
+            if ["released_schema", "no_invalid_index", "no_guard_trigger"]
+                .contains(&inv.name.as_str())
+                || inv.name.starts_with("repair_")
+            {
+                bail!(
+                    "{origin}: invariant {:?} takes the name of a check verify makes itself (released_schema, no_invalid_index, no_guard_trigger, repair_NAME); name it otherwise",
+                    inv.name
+                );
+            }
         }
         Ok(Definition {
             name,

@@ -246,6 +246,7 @@ fn stream(
             run.run_id,
             &format!("run {} of {}", run.run_id, repair.name),
             options,
+            &|| crate::signals::requested().is_some(),
             progress,
         )?;
         if crate::signals::requested().is_some() {

@@ -20,12 +20,14 @@ use crate::store;
 const POLL: Duration = Duration::from_millis(500);
 
 /// The options the next batch of run `run_id` runs under (`who` names the stream in the
-/// lines it says), after waiting out a pause.
+/// lines it says), after waiting out a pause; `stop` ends the wait (a signal, or another
+/// worker's failure), and the caller then stops as it would between batches.
 pub(super) fn before_batch(
     client: &mut postgres::Client,
     run_id: i64,
     who: &str,
     options: &RunOptions,
+    stop: &dyn Fn() -> bool,
     say: &mut dyn FnMut(&str),
 ) -> Result<RunOptions> {
     let mut steering = store::runs::steering(client, run_id)?;
@@ -46,7 +48,7 @@ pub(super) fn before_batch(
             }
         ));
         while steering.paused.is_some() {
-            if crate::signals::requested().is_some() {
+            if stop() {
                 return Ok(options.clone());
             }
             std::thread::sleep(POLL);

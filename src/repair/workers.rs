@@ -199,6 +199,7 @@ impl Worker<'_> {
                         self.run_id, self.name, self.number
                     ),
                     self.options,
+                    &|| stop.load(Ordering::Relaxed) || crate::signals::requested().is_some(),
                     &mut |line| crate::say!("{line}"),
                 )?;
                 if stop.load(Ordering::Relaxed) || crate::signals::requested().is_some() {

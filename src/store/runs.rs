@@ -179,7 +179,7 @@ pub fn steering(client: &mut impl GenericClient, run_id: i64) -> Result<Steering
 /// Records a request for run `run_id` (`repair pause`, `resume`, `throttle`), if it is
 /// running: `pause` Some(true) pauses it (by `who`), Some(false) resumes it; `throttle` sets
 /// `--pause` (ms) and `--duty-cycle` (%), each kept when None. Returns the run as it is now
-/// (none: no such run).
+/// (none: it was not running when the request was recorded).
 pub fn steer(
     client: &mut impl GenericClient,
     run_id: i64,
@@ -187,7 +187,7 @@ pub fn steer(
     pause: Option<bool>,
     throttle: (Option<i64>, Option<i16>),
 ) -> Result<Option<Run>> {
-    client
+    let changed = client
         .execute(
             "UPDATE pgmend.repair_runs
                 SET paused_at = CASE WHEN $3::boolean IS NULL THEN paused_at
@@ -200,6 +200,9 @@ pub fn steer(
             &[&run_id, &who, &pause, &throttle.0, &throttle.1],
         )
         .doing("recording the request")?;
+    if changed == 0 {
+        return Ok(None);
+    }
     run(client, run_id)
 }
 
