@@ -142,13 +142,16 @@ fn received(signal: Signal) {
         }
     };
     if !first {
-        say!(
-            "pgmend: {} again: stopping at once; {} {}",
-            signal.name(),
-            in_flight(),
-            left_behind()
+        ended(
+            "error",
+            &format!(
+                "pgmend: {} again: stopping at once; {} {}",
+                signal.name(),
+                in_flight(),
+                left_behind()
+            ),
+            signal.exit_code(),
         );
-        std::process::exit(signal.exit_code());
     }
     let notice = || {
         say!(
@@ -164,15 +167,25 @@ fn received(signal: Signal) {
     }
     std::thread::spawn(move || {
         std::thread::sleep(CLEANUP_LIMIT);
-        say!(
-            "pgmend: stopped: the clean-up after {} did not end within {} s; stopping now. {} {}",
-            signal.name(),
-            CLEANUP_LIMIT.as_secs(),
-            in_flight(),
-            left_behind()
+        ended(
+            "stopped",
+            &format!(
+                "pgmend: stopped: the clean-up after {} did not end within {} s; stopping now. {} {}",
+                signal.name(),
+                CLEANUP_LIMIT.as_secs(),
+                in_flight(),
+                left_behind()
+            ),
+            1,
         );
-        std::process::exit(1);
     });
+}
+
+/// The last line of a process that ends here, outside `main` (an `error` or `stopped` event
+/// with its exit code, for `--progress json`), then the exit.
+fn ended(event: &str, text: &str, code: i32) -> ! {
+    crate::output::event(event, text, serde_json::json!({ "exit_code": code }));
+    std::process::exit(code);
 }
 
 /// The progress bar on the terminal now, if any: the stop notice is written above it.
@@ -271,8 +284,7 @@ pub fn exit_on_signal(notice: impl Fn(Signal) -> String + Send + 'static) {
     };
     std::thread::spawn(move || {
         if let Some(signal) = signals.forever().next().and_then(Signal::from_raw) {
-            say!("{}", notice(signal));
-            std::process::exit(signal.exit_code());
+            ended("error", &notice(signal), signal.exit_code());
         }
     });
 }
@@ -281,12 +293,15 @@ pub fn exit_on_signal(notice: impl Fn(Signal) -> String + Send + 'static) {
 /// stop by itself within the grace the lease gives it (a statement still waits on a server
 /// that pgmend can no longer reach): says why, what may still be held, and how to continue.
 pub fn exit_lease_lost(why: &str) -> ! {
-    say!(
-        "pgmend: error: stopped: {why}. {} {}",
-        in_flight(),
-        left_behind()
-    );
-    std::process::exit(2);
+    ended(
+        "error",
+        &format!(
+            "pgmend: error: stopped: {why}. {} {}",
+            in_flight(),
+            left_behind()
+        ),
+        2,
+    )
 }
 
 /// What is still left behind, for the end of a stop: `None` when nothing is.

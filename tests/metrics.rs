@@ -193,7 +193,9 @@ fn verify_as_openmetrics_parses_and_says_what_verify_json_says_on_exit_0_1_and_2
     assert!(succeeded > 1.7e9, "{succeeded}");
 
     // The check cannot run (the database is gone): exit 2, the file says so and keeps when
-    // the check last ran to the end; no temporary file is left beside it.
+    // the check last ran to the end, and its mode; no temporary file is left beside it.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o640)).unwrap();
     let r = run(
         db.pgmend()
             .args(["verify", "--format", "openmetrics", "--output", out])
@@ -216,6 +218,10 @@ fn verify_as_openmetrics_parses_and_says_what_verify_json_says_on_exit_0_1_and_2
         Some(succeeded)
     );
     assert!(!samples.iter().any(|s| s.0 == "pgmend_verify_check_ok"));
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+        0o640
+    );
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
 
     // --output without openmetrics, and openmetrics elsewhere, are refused.

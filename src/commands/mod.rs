@@ -304,10 +304,21 @@ pub fn temporary_beside(path: &std::path::Path) -> Result<tempfile::NamedTempFil
         })
 }
 
-/// Writes `text` to `path` atomically: a temporary file beside it, synced, renamed over it
-/// (a reader such as node_exporter's textfile collector sees the old file or the new one).
+/// Writes `text` to `path` atomically: a temporary file beside it (with the mode of the file it
+/// replaces), synced, renamed over it (a reader such as node_exporter's textfile collector sees
+/// the old file or the new one).
 pub fn write_atomically(path: &std::path::Path, text: &str) -> Result<()> {
     let mut file = temporary_beside(path)?;
+    // A file replaced keeps its mode: whoever reads it (node_exporter) still may.
+    if let Ok(meta) = std::fs::metadata(path) {
+        std::fs::set_permissions(file.path(), meta.permissions()).with_context(|| {
+            format!(
+                "giving {} the mode of {}",
+                file.path().display(),
+                path.display()
+            )
+        })?;
+    }
     file.write_all(text.as_bytes())
         .and_then(|()| file.as_file().sync_all())
         .with_context(|| format!("writing {}", file.path().display()))?;

@@ -173,7 +173,24 @@ fn run_from_row(r: &postgres::Row) -> Run {
 /// What another session asked of run `run_id` now (read before each batch, outside any
 /// transaction).
 pub fn steering(client: &mut impl GenericClient, run_id: i64) -> Result<Steering> {
-    Ok(run(client, run_id)?.map(|r| r.steering).unwrap_or_default())
+    // The running pgmend has upgraded the schema: the columns are there, and one narrow read
+    // by primary key is all a batch pays.
+    Ok(client
+        .query_opt(
+            "SELECT paused_by, to_char(paused_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),
+                    throttle_pause_ms, throttle_duty_cycle
+               FROM pgmend.repair_runs WHERE run_id = $1",
+            &[&run_id],
+        )
+        .doing("reading the requests for the run")?
+        .map(|r| Steering {
+            paused: r
+                .get::<_, Option<String>>(0)
+                .map(|by| (by, r.get::<_, Option<String>>(1).unwrap_or_default())),
+            pause_ms: r.get(2),
+            duty_cycle: r.get(3),
+        })
+        .unwrap_or_default())
 }
 
 /// Records a request for run `run_id` (`repair pause`, `resume`, `throttle`), if it is
