@@ -28,8 +28,6 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use pgmend::localpg::LocalPg;
 
-// Only the legacy data is used here.
-#[allow(dead_code)]
 mod support;
 
 /// The ledgers the floor is measured with: today's, a compact typed record, and the cheapest

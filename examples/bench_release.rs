@@ -23,29 +23,6 @@ use pgmend::localpg::LocalPg;
 
 mod support;
 
-/// The speed benchmark's server settings, after `LocalPg`'s `fsync=off`,
-/// `synchronous_commit=off` and `full_page_writes=off` (later lines of `postgresql.conf` win):
-/// full-page images written as in production, and no checkpoint inside either timed run (each
-/// starts right after a `CHECKPOINT`; one the WAL volume forces is reported).
-const SPEED_SETTINGS: [(&str, &str); 3] = [
-    ("full_page_writes", "on"),
-    ("max_wal_size", "32GB"),
-    ("checkpoint_timeout", "1h"),
-];
-
-/// Differing rows shown per table when the end states differ.
-const SHOWN: usize = 5;
-
-/// Where the next WAL record goes: the insert position (`pg_current_wal_lsn()` is the write
-/// position, which lags it by what is still in `wal_buffers`, up to 4 MB here).
-fn wal_lsn(c: &mut postgres::Client) -> Result<i64> {
-    Ok(c.query_one(
-        "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint",
-        &[],
-    )?
-    .get(0))
-}
-
 /// Where the next WAL record goes, as a `pg_lsn` literal (for `pg_walinspect`).
 fn wal_lsn_text(c: &mut postgres::Client) -> Result<String> {
     Ok(
@@ -104,72 +81,6 @@ fn wal_breakdown(c: &mut postgres::Client, side: &str, from: &str) -> Result<()>
     Ok(())
 }
 
-/// The whole cluster's full-page images and WAL bytes so far (`pg_stat_wal`): only what the
-/// server processes have flushed to the cumulative statistics (see [`flush_stats`]), so the
-/// reading session flushes its own first (the admin's `CREATE DATABASE`s write whole pages).
-fn wal_stats(c: &mut postgres::Client) -> Result<(i64, i64)> {
-    flush_stats(c)?;
-    let row = c.query_one("SELECT wal_fpi, wal_bytes::bigint FROM pg_stat_wal", &[])?;
-    Ok((row.get(0), row.get(1)))
-}
-
-/// Has the backend of `c` flush its pending statistics before it answers again (PostgreSQL 15+:
-/// otherwise a backend flushes at most once a second, and up to 10 s after it went idle).
-fn flush_stats(c: &mut postgres::Client) -> Result<()> {
-    c.batch_execute("SELECT pg_stat_force_next_flush()")?;
-    Ok(())
-}
-
-/// Checkpoints the server has begun so far (timed and requested).
-fn checkpoints(c: &mut postgres::Client) -> Result<i64> {
-    let version: i32 = c
-        .query_one("SELECT current_setting('server_version_num')::int", &[])?
-        .get(0);
-    let sql = if version >= 170000 {
-        "SELECT num_timed + num_requested FROM pg_stat_checkpointer"
-    } else {
-        "SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter"
-    };
-    Ok(c.query_one(sql, &[])?.get(0))
-}
-
-/// The tables of the connected database that autovacuum vacuumed or analyzed so far (the
-/// database is a fresh copy, so: during the timed run), as `table (vacuum N, analyze M)`.
-/// Autovacuum shares the two cores with the run it follows.
-fn autovacuums(c: &mut postgres::Client) -> Result<Vec<String>> {
-    Ok(c.query(
-        "SELECT relname::text, autovacuum_count, autoanalyze_count FROM pg_stat_all_tables
-              WHERE autovacuum_count + autoanalyze_count > 0 ORDER BY relname",
-        &[],
-    )?
-    .iter()
-    .map(|r| {
-        format!(
-            "{} (vacuum {}, analyze {})",
-            r.get::<_, String>(0),
-            r.get::<_, i64>(1),
-            r.get::<_, i64>(2)
-        )
-    })
-    .collect())
-}
-
-/// Runs a `CHECKPOINT` and returns the checkpoint count once it includes that one (the
-/// checkpointer reports its count just after it wakes the waiting backend), so that a later
-/// count above it means a checkpoint during what came in between.
-fn checkpoint(admin: &mut postgres::Client) -> Result<i64> {
-    let before = checkpoints(admin)?;
-    admin.batch_execute("CHECKPOINT")?;
-    let started = Instant::now();
-    loop {
-        let now = checkpoints(admin)?;
-        if now > before || started.elapsed() > Duration::from_secs(5) {
-            return Ok(now);
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 fn state(c: &mut postgres::Client) -> Result<String> {
     Ok(c.query_one(
         "SELECT format('%s coupons, %s legacy duplicates, %s voided, budgets %s, usage rows with yen %s',
@@ -180,123 +91,6 @@ fn state(c: &mut postgres::Client) -> Result<String> {
         &[],
     )?
     .get(0))
-}
-
-/// One side's rows, read through a cursor 10,000 at a time, so that memory stays flat at any
-/// size. Each row is its key (the first `keys` columns) and its value (the rest); the query
-/// orders by the key, and [`Rows::next`] checks that it did.
-struct Rows<'a> {
-    tx: postgres::Transaction<'a>,
-    fetched: std::vec::IntoIter<postgres::Row>,
-    keys: usize,
-    last: Option<Vec<String>>,
-    done: bool,
-}
-
-impl<'a> Rows<'a> {
-    fn open(c: &'a mut postgres::Client, sql: &str, keys: usize) -> Result<Rows<'a>> {
-        let mut tx = c.transaction()?;
-        tx.batch_execute(&format!("DECLARE bench_rows NO SCROLL CURSOR FOR {sql}"))?;
-        Ok(Rows {
-            tx,
-            fetched: Vec::new().into_iter(),
-            keys,
-            last: None,
-            done: false,
-        })
-    }
-
-    fn next(&mut self) -> Result<Option<(Vec<String>, String)>> {
-        loop {
-            if let Some(row) = self.fetched.next() {
-                let text = |i: usize| -> String {
-                    row.get::<_, Option<String>>(i)
-                        .unwrap_or_else(|| "NULL".into())
-                };
-                let key: Vec<String> = (0..self.keys).map(text).collect();
-                let value = (self.keys..row.len())
-                    .map(text)
-                    .collect::<Vec<_>>()
-                    .join(", ");
-                // The merge below needs the server's order to be Rust's (byte order: the
-                // throwaway cluster has no locale).
-                anyhow::ensure!(
-                    self.last.as_ref().is_none_or(|last| *last < key),
-                    "rows not in key order: {:?} after {:?}",
-                    key,
-                    self.last
-                );
-                self.last = Some(key.clone());
-                return Ok(Some((key, value)));
-            }
-            if self.done {
-                return Ok(None);
-            }
-            let rows = self.tx.query("FETCH 10000 FROM bench_rows", &[])?;
-            self.done = rows.is_empty();
-            self.fetched = rows.into_iter();
-        }
-    }
-}
-
-/// Compares `sql`'s rows on both sides row for row, by key, streaming both in key order (a
-/// merge: exact, and constant memory at millions of rows). Returns the number of rows on the
-/// one-shot's side and the differing rows, the first [`SHOWN`] of them described.
-fn compare_rows(
-    one: &mut postgres::Client,
-    via: &mut postgres::Client,
-    sql: &str,
-    keys: usize,
-) -> Result<(u64, u64, Vec<String>)> {
-    let mut a = Rows::open(one, sql, keys)?;
-    let mut b = Rows::open(via, sql, keys)?;
-    let (mut x, mut y) = (a.next()?, b.next()?);
-    let (mut rows, mut differing, mut shown) = (0u64, 0u64, Vec::new());
-    let mut differ = |key: &[String], one: Option<&str>, via: Option<&str>| {
-        differing += 1;
-        if shown.len() < SHOWN {
-            shown.push(format!(
-                "{}: one-shot {}, pgmend {}",
-                key.join(" "),
-                one.unwrap_or("(no row)"),
-                via.unwrap_or("(no row)")
-            ));
-        }
-    };
-    loop {
-        match (&x, &y) {
-            (None, None) => break,
-            (Some((k, v)), None) => {
-                differ(k, Some(v), None);
-                rows += 1;
-                x = a.next()?;
-            }
-            (None, Some((k, v))) => {
-                differ(k, None, Some(v));
-                y = b.next()?;
-            }
-            (Some((ka, va)), Some((kb, vb))) => match ka.cmp(kb) {
-                std::cmp::Ordering::Less => {
-                    differ(ka, Some(va), None);
-                    rows += 1;
-                    x = a.next()?;
-                }
-                std::cmp::Ordering::Greater => {
-                    differ(kb, None, Some(vb));
-                    y = b.next()?;
-                }
-                std::cmp::Ordering::Equal => {
-                    if va != vb {
-                        differ(ka, Some(va), Some(vb));
-                    }
-                    rows += 1;
-                    x = a.next()?;
-                    y = b.next()?;
-                }
-            },
-        }
-    }
-    Ok((rows, differing, shown))
 }
 
 /// The end states compared row for row (see docs/benchmark.md): each coupon's
@@ -326,7 +120,7 @@ fn compare_end_states(one: &mut postgres::Client, via: &mut postgres::Client) ->
     let mut summary = Vec::new();
     let mut failures = Vec::new();
     for (table, sql, keys) in tables {
-        let (rows, differing, shown) = compare_rows(one, via, sql, keys)?;
+        let (rows, differing, shown) = support::compare_rows(one, via, sql, keys)?;
         summary.push(format!("{table} {rows} rows"));
         if differing > 0 {
             failures.push(format!(
@@ -377,7 +171,7 @@ fn jobs_too(
     members: i32,
 ) -> Result<(Duration, String)> {
     let mut admin = postgres::Client::connect(&pg.conninfo("postgres"), postgres::NoTls)?;
-    execute_each(
+    support::execute_each(
         &mut admin,
         &[
             "DROP DATABASE IF EXISTS viajobs",
@@ -391,7 +185,7 @@ fn jobs_too(
         .stdout(Stdio::null())
         .status()?;
     anyhow::ensure!(status.success(), "baseline failed");
-    checkpoint(&mut admin)?;
+    support::checkpoint(&mut admin)?;
     let t = Instant::now();
     let status = Command::new(exe)
         .args(args)
@@ -412,7 +206,7 @@ fn jobs_too(
                                      (l.after - 'voided_at')::text, (l.after ->> 'voided_at') IS NULL, l.reason) AS x
                       FROM pgmend.ledger_records l JOIN pgmend.repair_runs r USING (run_id)) records
                   ORDER BY x COLLATE \"C\", 2";
-    let (records, differing, shown) = compare_rows(&mut first, &mut again, ledger, 2)?;
+    let (records, differing, shown) = support::compare_rows(&mut first, &mut again, ledger, 2)?;
     anyhow::ensure!(
         differing == 0,
         "--jobs {jobs}: {differing} of {records} ledger records differ from --jobs 1's, the first:\n  {}",
@@ -692,7 +486,7 @@ fn after_gate(pg: &LocalPg, exe: &std::path::Path, members: i32) -> Result<()> {
     let (base_secs, base, _) = measure(false)?;
     let (secs, with, doc) = measure(true)?;
     let doc = doc.unwrap();
-    let batches = batch_times(
+    let batches = support::batch_times(
         doc["steps"]
             .as_array()
             .unwrap()
@@ -708,30 +502,6 @@ fn after_gate(pg: &LocalPg, exe: &std::path::Path, members: i32) -> Result<()> {
         batches.join("; ")
     );
     Ok(())
-}
-
-/// Runs each statement as the admin, naming the one that fails.
-fn execute_each(admin: &mut postgres::Client, statements: &[&str]) -> Result<()> {
-    for sql in statements {
-        admin
-            .batch_execute(sql)
-            .map_err(|e| anyhow::anyhow!("{sql}: {}", pgmend::error::describe(&e)))?;
-    }
-    Ok(())
-}
-
-/// "repair p50/p99/max" of each run in an apply's JSON steps, batch times in ms.
-fn batch_times<'a>(runs: impl Iterator<Item = &'a serde_json::Value>) -> Vec<String> {
-    runs.map(|r| {
-        format!(
-            "{} {}/{}/{}",
-            r["run"]["repair"].as_str().unwrap_or("?"),
-            r["batch_ms_p50"],
-            r["batch_ms_p99"],
-            r["batch_ms_max"]
-        )
-    })
-    .collect()
 }
 
 fn percentiles(mut lat: Vec<Duration>) -> (usize, f64, f64) {
@@ -788,7 +558,7 @@ fn main() -> Result<()> {
     } else if load {
         LocalPg::start(false)?
     } else {
-        let mut settings = SPEED_SETTINGS.to_vec();
+        let mut settings = support::SPEED_SETTINGS.to_vec();
         match (profile, explain) {
             (true, true) => settings.push((
                 "shared_preload_libraries",
@@ -822,7 +592,7 @@ fn main() -> Result<()> {
     // Printed after the table: pgmend's time per step, and checkpoints inside a timed run.
     let mut after_table = Vec::new();
     for members in sizes {
-        execute_each(
+        support::execute_each(
             &mut admin,
             &[
                 "DROP DATABASE IF EXISTS src",
@@ -845,7 +615,7 @@ fn main() -> Result<()> {
             )?;
         }
         if gate {
-            execute_each(
+            support::execute_each(
                 &mut admin,
                 &[
                     "DROP DATABASE IF EXISTS aftergate",
@@ -856,7 +626,7 @@ fn main() -> Result<()> {
             after_gate(&pg, &exe, members)?;
             continue;
         }
-        execute_each(
+        support::execute_each(
             &mut admin,
             &[
                 "CREATE DATABASE oneshot TEMPLATE src",
@@ -872,19 +642,19 @@ fn main() -> Result<()> {
             one.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")?;
         }
         // The count may have pruned pages: its WAL goes before the window, in figures and in time.
-        flush_stats(&mut one)?;
-        let ckpt0 = checkpoint(&mut admin)?;
-        let wal0 = wal_lsn(&mut one)?;
+        support::flush_stats(&mut one)?;
+        let ckpt0 = support::checkpoint(&mut admin)?;
+        let wal0 = support::wal_lsn(&mut one)?;
         let lsn0 = wal_lsn_text(&mut one)?;
-        let stats0 = wal_stats(&mut admin)?;
+        let stats0 = support::wal_stats(&mut admin)?;
         let (stop, load_threads) = start_legacy_load(load, pg.conninfo("oneshot"), members);
         let t = Instant::now();
         one.batch_execute(support::ONE_SHOT)
             .map_err(|e| anyhow::anyhow!("one-shot SQL: {}", pgmend::error::describe(&e)))?;
         let one_time = t.elapsed();
-        flush_stats(&mut one)?;
-        let stats1 = wal_stats(&mut admin)?;
-        let one_ckpts = checkpoints(&mut admin)? - ckpt0;
+        support::flush_stats(&mut one)?;
+        let stats1 = support::wal_stats(&mut admin)?;
+        let one_ckpts = support::checkpoints(&mut admin)? - ckpt0;
         stop.store(true, std::sync::atomic::Ordering::SeqCst);
         let one_load = percentiles(
             load_threads
@@ -892,11 +662,11 @@ fn main() -> Result<()> {
                 .flat_map(|h| h.join().unwrap())
                 .collect(),
         );
-        let one_wal = wal_lsn(&mut one)? - wal0;
+        let one_wal = support::wal_lsn(&mut one)? - wal0;
         if wal_kinds {
             wal_breakdown(&mut one, "one-shot", &lsn0)?;
         }
-        let one_autovacuums = autovacuums(&mut one)?;
+        let one_autovacuums = support::autovacuums(&mut one)?;
         let one_state = state(&mut one)?;
         // The one-shot left a dead version of every row it changed. Vacuumed here, between the
         // two timed runs: otherwise autovacuum does it during pgmend's, and pgmend's WAL
@@ -930,11 +700,11 @@ fn main() -> Result<()> {
         if wal_kinds {
             via.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")?;
         }
-        flush_stats(&mut via)?;
-        let ckpt0 = checkpoint(&mut admin)?;
-        let wal0 = wal_lsn(&mut via)?;
+        support::flush_stats(&mut via)?;
+        let ckpt0 = support::checkpoint(&mut admin)?;
+        let wal0 = support::wal_lsn(&mut via)?;
         let lsn0_via = wal_lsn_text(&mut via)?;
-        let stats0_via = wal_stats(&mut admin)?;
+        let stats0_via = support::wal_stats(&mut admin)?;
         let (stop, load_threads) = start_legacy_load(load, pg.conninfo("viapgmend"), members);
         let t = Instant::now();
         // Under load the legacy application runs, so pgmend goes up to the deploy gate only.
@@ -995,13 +765,13 @@ fn main() -> Result<()> {
             );
             continue;
         }
-        let via_wal = wal_lsn(&mut via)? - wal0;
+        let via_wal = support::wal_lsn(&mut via)? - wal0;
         anyhow::ensure!(
             backends_gone()?,
             "pgmend's backends did not exit within 30 s of pgmend"
         );
-        let stats1_via = wal_stats(&mut admin)?;
-        let via_ckpts = checkpoints(&mut admin)? - ckpt0;
+        let stats1_via = support::wal_stats(&mut admin)?;
+        let via_ckpts = support::checkpoints(&mut admin)? - ckpt0;
         let (one_fpi, one_stat_bytes) = (stats1.0 - stats0.0, stats1.1 - stats0.1);
         let (via_fpi, via_stat_bytes) = (stats1_via.0 - stats0_via.0, stats1_via.1 - stats0_via.1);
         eprintln!(
@@ -1009,7 +779,7 @@ fn main() -> Result<()> {
         );
         for (side, tables) in [
             ("the one-shot", one_autovacuums),
-            ("pgmend", autovacuums(&mut via)?),
+            ("pgmend", support::autovacuums(&mut via)?),
         ] {
             if !tables.is_empty() {
                 after_table.push(format!(
@@ -1051,7 +821,7 @@ fn main() -> Result<()> {
             .first()
             .map(|r| r["run"]["changed"].as_i64().unwrap_or(0))
             .unwrap_or(0);
-        let batches = batch_times(runs.iter().copied());
+        let batches = support::batch_times(runs.iter().copied());
         println!(
             "| {members} | {coupons} | {void_changed} | {:.1}s | {:.1}s | {:.2}x | {:.0} | {} | {:.1} MB | {:.1} MB | {:.1} MB | {one_fpi} | {via_fpi} |",
             one_time.as_secs_f64(),

@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use pgmend::localpg::LocalPg;
 
-#[allow(dead_code)] // the one-shot SQL is the other benchmarks'
 mod support;
 
 /// What a person would type to get the report's figures, before the release: nothing is

@@ -53,7 +53,11 @@ pub fn pgmend(exe: &Path, conninfo: &str) -> Command {
     for var in pgmend::db::conninfo::environment_variables().chain(["NO_COLOR"]) {
         c.env_remove(var);
     }
-    c.env("DATABASE_URL", conninfo).stdin(Stdio::null());
+    // One stream unless the arguments say `--jobs`: the campaign draws its workers itself, and
+    // the fault tests that use this were written for one stream.
+    c.env("DATABASE_URL", conninfo)
+        .env("PGMEND_JOBS", "1")
+        .stdin(Stdio::null());
     c
 }
 

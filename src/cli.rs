@@ -7,8 +7,8 @@
 //! `PGMEND_RELEASE`), within `MigrationsArgs` (with `--migrations-dir` / `PGMEND_MIGRATIONS_DIR`;
 //! not taken by `validate`), `RepairsArgs` (with `--repairs-dir` / `PGMEND_REPAIRS_DIR`) and
 //! `ProjectArgs` (all three, for the top-level `plan` and `apply`), `SafetyArgs` (`--yes`, `--lock-timeout` 500ms, `--lock-retry-for` 1m,
-//! `--statement-timeout` 1m, `--build-wait` 5m, `--runner-wait` 0s), `BatchArgs` (`--batch-target`
-//! 200ms, `--max-replica-lag`) and the global `OutputArgs` (`--format
+//! `--statement-timeout` 1m, `--validate-timeout` 1h, `--build-wait` 5m, `--runner-wait` 0s), `BatchArgs` (`--batch-target`
+//! 200ms, the health signals' thresholds and `--health-pause-limit`) and the global `OutputArgs` (`--format
 //! human|json|csv|markdown|html|xlsx`, an `Option`: not given is not `human`, so `report overruns
 //! --output r.csv` can take the format from the file name and `demo` can refuse even `--format
 //! human`). `misplaced_option_hint` turns clap's bare "unexpected argument" for an option the
@@ -24,7 +24,10 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::config::{parse_duration, parse_share};
+use crate::config::{
+    parse_autovacuum_pause, parse_count_threshold, parse_duration, parse_duration_threshold,
+    parse_share, AutovacuumPause, Threshold,
+};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -355,7 +358,7 @@ pub enum MigrateCommand {
     Apply(ApplyArgs),
     /// Adopt an existing legacy database: check its schema against V1, then record V1.
     Baseline(BaselineArgs),
-    /// VALIDATE a NOT VALID check constraint, once its census finds no violating row.
+    /// VALIDATE a NOT VALID check or foreign key, once its census finds no violating row.
     Validate(ValidateArgs),
 }
 
@@ -390,9 +393,13 @@ pub struct ReleasePlanArgs {
     #[arg(long, value_name = "STAGING-PLAN.json")]
     pub compare: Option<PathBuf>,
     /// Check that the server can serve `apply --jobs N` now (N + 2 connections): if not, the
-    /// plan has a blocker.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64), value_name = "N")]
-    pub jobs: u16,
+    /// plan has a blocker. `--jobs` alone (or `--jobs auto`) says how many workers `apply`'s
+    /// default, `--jobs auto`, may use here.
+    #[arg(long, value_parser = crate::config::parse_jobs, value_name = "N|auto", num_args = 0..=1, default_missing_value = "auto")]
+    pub jobs: Option<crate::config::Jobs>,
+    /// With --jobs auto: the most workers it may use.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64), value_name = "N")]
+    pub max_jobs: u16,
 }
 
 #[derive(Debug, Args)]
@@ -582,13 +589,38 @@ pub struct BatchArgs {
     /// Aim for batch transactions of about this long.
     #[arg(long, default_value = "200ms", value_parser = parse_duration, value_name = "DURATION")]
     pub batch_target: Duration,
-    /// Pause batches while a streaming replica replays later than this.
-    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
-    pub max_replica_lag: Option<Duration>,
-    /// Batch workers for a run whose targets are ranges of keys, each on its own connection
-    /// (N + 2 connections in all); 1 walks the batches on the main session.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64), value_name = "N")]
-    pub jobs: u16,
+    /// Pause batches while a replica replays later than this (default 30s; off: not watched).
+    #[arg(long, value_parser = parse_duration_threshold, value_name = "DURATION|off")]
+    pub max_replica_lag: Option<Threshold<Duration>>,
+    /// Pause batches while more WAL segments than this wait to be archived (default 42; off:
+    /// not watched). Read only when archive_mode is on.
+    #[arg(long, value_parser = parse_count_threshold, value_name = "SEGMENTS|off")]
+    pub max_archive_backlog: Option<Threshold<i64>>,
+    /// Pause batches while autovacuum works on a repaired table: wraparound (the default: one
+    /// that prevents wraparound), any, or off.
+    #[arg(long, value_parser = parse_autovacuum_pause, value_name = "wraparound|any|off")]
+    pub autovacuum_pause: Option<Threshold<AutovacuumPause>>,
+    /// Pause batches while the server requested more checkpoints than this in the last
+    /// minute (default 2; off: not watched).
+    #[arg(long, value_parser = parse_count_threshold, value_name = "COUNT|off")]
+    pub max_requested_checkpoints: Option<Threshold<i64>>,
+    /// Pause batches while another session has waited longer than this for a lock (default
+    /// 1s; off: not watched).
+    #[arg(long, value_parser = parse_duration_threshold, value_name = "DURATION|off")]
+    pub max_lock_wait: Option<Threshold<Duration>>,
+    /// Stop (exit 1) when a health signal has held the batches paused this long.
+    #[arg(long, default_value = "10m", value_parser = parse_duration, value_name = "DURATION")]
+    pub health_pause_limit: Duration,
+    /// Batch workers for a run whose targets are ranges of keys, each on its own connection.
+    /// `auto` (the default) starts with two and adds one while the throughput grows enough for
+    /// it, removes one when it falls or the server's health says so, up to --max-jobs and a
+    /// quarter of the free connection slots; a number keeps that many (N + 2 connections in
+    /// all; 1 walks the batches on the main session).
+    #[arg(long, default_value = "auto", value_parser = crate::config::parse_jobs, value_name = "N|auto", env = "PGMEND_JOBS")]
+    pub jobs: crate::config::Jobs,
+    /// With --jobs auto: the most workers it may use.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64), value_name = "N")]
+    pub max_jobs: u16,
     /// Pause this long after each batch (each worker after its own), leaving the server to the
     /// application.
     #[arg(long, default_value = "0s", value_parser = parse_duration, value_name = "DURATION")]
@@ -732,6 +764,11 @@ pub struct SafetyArgs {
     /// The longest any one statement may run.
     #[arg(long, default_value = "1m", value_parser = parse_duration, value_name = "DURATION")]
     pub statement_timeout: Duration,
+    /// The longest a VALIDATE CONSTRAINT may scan its table (instead of --statement-timeout;
+    /// it holds only SHARE UPDATE EXCLUSIVE): past it the server cancels it, nothing is
+    /// changed, and pgmend stops with exit 1.
+    #[arg(long, default_value = crate::config::DEFAULT_VALIDATE_TIMEOUT, value_parser = parse_duration, value_name = "DURATION")]
+    pub validate_timeout: Duration,
     /// How long a CONCURRENTLY build or drop may wait for other sessions before it is
     /// cancelled (its INVALID index dropped) and pgmend stops with exit 1.
     #[arg(long, default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]

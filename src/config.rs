@@ -2,12 +2,44 @@
 //!
 //! Values from the command line, checked before any work starts: `parse_duration` (the clap value
 //! parser for `500ms`, `30s`, `2m`, `1h`, `0`), `format_duration` (the same notation back, for
-//! messages), and `check_lock_options`, which refuses `--lock-timeout 0` and `--statement-timeout
-//! 0`. This is where a fuller resolved configuration would go; today it is only these.
+//! messages), the health signals' thresholds (`parse_duration_threshold`, `parse_count_threshold`,
+//! `parse_autovacuum_pause`: a value or `off`), and `check_lock_options`, which refuses `--lock-timeout 0`, `--statement-timeout
+//! 0` and `--validate-timeout 0`. This is where a fuller resolved configuration would go; today it is only these.
 
 use std::time::Duration;
 
 use anyhow::{bail, Result};
+
+/// How many batch workers a run in ranges takes (`--jobs`): `auto`, the default, lets the
+/// controller choose and change it ([`crate::repair::controller`]); a number keeps it fixed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Jobs {
+    Auto,
+    Fixed(u16),
+}
+
+impl std::fmt::Display for Jobs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Jobs::Auto => f.write_str("auto"),
+            Jobs::Fixed(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+/// Parses `--jobs`: `auto` or a whole number from 1 to 64. Used as a clap value parser.
+pub fn parse_jobs(text: &str) -> Result<Jobs, String> {
+    let text = text.trim();
+    if text.eq_ignore_ascii_case("auto") {
+        return Ok(Jobs::Auto);
+    }
+    match text.parse::<u16>() {
+        Ok(n @ 1..=64) => Ok(Jobs::Fixed(n)),
+        _ => Err(format!(
+            "{text:?} is not a number of workers: write auto (pgmend chooses, the default) or a number from 1 to 64"
+        )),
+    }
+}
 
 /// Parses `500ms`, `30s`, `2m`, `1h` (and `0`), and the compound forms pgmend writes for
 /// longer durations (`12m30s`, `1h05m`). Used as a clap value parser.
@@ -55,6 +87,76 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_millis(total))
 }
 
+/// A health signal's threshold from the command line (`repair::health`): `off` (or `0`)
+/// switches the signal off; otherwise the value past which batches pause.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Threshold<T> {
+    Off,
+    At(T),
+}
+
+impl<T> Threshold<T> {
+    /// The value, or None when the signal is off.
+    pub fn value(self) -> Option<T> {
+        match self {
+            Threshold::Off => None,
+            Threshold::At(v) => Some(v),
+        }
+    }
+}
+
+fn is_off(text: &str) -> bool {
+    let t = text.trim();
+    t == "0" || t.eq_ignore_ascii_case("off")
+}
+
+/// Parses a duration threshold (`--max-replica-lag`, `--max-lock-wait`): a duration as
+/// [`parse_duration`] takes it, or `0`/`off` for no threshold. Used as a clap value parser.
+pub fn parse_duration_threshold(text: &str) -> Result<Threshold<Duration>, String> {
+    if is_off(text) {
+        return Ok(Threshold::Off);
+    }
+    match parse_duration(text)? {
+        d if d.is_zero() => Ok(Threshold::Off),
+        d => Ok(Threshold::At(d)),
+    }
+}
+
+/// Parses a count threshold (`--max-archive-backlog`, `--max-requested-checkpoints`): a whole
+/// number from 1 to 1,000,000, or `0`/`off` for no threshold. Used as a clap value parser.
+pub fn parse_count_threshold(text: &str) -> Result<Threshold<i64>, String> {
+    if is_off(text) {
+        return Ok(Threshold::Off);
+    }
+    match text.trim().parse::<i64>() {
+        Ok(n @ 1..=1_000_000) => Ok(Threshold::At(n)),
+        _ => Err(format!(
+            "{text:?} is not a count: write a whole number from 1 to 1000000, or off"
+        )),
+    }
+}
+
+/// Which autovacuum on a repaired table pauses the batches (`--autovacuum-pause`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AutovacuumPause {
+    /// Only one that prevents wraparound (the default).
+    Wraparound,
+    /// Any autovacuum.
+    Any,
+}
+
+/// Parses `--autovacuum-pause`: `wraparound`, `any` or `off`. Used as a clap value parser.
+pub fn parse_autovacuum_pause(text: &str) -> Result<Threshold<AutovacuumPause>, String> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "wraparound" => Ok(Threshold::At(AutovacuumPause::Wraparound)),
+        "any" => Ok(Threshold::At(AutovacuumPause::Any)),
+        "off" | "0" => Ok(Threshold::Off),
+        _ => Err(format!(
+            "{text:?} is not an autovacuum choice: write wraparound (the default), any or off"
+        )),
+    }
+}
+
 /// A share: `0.05` or `5%`, from 0 to 1.
 pub fn parse_share(text: &str) -> Result<f64, String> {
     let t = text.trim();
@@ -84,8 +186,22 @@ pub const LEASE: Duration = Duration::from_secs(60);
 /// that is gone or cut off, and the server ends it and releases its locks.
 pub const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(30);
 
+/// `--validate-timeout`'s default: a `VALIDATE CONSTRAINT` scans the whole table, which can
+/// take many minutes on a big one (at 100 MiB/s, an hour reads some 350 GiB), and holds only
+/// SHARE UPDATE EXCLUSIVE meanwhile: the application reads and writes, so a generous bound
+/// costs it nothing. Other DDL, VACUUM and autovacuum on the table wait, and for that the
+/// scan still ends within the hour.
+pub const DEFAULT_VALIDATE_TIMEOUT: &str = "1h";
+
 /// Checks the relations between safety options that clap cannot.
-pub fn check_lock_options(lock_timeout: Duration, statement_timeout: Duration) -> Result<()> {
+pub fn check_lock_options(
+    lock_timeout: Duration,
+    statement_timeout: Duration,
+    validate_timeout: Duration,
+) -> Result<()> {
+    if validate_timeout.is_zero() {
+        bail!("--validate-timeout 0 would let a VALIDATE CONSTRAINT scan for ever; give a bound such as 1h");
+    }
     if lock_timeout.is_zero() {
         bail!("--lock-timeout 0 would let a DDL statement wait forever and stall every query queued behind it; give a bound such as 500ms");
     }
@@ -97,6 +213,21 @@ pub fn check_lock_options(lock_timeout: Duration, statement_timeout: Duration) -
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn jobs_are_auto_or_a_number_from_1_to_64() {
+        use super::{parse_jobs, Jobs};
+        assert_eq!(parse_jobs("auto"), Ok(Jobs::Auto));
+        assert_eq!(parse_jobs("AUTO"), Ok(Jobs::Auto));
+        assert_eq!(parse_jobs("1"), Ok(Jobs::Fixed(1)));
+        assert_eq!(parse_jobs("64"), Ok(Jobs::Fixed(64)));
+        for bad in ["0", "65", "-1", "", "two", "2.5"] {
+            assert!(parse_jobs(bad).unwrap_err().contains("auto"), "{bad}");
+        }
+        assert_eq!(Jobs::Auto.to_string(), "auto");
+        assert_eq!(Jobs::Fixed(3).to_string(), "3");
+    }
+
     use super::*;
 
     #[test]
@@ -129,6 +260,60 @@ mod tests {
         }
         assert!(parse_duration("10").unwrap_err().contains("500ms"));
         assert_eq!(parse_duration("1d"), Ok(Duration::from_secs(86_400)));
+    }
+
+    #[test]
+    fn zero_timeouts_are_refused_each_by_name() {
+        let s = Duration::from_secs(1);
+        assert!(check_lock_options(s, s, s).is_ok());
+        let default = parse_duration(DEFAULT_VALIDATE_TIMEOUT).unwrap();
+        assert_eq!(default, Duration::from_secs(3600));
+        for (args, named) in [
+            ((Duration::ZERO, s, s), "--lock-timeout"),
+            ((s, Duration::ZERO, s), "--statement-timeout"),
+            ((s, s, Duration::ZERO), "--validate-timeout"),
+        ] {
+            let e = check_lock_options(args.0, args.1, args.2).unwrap_err();
+            assert!(e.to_string().starts_with(named), "{e}");
+        }
+    }
+
+    #[test]
+    fn health_thresholds_take_a_value_or_off() {
+        assert_eq!(
+            parse_duration_threshold("30s"),
+            Ok(Threshold::At(Duration::from_secs(30)))
+        );
+        for off in ["0", "off", "OFF", "0s", " off "] {
+            assert_eq!(parse_duration_threshold(off), Ok(Threshold::Off), "{off}");
+            assert_eq!(
+                parse_autovacuum_pause(off.trim_end_matches('s')),
+                Ok(Threshold::Off)
+            );
+        }
+        assert!(parse_duration_threshold("5").unwrap_err().contains("500ms"));
+        assert_eq!(parse_count_threshold("42"), Ok(Threshold::At(42)));
+        assert_eq!(parse_count_threshold("off"), Ok(Threshold::Off));
+        assert_eq!(parse_count_threshold("0"), Ok(Threshold::Off));
+        for bad in ["", "-1", "2.5", "many", "1000001"] {
+            assert!(
+                parse_count_threshold(bad).unwrap_err().contains("off"),
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            parse_autovacuum_pause("Wraparound"),
+            Ok(Threshold::At(AutovacuumPause::Wraparound))
+        );
+        assert_eq!(
+            parse_autovacuum_pause("any"),
+            Ok(Threshold::At(AutovacuumPause::Any))
+        );
+        assert!(parse_autovacuum_pause("some")
+            .unwrap_err()
+            .contains("wraparound"));
+        assert_eq!(Threshold::At(3).value(), Some(3));
+        assert_eq!(Threshold::<i64>::Off.value(), None);
     }
 
     #[test]

@@ -9,8 +9,9 @@
 //! - the invariants the release declares (`[[invariant]]` in `release.toml`: a query whose rows
 //!   break it; `anomaly = true` ones are listed apart and do not change the exit code);
 //! - what its migrations imply, from their censuses (`online::census`): each unique index
-//!   present, unique and valid on its table (`unique_index_NAME`), each CHECK present (validated,
-//!   or NOT VALID with the rows that break it counted: accepted, `check_NAME`), each
+//!   present, unique and valid on its table (`unique_index_NAME`), each CHECK and FOREIGN KEY
+//!   present (validated, or NOT VALID with the rows that break it counted: accepted, `check_NAME`,
+//!   `foreign_key_NAME`), each constraint a migration validates validated (`validated_NAME`), each
 //!   precondition's query still empty (`NAME`); a declared invariant of the same name replaces
 //!   the derived one;
 //! - what its repairs imply: each repair step's census empty (a counter equal to its source, no
@@ -198,6 +199,8 @@ fn derived_name(census: &Census) -> String {
     match census.guard {
         Guard::UniqueIndex => format!("unique_index_{}", census.name),
         Guard::Check | Guard::CheckNotValid => format!("check_{}", census.name),
+        Guard::ForeignKey | Guard::ForeignKeyNotValid => format!("foreign_key_{}", census.name),
+        Guard::Validate => format!("validated_{}", census.name),
         Guard::Precondition => census.name.clone(),
     }
 }
@@ -257,19 +260,55 @@ fn from_census(client: &mut impl GenericClient, census: &Census) -> Result<Check
                 }
             })
         }
-        Guard::Check | Guard::CheckNotValid => {
+        Guard::Validate => {
+            let validated = client
+                .query_opt(
+                    "SELECT convalidated FROM pg_constraint
+                      WHERE conname = $1 AND contype IN ('c', 'f') AND conrelid = to_regclass($2)",
+                    &[&crate::online::census::catalog_name(&census.name), &table],
+                )
+                .doing("reading the constraint")?
+                .map(|r| r.get::<_, bool>(0));
+            Ok(match validated {
+                None => missing(
+                    name,
+                    format!(
+                        "the constraint {} is missing on {table}: run `pgmend apply`",
+                        census.name
+                    ),
+                ),
+                Some(valid) => Check {
+                    name,
+                    ok: valid,
+                    violations: i64::from(!valid),
+                    sample: Vec::new(),
+                    amount: None,
+                    detail: if valid {
+                        format!("present on {table}, validated")
+                    } else {
+                        format!("present on {table} but NOT VALID, although the migration that validates it is applied: someone re-added it; `pgmend migrate validate {}`", census.name)
+                    },
+                },
+            })
+        }
+        Guard::Check | Guard::CheckNotValid | Guard::ForeignKey | Guard::ForeignKeyNotValid => {
+            let (contype, noun) = if matches!(census.guard, Guard::Check | Guard::CheckNotValid) {
+                ("c", "check")
+            } else {
+                ("f", "foreign key")
+            };
             let check = client
                 .query_opt(
                     "SELECT convalidated FROM pg_constraint
-                      WHERE conname = $1 AND contype = 'c' AND conrelid = to_regclass($2)",
-                    &[&census.name, &table],
+                      WHERE conname = $1 AND contype = $3::text::\"char\" AND conrelid = to_regclass($2)",
+                    &[&crate::online::census::catalog_name(&census.name), &table, &contype],
                 )
-                .doing("reading the check")?;
+                .doing(format!("reading the {noun}"))?;
             let Some(row) = check else {
                 return Ok(missing(
                     name,
                     format!(
-                        "the check {} is missing on {table}: run `pgmend apply`",
+                        "the {noun} {} is missing on {table}: run `pgmend apply`",
                         census.name
                     ),
                 ));
@@ -278,11 +317,12 @@ fn from_census(client: &mut impl GenericClient, census: &Census) -> Result<Check
             let detail = if validated {
                 format!("present on {table}, validated")
             } else {
+                let violators_sql = match crate::online::evaluate::resolve(client, census)? {
+                    Ok(resolved) => resolved.violators_sql,
+                    Err(why) => return Ok(missing(name, why)),
+                };
                 let breaking: i64 = client
-                    .query_one(
-                        &format!("SELECT count(*) FROM ({}) v", census.violators_sql),
-                        &[],
-                    )
+                    .query_one(&format!("SELECT count(*) FROM ({violators_sql}) v"), &[])
                     .doing(format!("counting the rows that break {}", census.name))?
                     .get(0);
                 match breaking {
@@ -323,6 +363,50 @@ fn from_repair(client: &mut impl GenericClient, repair: &str, spec: &Spec) -> Re
             &format!(
                 "keys whose {}.{} differs from its source: {fix}",
                 c.counter_table, c.counter
+            ),
+        ),
+        Spec::Backfill(b) => {
+            let changes =
+                crate::repair::backfill::BackfillEngine::prepare(client, b)?.preview_sql();
+            count(
+                client,
+                name,
+                &changes,
+                &format!(
+                    "every row of {} where {} holds has the values its expressions give",
+                    b.table.as_str(),
+                    b.predicate.trim()
+                ),
+                &format!(
+                    "rows of {} where {} holds that differ from their expressions: {fix}",
+                    b.table.as_str(),
+                    b.predicate.trim()
+                ),
+            )
+        }
+        Spec::Orphans(o) => count(
+            client,
+            name,
+            &crate::repair::orphans::OrphansEngine::preview_only(o).preview_sql(),
+            &format!(
+                "every row of {} with ({}) set refers to a row of {}",
+                o.table.as_str(),
+                o.columns
+                    .iter()
+                    .map(|c| c.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                o.references.table.as_str()
+            ),
+            &format!(
+                "rows of {} whose ({}) refers to no row of {}: {fix}",
+                o.table.as_str(),
+                o.columns
+                    .iter()
+                    .map(|c| c.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                o.references.table.as_str()
             ),
         ),
         Spec::VoidDuplicates(v) => count(

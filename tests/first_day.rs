@@ -570,6 +570,7 @@ fn the_stop_notice_is_not_overwritten_by_the_progress_bar() {
     for var in pgmend::db::conninfo::environment_variables() {
         script.env_remove(var);
     }
+    script.env("PGMEND_JOBS", "1");
     let out = script
         .args(["-q", "-e", "-c", &shell, "/dev/null"])
         .env("DATABASE_URL", db.conninfo())

@@ -123,6 +123,20 @@ fn identifiers(spec: &Spec) -> Vec<String> {
             out.extend(v.report_sum.iter().cloned());
             out.extend(v.report_by.iter().cloned());
         }
+        Spec::Backfill(b) => {
+            out.extend([b.table.clone(), b.row_key.clone()]);
+            out.extend(b.set.keys().cloned());
+        }
+        Spec::Orphans(o) => {
+            out.extend([
+                o.table.clone(),
+                o.row_key.clone(),
+                o.references.table.clone(),
+            ]);
+            out.extend(o.columns.iter().cloned());
+            out.extend(o.references.columns.iter().cloned());
+            out.extend(o.quarantine_table.iter().cloned());
+        }
         Spec::RebuildCounter(c) => {
             out.extend([
                 c.counter_table.clone(),

@@ -334,3 +334,47 @@ fn ranges_cut_on_a_sample_cover_every_value() {
         );
     }
 }
+
+#[test]
+fn the_default_jobs_auto_ends_as_one_worker_does_and_says_what_it_may_use() {
+    let src = source();
+    let one = copy_of(&src);
+    let auto = copy_of(&src);
+    repairs(&one, &[]);
+    // The default, as a user gets it: the harness's PGMEND_JOBS=1 taken away.
+    for name in ["void-duplicate-coupons", "rebuild-member-monthly-usage"] {
+        let r = common::run(
+            auto.pgmend().env_remove("PGMEND_JOBS").args([
+                "repair",
+                "apply",
+                name,
+                "--yes",
+                "--batch-target",
+                "5ms",
+                "--max-jobs",
+                "3",
+            ]),
+            &auto.password(),
+        );
+        assert_eq!(r.code, 0, "{name}: {}", r.both());
+        assert!(
+            r.stderr.contains("--jobs auto: up to 3 batch workers")
+                && r.stderr.contains("(--jobs auto: between 1 and 3)"),
+            "{name}: {}",
+            r.stderr
+        );
+    }
+    assert_eq!(end_state(&one), end_state(&auto));
+    assert_eq!(ledger(&one), ledger(&auto));
+    for run in [1, 2] {
+        assert!(workers_that_committed(&auto, run) > 1, "run {run}");
+    }
+    // plan --jobs (auto) says how many workers apply's default may use here.
+    let r = auto.run(&["plan", "--jobs", "--max-jobs", "3"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(
+        r.both().contains("--jobs auto: up to 3 batch workers"),
+        "{}",
+        r.both()
+    );
+}

@@ -12,6 +12,7 @@ fn pgmend(url: &str, args: &[&str]) -> Command {
     for var in pgmend::db::conninfo::environment_variables() {
         c.env_remove(var);
     }
+    c.env("PGMEND_JOBS", "1");
     c.args(args).env("DATABASE_URL", url).stdin(Stdio::null());
     c
 }

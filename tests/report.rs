@@ -922,7 +922,7 @@ fn hostile_ids_are_neutralised_in_csv_and_escaped_in_markdown_and_every_figure_h
     check_csv_matches_json(&db, &doc);
     // The workbook writes ids as strings, which Excel never evaluates: exactly as they are.
     let book = check_workbook_matches_json(&db, &doc);
-    let ids: std::collections::BTreeSet<String> = book["campaigns"][1..]
+    let ids: std::collections::BTreeSet<String> = book["Campaigns"][1..]
         .iter()
         .map(|r| string(&r[0]))
         .collect();
@@ -1249,28 +1249,102 @@ fn the_lost_updates_on_a_hand_made_database() {
     );
 }
 
-/// The workbook, read back by calamine: sheet name → rows of cells.
-fn workbook(path: &std::path::Path) -> BTreeMap<String, Vec<Vec<calamine::Data>>> {
+/// The workbook's sheets in each language, in order.
+const SHEETS_EN: [&str; 4] = [
+    "Summary",
+    "Campaigns",
+    "Member-months over cap",
+    "Redeemed duplicates",
+];
+const SHEETS_JA: [&str; 4] = [
+    "概要",
+    "キャンペーン",
+    "月間上限を超えた会員・月",
+    "利用済みの重複クーポン",
+];
+
+/// The summary's labels in English for the JSON's totals, in the JSON's order.
+const SUMMARY_LABELS: [(&str, &str); 16] = [
+    ("Campaign overruns (yen)", "campaign_overrun_yen"),
+    (
+        "Member overruns past the monthly cap (yen)",
+        "member_overrun_yen",
+    ),
+    ("Voided by the repair (yen)", "voided_yen"),
+    (
+        "Redeemed legacy duplicates: money lost (yen)",
+        "redeemed_legacy_duplicates_yen",
+    ),
+    (
+        "Voided, then redeemed anyway by the old cart (yen)",
+        "voided_then_redeemed_yen",
+    ),
+    ("Budgets, all campaigns (yen)", "budget_yen"),
+    ("Issued, all campaigns (yen)", "issued_yen"),
+    ("Coupons not voided", "coupons"),
+    ("Voided coupons", "voided_coupons"),
+    (
+        "Redeemed duplicates (coupons)",
+        "redeemed_legacy_duplicates",
+    ),
+    ("Voided, then redeemed (coupons)", "voided_then_redeemed"),
+    ("Member-months over the cap", "members_over_monthly_cap"),
+    ("Used in those member-months (yen)", "member_used_yen"),
+    ("Legacy counter (yen)", "legacy_counter_yen"),
+    ("Issued by the old system (yen)", "old_system_issued_yen"),
+    ("Lost updates (yen)", "lost_update_yen"),
+];
+
+/// The workbook, read back by calamine: sheet name → rows of cells; its sheets are `names`.
+fn workbook_named(
+    path: &std::path::Path,
+    names: [&str; 4],
+) -> BTreeMap<String, Vec<Vec<calamine::Data>>> {
     use calamine::Reader;
     let mut book: calamine::Xlsx<_> = calamine::open_workbook(path).unwrap();
-    let names = book.sheet_names();
-    assert_eq!(
-        names,
-        [
-            "summary",
-            "campaigns",
-            "member-months over cap",
-            "redeemed duplicates"
-        ],
-        "the sheets, in order"
-    );
-    names
+    let sheets = book.sheet_names();
+    assert_eq!(sheets, names, "the sheets, in order");
+    let book: BTreeMap<String, Vec<Vec<calamine::Data>>> = sheets
         .iter()
         .map(|n| {
             let range = book.worksheet_range(n).unwrap();
             (n.clone(), range.rows().map(|r| r.to_vec()).collect())
         })
-        .collect()
+        .collect();
+    check_words_not_names(&book, names[0]);
+    book
+}
+
+/// The English workbook.
+fn workbook(path: &std::path::Path) -> BTreeMap<String, Vec<Vec<calamine::Data>>> {
+    workbook_named(path, SHEETS_EN)
+}
+
+/// Every header and every label of the summary is words, not a field name: no `snake_case`,
+/// no JSON key.
+fn check_words_not_names(book: &BTreeMap<String, Vec<Vec<calamine::Data>>>, summary: &str) {
+    let snake = regex::Regex::new(r"[a-z0-9]_[a-z0-9]").unwrap();
+    let keys = SUMMARY_LABELS.map(|(_, key)| key);
+    let mut texts: Vec<String> = book
+        .values()
+        .flat_map(|rows| rows[0].iter().map(string))
+        .collect();
+    texts.extend(book[summary][1..].iter().map(|r| string(&r[0])));
+    for text in &texts {
+        assert!(!snake.is_match(text), "a field name, not words: {text:?}");
+        assert!(
+            !keys.contains(&text.as_str()) && text != "state",
+            "{text:?}"
+        );
+    }
+    assert_eq!(book[summary][0].len(), 3, "label, value and what it means");
+    for row in &book[summary][1..] {
+        assert!(
+            !string(&row[2]).is_empty(),
+            "an explanation for {:?}",
+            row[0]
+        );
+    }
 }
 
 /// A cell that must be a number (not text that looks like one), as an integer.
@@ -1289,10 +1363,24 @@ fn string(cell: &calamine::Data) -> String {
     }
 }
 
-/// Checks every figure of the workbook against the JSON document, and the redeemed
-/// duplicates against independent SQL.
+/// A cell that must be a date (not text that looks like one), as Excel's serial day number.
+fn date(cell: &calamine::Data) -> f64 {
+    match cell {
+        calamine::Data::DateTime(d) => d.as_f64(),
+        other => panic!("not a date: {other:?}"),
+    }
+}
+
+/// Excel's serial day number of a time in Asia/Tokyo, given as seconds since 1970 on the
+/// Tokyo wall clock: days since 1899-12-30.
+fn excel_day(tokyo_epoch_seconds: f64) -> f64 {
+    tokyo_epoch_seconds.floor() / 86_400.0 + 25_569.0
+}
+
 /// What calamine does not read: every sheet keeps its header row in view (a frozen pane below
-/// row 1), the three data sheets have filters on their header, and amounts carry the yen format.
+/// row 1), the three data sheets have filters on their header, amounts carry the yen format,
+/// and every sheet prints one page wide on A4 (the summary on one page) with its header row
+/// on each page and a footer with the page number.
 fn check_workbook_layout(path: &std::path::Path) {
     use std::io::Read;
     let mut zip = zip::ZipArchive::new(std::fs::File::open(path).unwrap()).unwrap();
@@ -1310,7 +1398,13 @@ fn check_workbook_layout(path: &std::path::Path) {
         sheets >= 4,
         "summary, campaigns, members, duplicates: {workbook}"
     );
+    assert_eq!(
+        workbook.matches(r#"name="_xlnm.Print_Titles""#).count(),
+        sheets,
+        "the header row repeats on every printed page of every sheet: {workbook}"
+    );
     let mut filtered = 0;
+    let page_setup = regex::Regex::new(r"<pageSetup [^>]*/>").unwrap();
     for n in 1..=sheets {
         let xml = part(&format!("xl/worksheets/sheet{n}.xml"));
         assert!(
@@ -1318,6 +1412,39 @@ fn check_workbook_layout(path: &std::path::Path) {
             "sheet {n} freezes its header row"
         );
         filtered += usize::from(xml.contains("<autoFilter "));
+        assert!(
+            xml.contains(r#"<pageSetUpPr fitToPage="1"/>"#),
+            "sheet {n} fits to page"
+        );
+        let setup = page_setup
+            .find(&xml)
+            .unwrap_or_else(|| panic!("sheet {n} has no page setup"))
+            .as_str()
+            .to_string();
+        assert!(setup.contains(r#"paperSize="9""#), "A4: {setup}");
+        // One page wide: fitToWidth is 1 where absent (its default).
+        assert!(
+            !setup.contains("fitToWidth=") || setup.contains(r#"fitToWidth="1""#),
+            "{setup}"
+        );
+        if n == 1 {
+            assert!(
+                !setup.contains("fitToHeight="),
+                "the summary on one page: {setup}"
+            );
+        } else {
+            assert!(setup.contains(r#"fitToHeight="0""#), "{setup}");
+        }
+        if n != 3 {
+            assert!(
+                setup.contains(r#"orientation="landscape""#),
+                "sheet {n} is wide: {setup}"
+            );
+        }
+        assert!(
+            xml.contains("<oddFooter>") && xml.contains("&amp;P"),
+            "sheet {n}'s footer"
+        );
     }
     assert!(filtered >= 3, "{filtered} sheets have filters");
     assert!(part("xl/styles.xml").contains("¥#,##0"), "the yen format");
@@ -1339,28 +1466,63 @@ fn check_workbook_matches_json(
     let book = workbook(&path);
     check_workbook_layout(&path);
 
-    let summary: BTreeMap<String, calamine::Data> = book["summary"][1..]
+    let summary: BTreeMap<String, calamine::Data> = book["Summary"][1..]
         .iter()
         .map(|r| (string(&r[0]), r[1].clone()))
         .collect();
-    assert_eq!(string(&summary["state"]), doc["state"].as_str().unwrap());
+    let state = doc["state"].as_str().unwrap();
+    assert_eq!(string(&summary["State"]), state);
     assert_eq!(
-        number(&summary["monthly_cap_yen"]),
+        number(&summary["Monthly cap (yen)"]),
         doc["monthly_cap_yen"].as_i64().unwrap()
     );
-    for (key, value) in doc["totals"].as_object().unwrap() {
-        match value.as_i64() {
-            Some(v) => assert_eq!(number(&summary[key.as_str()]), v, "summary {key}"),
-            None => assert_eq!(
-                summary[key.as_str()],
-                calamine::Data::Empty,
-                "summary {key}"
-            ),
+    // The as-of time: a date cell, the JSON's time on the Tokyo wall clock.
+    let as_of = doc["as_of"].as_str().unwrap();
+    assert!(as_of.ends_with("+09:00"), "{as_of}");
+    let wall: f64 = db
+        .client()
+        .query_one(
+            "SELECT extract(epoch FROM (left($1, 19)::timestamp))::float8",
+            &[&as_of],
+        )
+        .unwrap()
+        .get(0);
+    let got = date(&summary["As of (Asia/Tokyo)"]);
+    // The JSON came from another run a moment before: seconds apart at most.
+    let want = excel_day(wall);
+    assert!(
+        (got - want).abs() * 86_400.0 < 10.0,
+        "{got}, not {want}, for {as_of}"
+    );
+    for (label, key) in SUMMARY_LABELS {
+        match doc["totals"][key].as_i64() {
+            Some(v) => assert_eq!(number(&summary[label]), v, "summary {label}"),
+            None => assert_eq!(summary[label], calamine::Data::Empty, "summary {label}"),
         }
     }
 
-    let rows = &book["campaigns"];
+    let rows = &book["Campaigns"];
+    let fields = [
+        "budget_yen",
+        "issued_yen",
+        "overrun_yen",
+        "coupons",
+        "voided_coupons",
+        "voided_yen",
+        "redeemed_legacy_duplicates",
+        "redeemed_legacy_duplicates_yen",
+        "voided_then_redeemed",
+        "voided_then_redeemed_yen",
+        "legacy_counter_yen",
+        "old_system_issued_yen",
+        "lost_update_yen",
+    ];
     let header: Vec<String> = rows[0].iter().map(string).collect();
+    assert_eq!(
+        header[..4],
+        ["Campaign", "Budget (yen)", "Issued (yen)", "Over (yen)"]
+    );
+    assert_eq!(header.len(), fields.len() + 1);
     let json = doc["campaigns"].as_array().unwrap();
     assert_eq!(rows.len() - 1, json.len());
     for (row, c) in rows[1..].iter().zip(json) {
@@ -1369,12 +1531,15 @@ fn check_workbook_matches_json(
             c["campaign_id"].as_str().unwrap(),
             "ids are strings, as they are"
         );
-        for (i, field) in header.iter().enumerate().skip(1) {
-            assert_eq!(number(&row[i]), c[field].as_i64().unwrap(), "{field}");
+        for (i, field) in fields.iter().enumerate() {
+            match c[field].as_i64() {
+                Some(v) => assert_eq!(number(&row[i + 1]), v, "{field}"),
+                None => assert_eq!(row[i + 1], calamine::Data::Empty, "{field}"),
+            }
         }
     }
 
-    let rows = &book["member-months over cap"];
+    let rows = &book["Member-months over cap"];
     let json = doc["members_over_monthly_cap"].as_array().unwrap();
     assert_eq!(rows.len() - 1, json.len());
     for (row, m) in rows[1..].iter().zip(json) {
@@ -1385,7 +1550,12 @@ fn check_workbook_matches_json(
         }
     }
 
-    let rows = &book["redeemed duplicates"];
+    let rows = &book["Redeemed duplicates"];
+    assert_eq!(
+        rows[0].iter().map(string).collect::<Vec<_>>()[5..],
+        ["Issued at (Asia/Tokyo)", "Redeemed at (Asia/Tokyo)"],
+        "the times' headers name their zone"
+    );
     let t = &doc["totals"];
     assert_eq!(
         rows.len() as i64 - 1,
@@ -1393,6 +1563,25 @@ fn check_workbook_matches_json(
     );
     let sum: i64 = rows[1..].iter().map(|r| number(&r[4])).sum();
     assert_eq!(sum, t["redeemed_legacy_duplicates_yen"].as_i64().unwrap());
+    // The times are date cells holding the coupon's time on the Tokyo wall clock.
+    let times: BTreeMap<String, (f64, f64)> = db
+        .client()
+        .query(
+            "SELECT coupon_id::text,
+                    extract(epoch FROM (issued_at AT TIME ZONE 'Asia/Tokyo'))::float8,
+                    extract(epoch FROM (redeemed_at AT TIME ZONE 'Asia/Tokyo'))::float8
+               FROM issued_coupons WHERE redeemed_at IS NOT NULL",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), (excel_day(r.get(1)), excel_day(r.get(2)))))
+        .collect();
+    for row in &rows[1..] {
+        let (issued, redeemed) = times[&string(&row[0])];
+        assert!((date(&row[5]) - issued).abs() < 1e-6, "{row:?}");
+        assert!((date(&row[6]) - redeemed).abs() < 1e-6, "{row:?}");
+    }
     book
 }
 
@@ -1423,7 +1612,7 @@ fn the_workbook_read_back_by_calamine_equals_the_json_and_lists_the_money_lost()
         .map(|r| r.get(0))
         .collect();
     want.sort();
-    let mut got: Vec<String> = book["redeemed duplicates"][1..]
+    let mut got: Vec<String> = book["Redeemed duplicates"][1..]
         .iter()
         .map(|r| string(&r[0]))
         .collect();
@@ -1466,7 +1655,9 @@ fn lang_ja_translates_every_human_rendering_and_leaves_ids_json_and_figures_alon
     let figure = regex::Regex::new(r"[0-9][0-9,]*|SW-A|秋-セール|EMPTY|m0[0-9]").unwrap();
     for format in ["table", "markdown", "html"] {
         let en = run(&["report", "overruns", "--format", format]);
-        let ja = run(&["report", "overruns", "--format", format, "--lang", "ja"]);
+        // A page's header wraps only between its words, at a <wbr>.
+        let ja =
+            run(&["report", "overruns", "--format", format, "--lang", "ja"]).replace("<wbr>", "");
         for word in [
             "クーポン超過レポート",
             "キャンペーンID",
@@ -1502,6 +1693,14 @@ fn lang_ja_translates_every_human_rendering_and_leaves_ids_json_and_figures_alon
     }
     let html = run(&["report", "overruns", "--format", "html", "--lang", "ja"]);
     assert!(html.contains("<html lang=\"ja\">"));
+    assert!(html.contains("リリース済み："), "the state in Japanese");
+    for english in ["released", "(Asia/Tokyo)", "budget ", "issued "] {
+        assert!(!html.contains(english), "the page still says {english}");
+    }
+    assert!(html.contains("リリース済み："), "the state in Japanese");
+    for english in ["released", "(Asia/Tokyo)", "budget ", "issued "] {
+        assert!(!html.contains(english), "the page still says {english}");
+    }
     let mut settings = insta::Settings::clone_current();
     settings.add_filter(
         r"host=\S+ port=\d+ dbname=[\w\\]+",
@@ -1551,7 +1750,8 @@ fn lang_ja_translates_every_human_rendering_and_leaves_ids_json_and_figures_alon
         );
     }
 
-    // The workbook: Japanese headers, the same numbers as numbers.
+    // The workbook: Japanese sheet names, headers and summary, the same numbers as numbers, the
+    // same dates as dates, the same page setup.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ja.xlsx");
     let r = db.run(&[
@@ -1563,13 +1763,72 @@ fn lang_ja_translates_every_human_rendering_and_leaves_ids_json_and_figures_alon
         "ja",
     ]);
     assert_eq!(r.code, 0, "{}", r.both());
-    let book = workbook(&path);
-    assert_eq!(string(&book["campaigns"][0][0]), "キャンペーンID");
-    assert_eq!(string(&book["campaigns"][0][1]), "予算（円）");
-    assert_eq!(string(&book["member-months over cap"][0][0]), "会員ID");
+    let book = workbook_named(&path, SHEETS_JA);
+    check_workbook_layout(&path);
+    // A Japanese header is written on lines that break between its words, never inside one.
+    let header = |sheet: &str, col: usize| string(&book[sheet][0][col]).replace('\n', "");
+    let words = [
+        "キャンペーン",
+        "クーポン",
+        "無効化",
+        "利用済み",
+        "利用された",
+        "カウンター",
+        "システム",
+        "発行額",
+        "日時",
+    ];
+    for rows in book.values() {
+        for cell in &rows[0] {
+            let text = string(cell);
+            for word in words {
+                assert!(
+                    !text.replace('\n', "").contains(word) || text.contains(word),
+                    "{word} broken in {text:?}"
+                );
+            }
+        }
+    }
+    assert!(
+        book["キャンペーン"][0]
+            .iter()
+            .any(|c| string(c).contains('\n')),
+        "the long headers are on more than one line"
+    );
+    assert_eq!(header("キャンペーン", 0), "キャンペーンID");
+    assert_eq!(header("キャンペーン", 1), "予算（円）");
+    assert_eq!(header("月間上限を超えた会員・月", 0), "会員ID");
+    assert_eq!(
+        [
+            header("利用済みの重複クーポン", 5),
+            header("利用済みの重複クーポン", 6)
+        ],
+        ["発行日時（日本時間）", "利用日時（日本時間）"]
+    );
+    let summary = &book["概要"];
+    assert_eq!(
+        summary[0].iter().map(string).collect::<Vec<_>>(),
+        ["項目", "値", "説明"]
+    );
+    assert_eq!(string(&summary[1][0]), "基準日時（日本時間）");
+    assert!(
+        matches!(summary[1][1], calamine::Data::DateTime(_)),
+        "{:?}",
+        summary[1][1]
+    );
+    assert_eq!(string(&summary[2][0]), "状態");
+    assert!(
+        ["修復前", "リリース途中", "リリース済み"].contains(&string(&summary[2][1]).as_str()),
+        "the state in Japanese: {:?}",
+        summary[2][1]
+    );
+    for row in &summary[1..] {
+        let label = string(&row[0]);
+        assert!(!label.is_ascii(), "a label in Japanese: {label}");
+    }
     let doc: Value =
         serde_json::from_str(&run(&["report", "overruns", "--format", "json"])).unwrap();
-    for (row, c) in book["campaigns"][1..]
+    for (row, c) in book["キャンペーン"][1..]
         .iter()
         .zip(doc["campaigns"].as_array().unwrap())
     {
@@ -1588,10 +1847,13 @@ fn the_page_lists_the_first_members_and_points_at_the_full_list() {
     let r = db.run(&["report", "overruns", "--format", "html"]);
     assert_eq!(r.code, 0, "{}", r.both());
     assert_eq!(rows(&r.stdout), 200);
+    // Told in a reader's words: the page's reader has the report's files, not the command line.
     assert!(r.stdout.contains(&format!(
-        "... and {} more member-months",
-        group(over as i64 - 200)
+        "The first 200 of {} member-months over the cap are listed here",
+        group(over as i64)
     )));
+    assert!(r.stdout.contains("workbook (.xlsx)"), "where the rest are");
+    assert!(!r.stdout.contains("--members") && !r.stdout.contains("--output"));
     // The histogram still counts every member-month.
     let counted: usize = regex::Regex::new(r"<title>([\d,]+) member-months? over by")
         .unwrap()
@@ -1601,5 +1863,5 @@ fn the_page_lists_the_first_members_and_points_at_the_full_list() {
     assert_eq!(counted, over);
     let r = db.run(&["report", "overruns", "--format", "html", "--members", "all"]);
     assert_eq!(rows(&r.stdout), over);
-    assert!(!r.stdout.contains("more member-months"));
+    assert!(!r.stdout.contains("are listed here"));
 }

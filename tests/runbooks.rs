@@ -156,6 +156,16 @@ struct Runbook {
 
 const RUNBOOKS: &[Runbook] = &[
     Runbook {
+        file: "adding-a-foreign-key-with-orphans.md",
+        prepare: prepare_shop,
+        check: check_adding_a_foreign_key_with_orphans,
+    },
+    Runbook {
+        file: "adding-a-not-null-column.md",
+        prepare: prepare_shop,
+        check: check_adding_a_not_null_column,
+    },
+    Runbook {
         file: "adopting-production.md",
         prepare: prepare_adopting_production,
         check: check_adopting_production,
@@ -1145,4 +1155,66 @@ fn check_daily_reconciliation(db: &TestDb, work: &Path) {
 #[test]
 fn daily_reconciliation() {
     run_runbook("daily-reconciliation.md");
+}
+
+/// The second example release's database: the shop's legacy schema (V1, adopted) and its
+/// broken rows, with `PGMEND_RELEASE` at `examples/shop-orders`.
+fn prepare_shop() -> Prepared {
+    let db = fresh_db();
+    let shop = repo().join("examples/shop-orders");
+    let mut c = db.client();
+    c.batch_execute(
+        &std::fs::read_to_string(shop.join("migrations/V1__shop_baseline.sql")).unwrap(),
+    )
+    .unwrap();
+    c.batch_execute(&std::fs::read_to_string(shop.join("seed.sql")).unwrap())
+        .unwrap();
+    ok(
+        &db,
+        &[
+            "migrate",
+            "baseline",
+            "--yes",
+            "--release",
+            shop.to_str().unwrap(),
+        ],
+    );
+    let mut prepared = Prepared::new(db);
+    prepared
+        .env
+        .push(("PGMEND_RELEASE", shop.display().to_string()));
+    prepared
+}
+
+fn check_adding_a_not_null_column(db: &TestDb, _: &Path) {
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM pg_attribute WHERE attrelid = 'order_lines'::regclass AND attname = 'total_cents' AND attnotnull"),
+        1
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM order_lines WHERE total_cents IS DISTINCT FROM quantity::bigint * unit_cents"),
+        0
+    );
+}
+
+fn check_adding_a_foreign_key_with_orphans(db: &TestDb, _: &Path) {
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM pg_constraint WHERE conrelid = 'order_lines'::regclass AND contype = 'f' AND convalidated"),
+        2
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM order_lines_quarantine q WHERE NOT EXISTS (SELECT 1 FROM orders o WHERE o.order_id = q.order_id)"),
+        db.scalar_i64("SELECT count(*) FROM order_lines_quarantine")
+    );
+    assert!(db.scalar_i64("SELECT count(*) FROM order_lines_quarantine") > 0);
+}
+
+#[test]
+fn adding_a_not_null_column() {
+    run_runbook("adding-a-not-null-column.md");
+}
+
+#[test]
+fn adding_a_foreign_key_with_orphans() {
+    run_runbook("adding-a-foreign-key-with-orphans.md");
 }

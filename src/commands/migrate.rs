@@ -401,7 +401,7 @@ pub fn validate(args: &ValidateArgs, format: Format) -> Result<Outcome> {
             "Validate constraint {} on {} (a full scan under SHARE UPDATE EXCLUSIVE)?",
             args.name, session.params
         ),
-        "it counts the rows that break the check before it validates, and stops (exit 1) while there are any",
+        "it counts the rows that break the constraint before it validates, and stops (exit 1) while there are any",
     )?;
     let result = validate::run(&mut session.client, &args.name, &policy)?;
     match format {

@@ -27,13 +27,14 @@ use crate::cli::{
     BatchArgs, ConnectionArgs, MigrationsArgs, Pooler, ProjectArgs, ReleaseArgs, RepairsArgs,
     SafetyArgs,
 };
-use crate::config;
+use crate::config::{self, AutovacuumPause};
 use crate::db::retry::LockPolicy;
 use crate::db::{self, conninfo, Session};
 use crate::migrate::source::Migration;
 use crate::preflight::{self, Environment};
 use crate::release::project;
 use crate::repair::definition::RepairSource;
+use crate::repair::health::{Health, Setting};
 use crate::repair::options::RunOptions;
 
 pub use crate::db::connect::{read_only, snapshot};
@@ -100,13 +101,18 @@ pub fn other_versions(
     crate::release::identity::other_versions(client, definition.map_or("", |d| d.name.as_str()))
 }
 
-/// `--lock-timeout`, `--statement-timeout` and `--lock-retry-for`, checked.
+/// `--lock-timeout`, `--statement-timeout`, `--lock-retry-for` and `--validate-timeout`, checked.
 pub fn policy(safety: &SafetyArgs) -> Result<LockPolicy> {
-    config::check_lock_options(safety.lock_timeout, safety.statement_timeout)?;
+    config::check_lock_options(
+        safety.lock_timeout,
+        safety.statement_timeout,
+        safety.validate_timeout,
+    )?;
     Ok(LockPolicy {
         lock_timeout: safety.lock_timeout,
         statement_timeout: safety.statement_timeout,
         retry_for: safety.lock_retry_for,
+        validate_timeout: safety.validate_timeout,
     })
 }
 
@@ -127,7 +133,7 @@ pub fn run_options(safety: &SafetyArgs, batch: &BatchArgs) -> Result<RunOptions>
     Ok(RunOptions {
         policy: policy(safety)?,
         batch_target: batch.batch_target,
-        max_replica_lag: batch.max_replica_lag,
+        health: health(batch),
         workers: None,
         checked_later: false,
         neighbour: crate::repair::neighbour::Neighbour {
@@ -137,6 +143,22 @@ pub fn run_options(safety: &SafetyArgs, batch: &BatchArgs) -> Result<RunOptions>
     })
 }
 
+/// The health signals' thresholds: each option given, or pgmend's default (not explicit).
+fn health(batch: &BatchArgs) -> Health {
+    use crate::repair::health as h;
+    Health {
+        replica_lag: Setting::given(batch.max_replica_lag, h::DEFAULT_REPLICA_LAG),
+        archive_backlog: Setting::given(batch.max_archive_backlog, h::DEFAULT_ARCHIVE_BACKLOG),
+        autovacuum: Setting::given(batch.autovacuum_pause, AutovacuumPause::Wraparound),
+        requested_checkpoints: Setting::given(
+            batch.max_requested_checkpoints,
+            h::DEFAULT_REQUESTED_CHECKPOINTS,
+        ),
+        lock_wait: Setting::given(batch.max_lock_wait, h::DEFAULT_LOCK_WAIT),
+        pause_limit: batch.health_pause_limit,
+    }
+}
+
 /// The batch workers `--jobs` asks for, connected as `session` is; with more than one, refuses
 /// (exit 2, before any change) when the server's free connection slots cannot serve them
 /// ([`preflight::connection_slots`]).
@@ -144,12 +166,24 @@ pub fn workers(
     session: &mut Session,
     batch: &BatchArgs,
 ) -> Result<Option<crate::repair::options::Workers>> {
-    let jobs = usize::from(batch.jobs);
-    if jobs > 1 {
-        preflight::connection_slots(&mut session.client, jobs)?;
-    }
+    let (jobs, auto) = match batch.jobs {
+        crate::config::Jobs::Fixed(n) => {
+            let jobs = usize::from(n);
+            if jobs > 1 {
+                preflight::connection_slots(&mut session.client, jobs)?;
+            }
+            (jobs, false)
+        }
+        crate::config::Jobs::Auto => {
+            let (jobs, line) =
+                preflight::auto_jobs(&mut session.client, usize::from(batch.max_jobs))?;
+            crate::say!("{line}");
+            (jobs, true)
+        }
+    };
     Ok(Some(crate::repair::options::Workers {
         jobs,
+        auto,
         params: session.params.clone(),
         // The workers check in every batch that the lease holding the runner lock is alive.
         lock_pid: crate::db::runner_lock::lease_pid().unwrap_or(session.backend_pid),

@@ -32,6 +32,7 @@ use serde::Serialize;
 
 use super::{confirm, open_checked, policy, print_json, run_options};
 use crate::cli::{Format, ReleaseApplyArgs, ReleasePlanArgs};
+use crate::config::Jobs;
 use crate::db::runner_lock;
 use crate::error::Outcome;
 use crate::migrate::{history, plan as migrate_plan};
@@ -67,11 +68,16 @@ pub fn plan(args: &ReleasePlanArgs, format: Format) -> Result<Outcome> {
     let (mut session, environment) = open_checked(&args.conn, &loaded.release().tables())?;
     // What `apply --jobs N` would find of the server's connection slots now.
     let slots = match args.jobs {
-        1 => None,
-        jobs => Some(preflight::connection_slots_for(
+        None | Some(Jobs::Fixed(1)) => None,
+        Some(Jobs::Fixed(jobs)) => Some(preflight::connection_slots_for(
             &mut session.client,
             usize::from(jobs),
         )?),
+        Some(Jobs::Auto) => Some(Ok(preflight::auto_jobs(
+            &mut session.client,
+            usize::from(args.max_jobs),
+        )?
+        .1)),
     };
     let others = identity::other_versions(&mut session.client, &loaded.definition.name)?;
     let mut migrations = migrate_plan::build(&mut session.client, files.clone(), None, &others)?;
@@ -249,7 +255,7 @@ fn render_step(plan: &StepPlan, colour: bool, out: &mut impl Write) -> Result<()
                     }
                 }
                 if let Some(repair) = retry_with {
-                    writeln!(out, "   (census counted now; the {repair} step before it clears what it finds, and apply runs it again for duplicates that arrive late)")?;
+                    writeln!(out, "   (census counted now; the {repair} step before it clears what it finds, and apply runs it again for rows that break it meanwhile)")?;
                 }
             }
         }
@@ -370,6 +376,16 @@ pub fn apply(args: &ReleaseApplyArgs, format: Format) -> Result<Outcome> {
         }
         let needs = privileges::for_release(steps, &progress, files, repairs, &args.confirm);
         privileges::check(&mut session.client, "this release", &needs)?;
+        // A repair whose SQL does not hold stops the release here, not at its step; so does a
+        // health signal the user set that the role cannot read (its notes come with each run).
+        dry_run::check_repairs(&mut session.client, steps, &progress, files, repairs)?;
+        if steps_pending {
+            crate::repair::health::check_readable(
+                &mut session.client,
+                &options.health,
+                &loaded.release().tables(),
+            )?;
+        }
         // A pending migration that would hold a strong lock over a large table stops the
         // release here, not after the repairs before it have run.
         let mut pending =

@@ -66,6 +66,7 @@ pub fn list(args: &RepairListArgs, format: Format) -> Result<Outcome> {
 pub fn plan(args: &RepairPlanArgs, format: Format) -> Result<Outcome> {
     let repair = source(&args.repairs)?.find(&args.name)?;
     let mut session = open(&args.conn, &repair.tables())?;
+    crate::repair::runner::check_definition(&mut session.client, &repair)?;
     let mut tx = super::read_only(&mut session.client)?;
     let colour = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let sample = if args.all { None } else { Some(args.sample) };

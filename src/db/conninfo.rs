@@ -281,6 +281,7 @@ pub fn environment_variables() -> impl Iterator<Item = &'static str> {
         "PGMEND_SCHEMA",
         "PGMEND_POOLER",
         "PGMEND_PROGRESS",
+        "PGMEND_JOBS",
     ]
     .into_iter()
     .chain(ENV_KEYS.iter().map(|(var, _)| *var))

@@ -2,8 +2,9 @@
 //! rolled back for a lock or a deadlock is retried with full-jitter exponential backoff until
 //! a total budget runs out. There is never a last attempt without a timeout.
 //!
-//! Bounded lock waits. `LockPolicy` holds `--lock-timeout`, `--statement-timeout` and
-//! `--lock-retry-for`, and renders the `SET LOCAL` statements for both timeouts. `with_lock_retry`
+//! Bounded lock waits. `LockPolicy` holds `--lock-timeout`, `--statement-timeout`,
+//! `--lock-retry-for` and `--validate-timeout` (a VALIDATE's statement timeout: `for_validate`),
+//! and renders the `SET LOCAL` statements for both timeouts. `with_lock_retry`
 //! runs a closure that opens, fills and commits one transaction; on SQLSTATE 55P03, 40P01 or 40001
 //! it sleeps a full-jitter exponential backoff (100 ms base, 5 s cap) and tries again, logging each
 //! retry to stderr; when the pause plus one more full lock wait would go past the budget it returns
@@ -24,6 +25,9 @@ pub struct LockPolicy {
     pub lock_timeout: Duration,
     pub statement_timeout: Duration,
     pub retry_for: Duration,
+    /// `--validate-timeout`: the `statement_timeout` of a `VALIDATE CONSTRAINT` (a scan of the
+    /// whole table under SHARE UPDATE EXCLUSIVE), instead of `statement_timeout`.
+    pub validate_timeout: Duration,
 }
 
 impl LockPolicy {
@@ -38,6 +42,25 @@ impl LockPolicy {
             self.statement_timeout.as_millis().max(1),
             super::runner_lock::IDLE_IN_TRANSACTION.as_secs(),
             super::runner_lock::fence_sql()
+        )
+    }
+}
+
+impl LockPolicy {
+    /// This policy with `validate_timeout` as its statement timeout: for a transaction that
+    /// runs a `VALIDATE CONSTRAINT`, its client-side bound included.
+    pub fn for_validate(&self) -> LockPolicy {
+        LockPolicy {
+            statement_timeout: self.validate_timeout,
+            ..*self
+        }
+    }
+
+    /// `SET LOCAL statement_timeout` to this policy's, after a statement that ran under another.
+    pub fn statement_timeout_sql(&self) -> String {
+        format!(
+            "SET LOCAL statement_timeout = '{}ms'",
+            self.statement_timeout.as_millis().max(1)
         )
     }
 }

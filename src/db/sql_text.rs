@@ -162,6 +162,38 @@ impl TypeName {
             .map(|r| TypeName(r.get(0))))
     }
 
+    /// The type a value for `table.column` is cast to before it is compared with the column:
+    /// the column's own type with its modifier (`numeric(10,2)` rounds as the column will),
+    /// except for the string and bit-string types, whose explicit cast would cut a value the
+    /// column refuses (`bpchar`, `"bit"`, `character varying`: no length). None: no such column.
+    pub fn compared_of_column(
+        client: &mut impl GenericClient,
+        table: &Ident,
+        column: &Ident,
+    ) -> Result<Option<TypeName>, postgres::Error> {
+        Ok(client
+            .query_opt(
+                "SELECT CASE WHEN t.typcategory IN ('S', 'V') THEN format_type(a.atttypid, -1)
+                             ELSE format_type(a.atttypid, a.atttypmod) END
+                   FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+                  WHERE a.attrelid = to_regclass(quote_ident($1)) AND a.attname = $2 AND a.attnum > 0 AND NOT a.attisdropped",
+                &[&table.as_str(), &column.as_str()],
+            )?
+            .map(|r| TypeName(r.get(0))))
+    }
+
+    /// [`Self::compared_of_column`] of a type named in a migration's text, as the server reads
+    /// it, without its modifier (None: no such type).
+    pub fn compared_of_text(
+        client: &mut impl GenericClient,
+        type_text: &str,
+    ) -> Result<Option<TypeName>, postgres::Error> {
+        Ok(client
+            .query_one("SELECT format_type(to_regtype($1), -1)", &[&type_text])?
+            .get::<_, Option<String>>(0)
+            .map(TypeName))
+    }
+
     /// The name as the server printed it, for messages and for matching a type by name.
     pub fn as_str(&self) -> &str {
         &self.0
@@ -181,8 +213,8 @@ impl fmt::Display for TypeName {
 }
 
 /// The expression of a CHECK constraint as the server deparses it (`pg_get_constraintdef`
-/// without its `CHECK ` and ` NOT VALID`), to evaluate it on a proposed row. Only
-/// [`CheckBody::of_table`] reads them.
+/// without its `CHECK ` and ` NOT VALID`), to evaluate it on a proposed row or count the rows
+/// that break it. Only [`CheckBody::of_table`] and [`CheckBody::named`] read them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckBody(String);
 
@@ -206,6 +238,22 @@ impl CheckBody {
                 )
             })
             .collect())
+    }
+
+    /// The CHECK constraint `name` of `table` (a relation name as SQL writes it, for
+    /// `to_regclass`), `NOT VALID` or not; None when the table has no such check.
+    pub fn named(
+        client: &mut impl GenericClient,
+        table: &str,
+        name: &str,
+    ) -> Result<Option<CheckBody>, postgres::Error> {
+        Ok(client
+            .query_opt(
+                "SELECT pg_get_constraintdef(oid) FROM pg_constraint
+                  WHERE conrelid = to_regclass($1) AND conname = $2 AND contype = 'c'",
+                &[&table, &name],
+            )?
+            .map(|r| CheckBody::from_constraintdef(&r.get::<_, String>(0))))
     }
 
     fn from_constraintdef(def: &str) -> CheckBody {

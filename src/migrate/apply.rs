@@ -6,7 +6,10 @@
 //! migration's censuses with `online::evaluate::check_before` (which stops, exit 1, when one
 //! blocks) and runs it: a transactional migration as `SET LOCAL` timeouts, the file's SQL and
 //! `history::record` in one transaction through `with_lock_retry`; an online migration through
-//! `online::index::apply`. Progress goes through a callback.
+//! `online::index::apply`. A transactional migration that holds a `VALIDATE CONSTRAINT` runs its
+//! statements one by one, the VALIDATE under `SET LOCAL statement_timeout` of
+//! `--validate-timeout` and the others under `--statement-timeout`; cancelled at that bound, the
+//! VALIDATE stops the step (`online::validate::past_its_bound`, exit 1). Progress goes through a callback.
 
 use std::time::{Duration, Instant};
 
@@ -19,7 +22,7 @@ use super::source::{by_version, Mode};
 use crate::db::conninfo::ConnParams;
 use crate::db::retry::{with_lock_retry, LockPolicy};
 use crate::error::PgContext;
-use crate::online::{evaluate, index};
+use crate::online::{evaluate, index, validate};
 
 #[derive(Debug, Serialize)]
 pub struct AppliedMigration {
@@ -100,10 +103,29 @@ pub fn execute(
                 "applying {label} ({}, one transaction)",
                 crate::human::count(planned.statements.len() as i64, "statement")
             ));
-            with_lock_retry(client, policy, &format!("applying {label}"), &tables, |c| {
+            let validates: Vec<Option<String>> = migration
+                .statements
+                .iter()
+                .map(|s| crate::statements::validated_constraint(s).map(|(_, name)| name))
+                .collect();
+            // A VALIDATE runs under --validate-timeout; the attempt's client-side bound is
+            // the longer of the two.
+            let bound = if validates.iter().any(Option::is_some) {
+                LockPolicy {
+                    statement_timeout: policy.statement_timeout.max(policy.validate_timeout),
+                    ..*policy
+                }
+            } else {
+                *policy
+            };
+            with_lock_retry(client, &bound, &format!("applying {label}"), &tables, |c| {
                 let mut tx = c.transaction()?;
                 tx.batch_execute(&policy.set_local_sql())?;
-                tx.batch_execute(&migration.sql)?;
+                if validates.iter().all(Option::is_none) {
+                    tx.batch_execute(&migration.sql)?;
+                } else {
+                    run_statements(&mut tx, migration, &validates, policy)?;
+                }
                 history::record(&mut tx, migration)?;
                 Ok(tx.commit()?)
             })?;
@@ -120,6 +142,33 @@ pub fn execute(
         });
     }
     Ok(done)
+}
+
+/// Runs `migration`'s statements one by one in `tx`, each `VALIDATE CONSTRAINT` (named in
+/// `validates`, by position) under `--validate-timeout` instead of `--statement-timeout`.
+fn run_statements(
+    tx: &mut postgres::Transaction<'_>,
+    migration: &super::source::Migration,
+    validates: &[Option<String>],
+    policy: &LockPolicy,
+) -> Result<()> {
+    for (statement, validated) in migration.statements.iter().zip(validates) {
+        let Some(name) = validated else {
+            tx.batch_execute(&statement.sql)?;
+            continue;
+        };
+        tx.batch_execute(&policy.for_validate().statement_timeout_sql())?;
+        tx.batch_execute(&statement.sql).map_err(|e| {
+            validate::past_its_bound(
+                e,
+                name,
+                policy,
+                &format!("nothing of {} was changed", migration.label()),
+            )
+        })?;
+        tx.batch_execute(&policy.statement_timeout_sql())?;
+    }
+    Ok(())
 }
 
 fn round_ms(d: Duration) -> Duration {

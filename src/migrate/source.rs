@@ -10,7 +10,8 @@
 //! versions, no transaction control, and no mixing of online and transactional statements; computes
 //! the checksum through `refinery::Migration::unapplied`, which also checks the name the way
 //! refinery would; and derives the censuses with `online::census::for_migration`, which refuses a
-//! malformed precondition block. Its tests include proptest fuzzing of the name parser and the SQL
+//! malformed precondition block, then links each `VALIDATE CONSTRAINT`'s census to the `ADD
+//! CONSTRAINT ... NOT VALID` of an earlier migration (`census::link_declared`). Its tests include proptest fuzzing of the name parser and the SQL
 //! splitter.
 
 use std::path::{Path, PathBuf};
@@ -137,6 +138,13 @@ pub fn parse_set(files: Vec<(String, String, Vec<u8>)>) -> Result<Vec<Migration>
         migrations.push(migration);
     }
     migrations.sort_by_key(|m| m.version);
+    // A VALIDATE whose constraint an earlier migration adds NOT VALID counts by that text
+    // when the catalog does not have it yet (both pending).
+    let mut earlier: Vec<Census> = Vec::new();
+    for m in &mut migrations {
+        census::link_declared(&mut m.censuses, &earlier);
+        earlier.extend(m.censuses.iter().cloned());
+    }
     Ok(migrations)
 }
 

@@ -5,13 +5,30 @@
 //! check, and a `/* pgmend:precondition ... */` block in the file a query of its own.
 //! They are facts about the data, never records of which tool ran.
 //!
-//! Censuses, without a server. `Census` (guard, name, counts, fix, violators_sql, tables) and
-//! `Guard` (`unique_index`, `check_not_valid`, `check`, `precondition`; all but `check_not_valid`
-//! block). `for_migration` reads a migration's text with `regex`: each `/* pgmend:precondition ...
+//! Censuses, without a server. `Census` (guard, name, counts, fix, violators_sql, tables, and
+//! what is left to `resolve` against the catalog) and `Guard` (`unique_index`, `check_not_valid`,
+//! `check`, `foreign_key_not_valid`, `foreign_key`, `validate`, `precondition`; all but the two
+//! `NOT VALID` ones block). `for_migration` reads a migration's text with `regex`: each `/* pgmend:precondition ...
 //! */` block (keys `name`, `explain`, `fix`, `tables`, then `query:` to the end of the block; an
 //! unknown or missing key is an error), each `CREATE UNIQUE INDEX` (a `GROUP BY ... HAVING count(*) >
 //! 1` over the columns, under the predicate, with NULLs left out) and each `ALTER TABLE ... ADD
-//! CONSTRAINT ... CHECK (...) [NOT VALID]` (`WHERE NOT (expression)`). `added_column` reads `ALTER
+//! CONSTRAINT ... CHECK (...) [NOT VALID]` (`WHERE NOT (expression)`). Foreign keys and
+//! validations:
+//!
+//! - `ALTER TABLE child ADD CONSTRAINT name FOREIGN KEY (columns) REFERENCES parent [(keys)]
+//!   [MATCH FULL] ... [NOT VALID]` counts the orphans, the rows the key would refuse
+//!   ([`orphans_sql`]): under MATCH SIMPLE (the default) a row with every column set and no parent
+//!   row with those keys; under MATCH FULL also a row with some but not all of them NULL. Without
+//!   `(keys)` the parent's primary key is read from the catalog when the census is taken
+//!   ([`Resolve::PrimaryKey`]).
+//! - `ALTER TABLE t VALIDATE CONSTRAINT name` counts what VALIDATE would refuse; which constraint
+//!   that is, is known only when the census is taken ([`Resolve::Constraint`], resolved by
+//!   `evaluate`): the catalog's (a CHECK's body as `sql_text::CheckBody`, a foreign key's columns
+//!   as `Ident`s), else the `ADD CONSTRAINT ... NOT VALID` of an earlier statement or pending
+//!   migration of the set ([`link_declared`], called by `migrate::source` in version order). The
+//!   census blocks: violators stop the step before the VALIDATE (exit 1).
+//!
+//! `added_column` reads `ALTER
 //! TABLE ... ADD [COLUMN]` statements (type and default), and `with_shadows` wraps a census query
 //! in a CTE named like the table, `WITH issued_coupons AS (SELECT *, (false)::boolean AS
 //! legacy_duplicate, ... FROM issued_coupons)`, so that a column a pending migration adds reads as
@@ -35,13 +52,24 @@ pub enum Guard {
     CheckNotValid,
     /// A CHECK added and validated at once: violators make it fail, so it is not attempted.
     Check,
+    /// A FOREIGN KEY added NOT VALID: existing orphans are allowed (and reported).
+    ForeignKeyNotValid,
+    /// A FOREIGN KEY added and validated at once: orphans make it fail, so it is not attempted.
+    ForeignKey,
+    /// `VALIDATE CONSTRAINT` of a NOT VALID check or foreign key: violators make it fail.
+    Validate,
     /// A precondition written in the migration file.
     Precondition,
 }
 
 impl Guard {
     pub fn blocks(self) -> bool {
-        !matches!(self, Guard::CheckNotValid)
+        !self.not_valid()
+    }
+
+    /// A constraint added NOT VALID: its census only reports.
+    pub fn not_valid(self) -> bool {
+        matches!(self, Guard::CheckNotValid | Guard::ForeignKeyNotValid)
     }
 }
 
@@ -58,6 +86,30 @@ pub struct Census {
     pub violators_sql: String,
     /// Tables the query reads, for shadowing columns a pending migration adds.
     pub tables: Vec<String>,
+    /// What only the catalog can tell, read when the census is taken (`evaluate`); until then
+    /// `violators_sql` is empty.
+    #[serde(skip)]
+    pub resolve: Option<Resolve>,
+}
+
+/// The part of a census the migration's text leaves to the catalog.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolve {
+    /// `VALIDATE CONSTRAINT name` on `table` (both as written): the constraint in the catalog,
+    /// else `declared`, the census of the `ADD CONSTRAINT ... NOT VALID` of an earlier statement
+    /// or pending migration.
+    Constraint {
+        table: String,
+        name: String,
+        declared: Option<Box<Census>>,
+    },
+    /// A foreign key that names no referenced columns: they are `parent`'s primary key.
+    PrimaryKey {
+        child: String,
+        columns: Vec<String>,
+        parent: String,
+        match_full: bool,
+    },
 }
 
 static UNIQUE_INDEX: LazyLock<Regex> = LazyLock::new(|| {
@@ -73,6 +125,26 @@ static ADD_CHECK: LazyLock<Regex> = LazyLock::new(|| {
     )
     .unwrap()
 });
+
+static ADD_FOREIGN_KEY: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(
+        r#"(?is)^\s*alter\s+table\s+(?:if\s+exists\s+)?(?:only\s+)?([\w$."]+)\s+add\s+constraint\s+("?[\w$]+"?)\s+foreign\s+key\s*\(([^)]+)\)\s*references\s+([\w$."]+)\s*(?:\(([^)]+)\))?(.*)$"#,
+    )
+    .unwrap()
+});
+
+static VALIDATE: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(
+        r#"(?is)^\s*alter\s+table\s+(?:if\s+exists\s+)?(?:only\s+)?([\w$."]+)\s+validate\s+constraint\s+("?[\w$]+"?)\s*$"#,
+    )
+    .unwrap()
+});
+
+static NOT_VALID_AT_END: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"(?is)\bnot\s+valid\s*$").unwrap());
+
+static MATCH_FULL: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"(?is)\bmatch\s+full\b").unwrap());
 
 static PRECONDITION: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"(?s)/\*\s*pgmend:precondition\b(.*?)\*/").unwrap());
@@ -111,6 +183,7 @@ pub fn for_migration(sql: &str, statements: &[Statement], origin: &str) -> Resul
                     cols = cols.join(", ")
                 ),
                 tables: vec![table],
+                resolve: None,
             });
         } else if let Some(c) = ADD_CHECK.captures(&s.sql) {
             let (table, name, expression) = (c[1].to_string(), c[2].to_string(), c[3].to_string());
@@ -126,10 +199,163 @@ pub fn for_migration(sql: &str, statements: &[Statement], origin: &str) -> Resul
                 },
                 violators_sql: format!("SELECT * FROM {table} WHERE NOT ({expression})"),
                 tables: vec![table],
+                resolve: None,
             });
+        } else if let Some(c) = ADD_FOREIGN_KEY.captures(&s.sql) {
+            out.push(foreign_key(&c));
+        } else if let Some(c) = VALIDATE.captures(&s.sql) {
+            let (table, name) = (c[1].to_string(), c[2].to_string());
+            let declared = out
+                .iter()
+                .rev()
+                .find(|e| e.guard.not_valid() && same_name(&e.name, &name))
+                .map(|e| Box::new(e.clone()));
+            out.push(validate(table, name, declared));
         }
     }
     Ok(out)
+}
+
+/// A constraint name as the catalog holds it: a quoted one as written, any other folded to
+/// lower case.
+pub fn catalog_name(name: &str) -> String {
+    match name.strip_prefix('"').and_then(|n| n.strip_suffix('"')) {
+        Some(quoted) => quoted.replace("\"\"", "\""),
+        None => name.to_lowercase(),
+    }
+}
+
+fn same_name(a: &str, b: &str) -> bool {
+    catalog_name(a) == catalog_name(b)
+}
+
+/// The census of `ADD CONSTRAINT name FOREIGN KEY (columns) REFERENCES parent [(keys)] ...`.
+fn foreign_key(c: &regex::Captures) -> Census {
+    let (table, name, parent) = (c[1].to_string(), c[2].to_string(), c[4].to_string());
+    let list = |s: &str| -> Vec<String> { s.split(',').map(|x| x.trim().to_string()).collect() };
+    let columns = list(&c[3]);
+    let rest = c.get(6).map_or("", |m| m.as_str());
+    let not_valid = NOT_VALID_AT_END.is_match(rest);
+    let match_full = MATCH_FULL.is_match(rest);
+    let (violators_sql, resolve) = match c.get(5) {
+        Some(keys) => (
+            orphans_sql(&table, &columns, &parent, &list(keys.as_str()), match_full),
+            None,
+        ),
+        None => (
+            String::new(),
+            Some(Resolve::PrimaryKey {
+                child: table.clone(),
+                columns: columns.clone(),
+                parent: parent.clone(),
+                match_full,
+            }),
+        ),
+    };
+    let mut tables = vec![table.clone()];
+    if parent != table {
+        tables.push(parent.clone());
+    }
+    Census {
+        guard: if not_valid {
+            Guard::ForeignKeyNotValid
+        } else {
+            Guard::ForeignKey
+        },
+        counts: orphans_counts(&table, &columns, &parent, match_full),
+        fix: if not_valid {
+            format!("existing orphans are kept, so VALIDATE CONSTRAINT {name} would fail; the key still refuses new ones. Give each a parent, set its reference to NULL or remove it (an `orphans` repair), then validate it in a later migration (`ALTER TABLE {table} VALIDATE CONSTRAINT {name}`)")
+        } else {
+            "give the orphans a parent, set their reference to NULL or remove them (an `orphans` repair) first, or add the key NOT VALID and validate it in a later migration".into()
+        },
+        name,
+        violators_sql,
+        tables,
+        resolve,
+    }
+}
+
+/// What one orphan is, in words.
+pub fn orphans_counts(child: &str, columns: &[String], parent: &str, match_full: bool) -> String {
+    format!(
+        "rows of {child} whose ({}) has no row in {parent}{}",
+        columns.join(", "),
+        if match_full && columns.len() > 1 {
+            " (MATCH FULL: or is NULL only in part)"
+        } else {
+            ""
+        }
+    )
+}
+
+/// The rows of `child` that a foreign key from `columns` to `parent`'s `keys` refuses (names as
+/// SQL text: as written in a migration, or `Ident`s from the catalog). MATCH SIMPLE: every
+/// column set and no parent row with those keys; MATCH FULL: also some, but not all, NULL.
+pub fn orphans_sql(
+    child: &str,
+    columns: &[String],
+    parent: &str,
+    keys: &[String],
+    match_full: bool,
+) -> String {
+    let each = |f: &dyn Fn(&String) -> String, by: &str| -> String {
+        columns.iter().map(f).collect::<Vec<_>>().join(by)
+    };
+    let matched = columns
+        .iter()
+        .zip(keys)
+        .map(|(c, k)| format!("parent_row.{k} = child_row.{c}"))
+        .collect::<Vec<_>>()
+        .join(" AND ");
+    let missing = format!("NOT EXISTS (SELECT 1 FROM {parent} parent_row WHERE {matched})");
+    let condition = if match_full && columns.len() > 1 {
+        format!(
+            "NOT ({}) AND ({} OR {missing})",
+            each(&|c| format!("child_row.{c} IS NULL"), " AND "),
+            each(&|c| format!("child_row.{c} IS NULL"), " OR ")
+        )
+    } else {
+        format!(
+            "{} AND {missing}",
+            each(&|c| format!("child_row.{c} IS NOT NULL"), " AND ")
+        )
+    };
+    format!("SELECT child_row.* FROM {child} child_row WHERE {condition}")
+}
+
+/// The census of `ALTER TABLE table VALIDATE CONSTRAINT name` (both as SQL writes them),
+/// resolved when it is taken; `declared`: the census of the `ADD CONSTRAINT` that adds it.
+pub fn validate(table: String, name: String, declared: Option<Box<Census>>) -> Census {
+    Census {
+        guard: Guard::Validate,
+        counts: format!("rows of {table} that VALIDATE CONSTRAINT {name} would refuse"),
+        fix: format!("fix those rows (a check's: update them; a foreign key's orphans: give each a parent, set its reference to NULL or remove it, an `orphans` repair), then rerun; {name} stays NOT VALID meanwhile and still refuses new violations"),
+        tables: vec![table.clone()],
+        violators_sql: String::new(),
+        resolve: Some(Resolve::Constraint {
+            table,
+            name: name.clone(),
+            declared,
+        }),
+        name,
+    }
+}
+
+/// Gives each `VALIDATE` census of `censuses` that found no `ADD CONSTRAINT ... NOT VALID` in
+/// its own file the latest one of `earlier` (the censuses of the migrations before it, in
+/// version order).
+pub fn link_declared(censuses: &mut [Census], earlier: &[Census]) {
+    for c in censuses.iter_mut() {
+        if let Some(Resolve::Constraint { name, declared, .. }) = &mut c.resolve {
+            if declared.is_none() {
+                *declared = earlier
+                    .iter()
+                    .rev()
+                    .find(|e| e.guard.not_valid() && same_name(&e.name, name))
+                    .map(|e| Box::new(e.clone()));
+            }
+        }
+    }
 }
 
 /// `name:`, `explain:`, `fix:`, `tables:` lines, then `query:` and the SQL to the end.
@@ -180,6 +406,7 @@ fn parse_precondition(body: &str) -> Result<Census> {
             .map(|t| t.trim().to_string())
             .filter(|t| !t.is_empty())
             .collect(),
+        resolve: None,
     })
 }
 
@@ -337,6 +564,70 @@ ALTER TABLE campaign_budgets ADD CONSTRAINT issued_within_budget CHECK (issued_y
             .unwrap_err()
             .to_string()
             .contains("bogus"));
+    }
+
+    #[test]
+    fn foreign_key_census_counts_orphans_under_its_match_rule() {
+        let sql = "ALTER TABLE orders ADD CONSTRAINT orders_customer_fk FOREIGN KEY (customer_id) REFERENCES customers (id) NOT VALID;
+ALTER TABLE lines ADD CONSTRAINT lines_order_fk FOREIGN KEY (shop, order_no) REFERENCES orders (shop, no) MATCH FULL ON DELETE CASCADE;
+ALTER TABLE orders ADD CONSTRAINT orders_shop_fk FOREIGN KEY (shop) REFERENCES shops;";
+        let cs = for_migration(sql, &split(sql), "V2").unwrap();
+        assert_eq!(cs[0].guard, Guard::ForeignKeyNotValid);
+        assert!(!cs[0].guard.blocks());
+        assert_eq!(cs[0].tables, ["orders", "customers"]);
+        assert_eq!(
+            cs[0].violators_sql,
+            "SELECT child_row.* FROM orders child_row WHERE child_row.customer_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM customers parent_row WHERE parent_row.id = child_row.customer_id)"
+        );
+        assert_eq!(cs[1].guard, Guard::ForeignKey);
+        assert!(cs[1].guard.blocks());
+        assert_eq!(
+            cs[1].violators_sql,
+            "SELECT child_row.* FROM lines child_row WHERE NOT (child_row.shop IS NULL AND child_row.order_no IS NULL) AND (child_row.shop IS NULL OR child_row.order_no IS NULL OR NOT EXISTS (SELECT 1 FROM orders parent_row WHERE parent_row.shop = child_row.shop AND parent_row.no = child_row.order_no))"
+        );
+        assert!(cs[1].counts.contains("MATCH FULL"), "{}", cs[1].counts);
+        // No referenced columns: the parent's primary key, read when the census is taken.
+        assert_eq!(cs[2].violators_sql, "");
+        assert_eq!(
+            cs[2].resolve,
+            Some(Resolve::PrimaryKey {
+                child: "orders".into(),
+                columns: vec!["shop".into()],
+                parent: "shops".into(),
+                match_full: false
+            })
+        );
+    }
+
+    #[test]
+    fn a_validate_census_finds_its_declaration_in_the_file_or_an_earlier_one() {
+        let v2 = "ALTER TABLE t ADD CONSTRAINT \"T_c_set\" CHECK (c IS NOT NULL) NOT VALID; ALTER TABLE t ADD CONSTRAINT fk FOREIGN KEY (p) REFERENCES parent (id) NOT VALID; ALTER TABLE t VALIDATE CONSTRAINT FK;";
+        let v3 = "ALTER TABLE t VALIDATE CONSTRAINT \"T_c_set\";";
+        let v2s = for_migration(v2, &split(v2), "V2").unwrap();
+        let mut v3s = for_migration(v3, &split(v3), "V3").unwrap();
+        // In its own file: `FK` folds to the `fk` added two statements before.
+        let Some(Resolve::Constraint { declared, .. }) = &v2s[2].resolve else {
+            panic!("{:?}", v2s[2]);
+        };
+        assert_eq!(declared.as_ref().unwrap().name, "fk");
+        assert_eq!(v2s[2].guard, Guard::Validate);
+        assert!(v2s[2].guard.blocks());
+        let Some(Resolve::Constraint { declared: None, .. }) = &v3s[0].resolve else {
+            panic!("{:?}", v3s[0]);
+        };
+        link_declared(&mut v3s, &v2s);
+        let Some(Resolve::Constraint {
+            table,
+            name,
+            declared: Some(d),
+        }) = &v3s[0].resolve
+        else {
+            panic!("{:?}", v3s[0]);
+        };
+        assert_eq!((table.as_str(), name.as_str()), ("t", "\"T_c_set\""));
+        assert_eq!(d.violators_sql, "SELECT * FROM t WHERE NOT (c IS NOT NULL)");
+        assert_eq!(catalog_name("\"T_c_set\""), "T_c_set");
+        assert_eq!(catalog_name("Fk"), "fk");
     }
 
     #[test]

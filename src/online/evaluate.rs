@@ -5,14 +5,24 @@
 //! not exist yet, or whose query fails with 42703 or 42P01, is returned uncounted with a `not_yet`
 //! reason; shadows apply only to columns the table lacks today. `Finding` (a flattened `Census`
 //! plus `violators`, `sample`, `not_yet`) is what the plan and `validate` serialize, and `describe`
-//! the sentence people read. `check_before` takes a migration's censuses in one short read-only
+//! the sentence people read. A census that leaves part to the catalog (`census::Resolve`) is
+//! resolved first, in the same transaction (`resolve`): a `VALIDATE CONSTRAINT`'s constraint from
+//! `pg_constraint` (a CHECK's body through `sql_text::CheckBody`, a foreign key's columns, parent
+//! and match rule as `sql_text::Ident`s), else the census of the earlier `ADD CONSTRAINT ... NOT
+//! VALID` that adds it, else uncounted (the VALIDATE would fail: no such constraint); a foreign
+//! key's referenced columns, when its text names none, from the parent's primary key. The
+//! finding carries the resolved census. `check_before` takes a migration's censuses in one short read-only
 //! transaction, without shadows, and returns `Violators` listing every blocking finding;
 //! `check_during_build` does the same while an online build runs, its lock waits bounded.
 
 use anyhow::Result;
+use postgres::GenericClient;
 use serde::Serialize;
 
-use super::census::{with_predicted, AddedColumn, Census, Guard, Predicted};
+use super::census::{
+    orphans_counts, orphans_sql, with_predicted, AddedColumn, Census, Guard, Predicted, Resolve,
+};
+use crate::db::sql_text::{CheckBody, Ident};
 use crate::error::{describe, sqlstate, PgContext, Violators};
 
 /// How many rows of each violation a finding shows.
@@ -52,7 +62,7 @@ impl Finding {
                 } else {
                     format!(" (for example {})", self.sample.join("; "))
                 },
-                if self.census.guard == Guard::CheckNotValid {
+                if self.census.guard.not_valid() {
                     format!("It is added NOT VALID: {}", self.census.fix)
                 } else {
                     format!("To fix: {}", self.census.fix)
@@ -81,32 +91,28 @@ pub fn evaluate_predicted(
     shadows: &[AddedColumn],
     predicted: &[Predicted],
 ) -> Result<Finding> {
+    let uncounted = |census: &Census, why: String| Finding {
+        census: census.clone(),
+        violators: None,
+        sample: Vec::new(),
+        not_yet: Some(why),
+    };
+    if let Some(why) = missing_tables(tx, census)? {
+        return Ok(uncounted(census, why));
+    }
+    let resolved = match resolve(tx, census)? {
+        Ok(resolved) => resolved,
+        Err(why) => return Ok(uncounted(census, why)),
+    };
+    let census = &resolved;
+    if let Some(why) = missing_tables(tx, census)? {
+        return Ok(uncounted(census, why));
+    }
     let predicted: Vec<Predicted> = predicted
         .iter()
         .filter(|p| census.tables.contains(&p.table))
         .cloned()
         .collect();
-    let mut missing = Vec::new();
-    for t in &census.tables {
-        let exists: bool = tx
-            .query_one("SELECT to_regclass($1) IS NOT NULL", &[t])
-            .doing("checking a census table")?
-            .get(0);
-        if !exists {
-            missing.push(t.clone());
-        }
-    }
-    if !missing.is_empty() {
-        return Ok(Finding {
-            census: census.clone(),
-            violators: None,
-            sample: Vec::new(),
-            not_yet: Some(format!(
-                "counted when it runs: it reads {}, which an earlier pending step creates",
-                missing.join(", ")
-            )),
-        });
-    }
     let mut active = Vec::new();
     for s in shadows.iter().filter(|s| census.tables.contains(&s.table)) {
         let present: bool = tx
@@ -176,6 +182,165 @@ pub fn evaluate_predicted(
     };
     savepoint.rollback().doing("closing the census savepoint")?;
     Ok(finding)
+}
+
+/// Why `census` cannot be counted yet: the tables it reads that do not exist (an earlier
+/// pending step creates them).
+fn missing_tables(tx: &mut postgres::Transaction<'_>, census: &Census) -> Result<Option<String>> {
+    let mut missing = Vec::new();
+    for t in &census.tables {
+        let exists: bool = tx
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[t])
+            .doing("checking a census table")?
+            .get(0);
+        if !exists {
+            missing.push(t.clone());
+        }
+    }
+    Ok((!missing.is_empty()).then(|| {
+        format!(
+            "counted when it runs: it reads {}, which an earlier pending step creates",
+            missing.join(", ")
+        )
+    }))
+}
+
+/// `census` with what its text leaves to the catalog read from it (see [`Resolve`]), or why it
+/// cannot be counted.
+pub fn resolve(
+    tx: &mut impl GenericClient,
+    census: &Census,
+) -> Result<std::result::Result<Census, String>> {
+    match &census.resolve {
+        None => Ok(Ok(census.clone())),
+        Some(Resolve::PrimaryKey {
+            child,
+            columns,
+            parent,
+            match_full,
+        }) => {
+            let keys: Vec<String> = tx
+                .query_one(
+                    "SELECT ARRAY(SELECT a.attname::text
+                       FROM pg_constraint c, unnest(c.conkey) WITH ORDINALITY k(attnum, n), pg_attribute a
+                      WHERE c.conrelid = to_regclass($1) AND c.contype = 'p'
+                        AND a.attrelid = c.conrelid AND a.attnum = k.attnum ORDER BY k.n)",
+                    &[parent],
+                )
+                .doing(format!("reading the primary key of {parent}"))?
+                .get(0);
+            if keys.len() != columns.len() {
+                return Ok(Err(format!(
+                    "not counted: {parent} has no primary key of {} column(s) for the key to reference (it is created by an earlier pending step, or the foreign key would fail)",
+                    columns.len()
+                )));
+            }
+            let keys: Vec<String> = keys.iter().map(|k| Ident::new(k).to_string()).collect();
+            Ok(Ok(Census {
+                violators_sql: orphans_sql(child, columns, parent, &keys, *match_full),
+                resolve: None,
+                ..census.clone()
+            }))
+        }
+        Some(Resolve::Constraint {
+            table,
+            name,
+            declared,
+        }) => {
+            let found = match (constraint_in_catalog(tx, table, name)?, declared) {
+                (Some(found), _) => found,
+                (None, Some(declared)) => match resolve(tx, declared)? {
+                    Ok(found) => found,
+                    Err(why) => return Ok(Err(why)),
+                },
+                (None, None) => {
+                    return Ok(Err(format!(
+                        "not counted: {table} has no constraint {name} and no earlier migration adds it, so the VALIDATE would fail"
+                    )))
+                }
+            };
+            Ok(Ok(Census {
+                counts: found.counts,
+                violators_sql: found.violators_sql,
+                tables: found.tables,
+                resolve: None,
+                ..census.clone()
+            }))
+        }
+    }
+}
+
+/// The census of the check or foreign key `name` of `table` as the catalog defines it (guard,
+/// name and fix from the VALIDATE's census are the caller's), None when it has no such one.
+fn constraint_in_catalog(
+    tx: &mut impl GenericClient,
+    table: &str,
+    name: &str,
+) -> Result<Option<Census>> {
+    let conname = super::census::catalog_name(name);
+    let row = tx
+        .query_opt(
+            "SELECT c.contype::text, c.confmatchtype::text, pn.nspname::text, p.relname::text,
+                    pn.nspname = current_schema(),
+                    ARRAY(SELECT a.attname::text FROM unnest(c.conkey) WITH ORDINALITY k(attnum, n)
+                            JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = k.attnum ORDER BY k.n),
+                    ARRAY(SELECT a.attname::text FROM unnest(c.confkey) WITH ORDINALITY k(attnum, n)
+                            JOIN pg_attribute a ON a.attrelid = c.confrelid AND a.attnum = k.attnum ORDER BY k.n)
+               FROM pg_constraint c
+               LEFT JOIN pg_class p ON p.oid = c.confrelid
+               LEFT JOIN pg_namespace pn ON pn.oid = p.relnamespace
+              WHERE c.conrelid = to_regclass($1) AND c.conname = $2 AND c.contype IN ('c', 'f')",
+            &[&table, &conname],
+        )
+        .doing(format!("looking up constraint {name} of {table}"))?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let kind: String = row.get(0);
+    let base = Census {
+        guard: Guard::Validate,
+        name: name.to_string(),
+        counts: String::new(),
+        fix: String::new(),
+        violators_sql: String::new(),
+        tables: vec![table.to_string()],
+        resolve: None,
+    };
+    if kind == "c" {
+        let Some(body) =
+            CheckBody::named(tx, table, &conname).doing(format!("reading the check {name}"))?
+        else {
+            return Ok(None);
+        };
+        return Ok(Some(Census {
+            counts: format!("rows of {table} that break CHECK {body}"),
+            violators_sql: format!("SELECT * FROM {table} WHERE NOT {body}"),
+            ..base
+        }));
+    }
+    let (match_type, schema, relation, here): (String, String, String, bool) =
+        (row.get(1), row.get(2), row.get(3), row.get(4));
+    let parent = if here {
+        Ident::new(&relation)
+    } else {
+        Ident::qualified(&schema, &relation)
+    };
+    let quoted = |names: Vec<String>| -> Vec<String> {
+        names.iter().map(|n| Ident::new(n).to_string()).collect()
+    };
+    let columns = quoted(row.get(5));
+    let keys = quoted(row.get(6));
+    let match_full = match_type == "f";
+    let mut tables = vec![table.to_string()];
+    if parent.to_string() != Ident::new(table).to_string() && here {
+        tables.push(parent.to_string());
+    }
+    Ok(Some(Census {
+        counts: orphans_counts(table, &columns, &parent.to_string(), match_full),
+        violators_sql: orphans_sql(table, &columns, &parent.to_string(), &keys, match_full),
+        tables,
+        ..base
+    }))
 }
 
 /// Takes every census of a migration in one short read-only transaction, and stops

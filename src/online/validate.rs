@@ -1,21 +1,27 @@
-//! `pgmend migrate validate NAME`: VALIDATE a NOT VALID check once its census is zero.
+//! `pgmend migrate validate NAME`: VALIDATE a NOT VALID check or foreign key once its census is
+//! zero, and the time bound every `VALIDATE CONSTRAINT` runs under.
 //!
-//! VALIDATE CONSTRAINT takes SHARE UPDATE EXCLUSIVE (reads and writes go on) but scans the
-//! whole table; it is run only when a census has just shown that it will succeed.
+//! VALIDATE CONSTRAINT takes SHARE UPDATE EXCLUSIVE (reads and writes go on; a foreign key's
+//! also ROW SHARE on the referenced table) but scans the whole table; it is run only when a
+//! census has just shown that it will succeed.
 //!
-//! `pgmend migrate validate NAME`: looks the constraint up in `current_schema()`, returns at once
-//! if it is already validated, refuses anything but a CHECK, builds a `check` census from
-//! `pg_get_constraintdef`, takes it with `check_before`, then runs `ALTER TABLE ... VALIDATE
-//! CONSTRAINT` in a transaction under `SET LOCAL` timeouts through `with_lock_retry`. Returns
-//! `Validation` (constraint, table, already_valid, finding).
+//! `run` looks the constraint up in `current_schema()`, returns at once if it is already
+//! validated, refuses anything but a CHECK or a FOREIGN KEY, takes the census of
+//! `census::validate` (resolved from the catalog by `evaluate`) with `check_before`, then runs
+//! `ALTER TABLE ... VALIDATE CONSTRAINT` in a transaction through `with_lock_retry`, under
+//! `--lock-timeout` and, instead of `--statement-timeout`, `--validate-timeout`
+//! (`LockPolicy::for_validate`). A VALIDATE the server cancels at that bound becomes `Stopped`
+//! (exit 1: rolled back, nothing changed; [`past_its_bound`], also used by `migrate::apply` for a
+//! migration's VALIDATE). Returns `Validation` (constraint, table, already_valid, finding).
 
 use anyhow::{bail, Result};
 use serde::Serialize;
 
-use super::census::{Census, Guard};
+use super::census;
 use super::evaluate::{self, Finding};
-use crate::db::retry::{execute_with_lock_retry, LockPolicy};
-use crate::error::PgContext;
+use crate::db::retry::{with_lock_retry, LockPolicy};
+use crate::db::sql_text::Ident;
+use crate::error::{sqlstate, PgContext, Stopped};
 
 #[derive(Debug, Serialize)]
 pub struct Validation {
@@ -25,8 +31,8 @@ pub struct Validation {
     pub finding: Option<Finding>,
 }
 
-/// Finds the check `name` in the current schema, takes its census, and validates it when
-/// nothing breaks it; stops (exit 1) naming the rows otherwise.
+/// Finds the check or foreign key `name` in the current schema, takes its census, and
+/// validates it when nothing breaks it; stops (exit 1) naming the rows otherwise.
 pub fn run(client: &mut postgres::Client, name: &str, policy: &LockPolicy) -> Result<Validation> {
     let row = client
         .query_opt(
@@ -49,37 +55,33 @@ pub fn run(client: &mut postgres::Client, name: &str, policy: &LockPolicy) -> Re
             finding: None,
         });
     }
-    if kind != "c" {
-        bail!("{name} is not a CHECK constraint ({definition}); pgmend validates only checks");
+    if kind != "c" && kind != "f" {
+        bail!("{name} is neither a CHECK nor a FOREIGN KEY constraint ({definition}); pgmend validates only those");
     }
-    let expression = definition
-        .strip_prefix("CHECK ")
-        .and_then(|d| d.strip_suffix(" NOT VALID"))
-        .unwrap_or(&definition)
-        .to_string();
-    let census = Census {
-        guard: Guard::Check,
-        name: name.to_string(),
-        counts: format!("rows of {table} that break {expression}"),
-        fix: format!("fix those rows and rerun, or accept them: leave the check NOT VALID, which needs nothing more (it already refuses new violations); `pgmend migrate validate {name}` validates it once no row breaks it"),
-        violators_sql: format!("SELECT * FROM {table} WHERE NOT {expression}"),
-        tables: vec![table.clone()],
-    };
+    let constraint = Ident::new(name);
+    let mut census = census::validate(table.clone(), constraint.to_string(), None);
+    census.name = name.to_string();
+    let noun = if kind == "c" { "check" } else { "foreign key" };
+    census.fix = format!("fix those rows and rerun, or accept them: leave the {noun} NOT VALID, which needs nothing more (it already refuses new violations); `pgmend migrate validate {name}` validates it once no row breaks it");
     let findings = evaluate::check_before(
         client,
         &format!("VALIDATE CONSTRAINT {name}"),
         std::slice::from_ref(&census),
     )?;
-    let sql = format!(
-        "ALTER TABLE {table} VALIDATE CONSTRAINT {}",
-        crate::db::sql_text::Ident::new(name)
-    );
-    execute_with_lock_retry(
+    let sql = format!("ALTER TABLE {table} VALIDATE CONSTRAINT {constraint}");
+    let bounded = policy.for_validate();
+    with_lock_retry(
         client,
-        policy,
+        &bounded,
         &format!("validating {name}"),
         std::slice::from_ref(&table),
-        &sql,
+        |c| {
+            let mut tx = c.transaction()?;
+            tx.batch_execute(&bounded.set_local_sql())?;
+            tx.batch_execute(&sql)
+                .map_err(|e| past_its_bound(e, name, policy, "nothing was changed"))?;
+            Ok(tx.commit()?)
+        },
     )?;
     Ok(Validation {
         constraint: name.into(),
@@ -87,4 +89,27 @@ pub fn run(client: &mut postgres::Client, name: &str, policy: &LockPolicy) -> Re
         already_valid: false,
         finding: findings.into_iter().next(),
     })
+}
+
+/// The error of a `VALIDATE CONSTRAINT name`: `Stopped` (exit 1) when the server cancelled it at
+/// `--validate-timeout` (the transaction is rolled back, the constraint stays NOT VALID, and a
+/// rerun with a longer bound is all it takes), the server's error otherwise. `kept` says what
+/// the rollback leaves.
+pub fn past_its_bound(
+    error: postgres::Error,
+    name: &str,
+    policy: &LockPolicy,
+    kept: &str,
+) -> anyhow::Error {
+    let timed_out = sqlstate(&error) == Some("57014")
+        && error
+            .as_db_error()
+            .is_some_and(|db| db.message().contains("statement timeout"));
+    if !timed_out {
+        return error.into();
+    }
+    Stopped::error(format!(
+        "VALIDATE CONSTRAINT {name} was still scanning when its bound, --validate-timeout {}, ran out: the server cancelled it and rolled its transaction back, so {kept}; {name} stays NOT VALID and still refuses new violations. Rerun with a longer --validate-timeout (the scan holds only SHARE UPDATE EXCLUSIVE: reads and writes go on)",
+        crate::config::format_duration(policy.validate_timeout)
+    ))
 }

@@ -251,6 +251,51 @@ pub fn connection_slots(client: &mut postgres::Client, jobs: usize) -> Result<()
     }
 }
 
+/// The share of the connection slots `--jobs auto` may take: a quarter of what the server, the
+/// role and the database could still open now (less the runner lock's lease and an online
+/// build's connection), so three quarters stay the application's.
+pub const AUTO_SHARE: i32 = 4;
+
+/// How many workers `--jobs auto` may use here, at most `max_jobs`: a quarter of the slots the
+/// server, the role and the database have free now ([`AUTO_SHARE`]), at least one; with the
+/// line that says so.
+pub fn auto_jobs(client: &mut postgres::Client, max_jobs: usize) -> Result<(usize, String)> {
+    let row = client
+        .query_one(SLOTS_SQL, &[])
+        .doing("counting the server's free connection slots for --jobs auto")?;
+    let (free, role_limit, role_used, db_limit, db_used): (i32, i32, i32, i32, i32) =
+        (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+    let mut open = free;
+    if role_limit >= 0 {
+        open = open.min(role_limit - role_used);
+    }
+    if db_limit >= 0 {
+        open = open.min(db_limit - db_used);
+    }
+    // The lease and an online build's connection come first.
+    let others = 1 + i32::from(crate::db::runner_lock::lease_pid().is_none());
+    let share = ((open - others) / AUTO_SHARE).max(1) as usize;
+    let jobs = share.min(max_jobs.max(1));
+    Ok((
+        jobs,
+        format!(
+            "--jobs auto: up to {jobs} batch workers (--max-jobs {max_jobs}; a quarter of the {} connection slots free now, the rest left to the application), starting with {}",
+            open.max(0),
+            jobs.min(2)
+        ),
+    ))
+}
+
+/// Free slots on the server, the role's limit and use, the database's limit and use.
+const SLOTS_SQL: &str = "SELECT current_setting('max_connections')::int
+                    - current_setting('superuser_reserved_connections')::int
+                    - coalesce(nullif(current_setting('reserved_connections', true), '')::int, 0)
+                    - (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')::int,
+                    (SELECT rolconnlimit FROM pg_roles WHERE rolname = current_user),
+                    (SELECT count(*) FROM pg_stat_activity WHERE usename = current_user AND backend_type = 'client backend')::int,
+                    (SELECT datconnlimit FROM pg_database WHERE datname = current_database()),
+                    (SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND backend_type = 'client backend')::int";
+
 /// What `--jobs jobs` needs against what the server, the role and the database can serve now:
 /// Ok with the line that says how many connections it uses, or Err with what is short (for
 /// `plan`, a blocker; for `apply`, a refusal).
@@ -259,17 +304,7 @@ pub fn connection_slots_for(
     jobs: usize,
 ) -> Result<std::result::Result<String, String>> {
     let row = client
-        .query_one(
-            "SELECT current_setting('max_connections')::int
-                    - current_setting('superuser_reserved_connections')::int
-                    - coalesce(nullif(current_setting('reserved_connections', true), '')::int, 0)
-                    - (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')::int,
-                    (SELECT rolconnlimit FROM pg_roles WHERE rolname = current_user),
-                    (SELECT count(*) FROM pg_stat_activity WHERE usename = current_user AND backend_type = 'client backend')::int,
-                    (SELECT datconnlimit FROM pg_database WHERE datname = current_database()),
-                    (SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND backend_type = 'client backend')::int",
-            &[],
-        )
+        .query_one(SLOTS_SQL, &[])
         .doing("counting the server's free connection slots for --jobs")?;
     let (free, role_limit, role_used, db_limit, db_used): (i32, i32, i32, i32, i32) =
         (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));

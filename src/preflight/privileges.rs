@@ -141,12 +141,29 @@ pub fn for_repair(repair: &Repair) -> Vec<Need> {
     };
     match &repair.spec {
         Spec::VoidDuplicates(v) => table(v.table.as_str(), &["SELECT", "UPDATE"]),
+        Spec::Backfill(b) => table(b.table.as_str(), &["SELECT", "UPDATE"]),
+        Spec::Orphans(o) => {
+            table(o.references.table.as_str(), &["SELECT"]);
+            match o.quarantine() {
+                None => table(o.table.as_str(), &["SELECT", "UPDATE"]),
+                Some(q) => {
+                    table(o.table.as_str(), &["SELECT", "DELETE"]);
+                    // Created by the run when missing; when it exists, written and read back by undo.
+                    table(q.as_str(), &["SELECT", "INSERT", "DELETE"]);
+                }
+            }
+        }
         Spec::RebuildCounter(c) => {
             table(c.counter_table.as_str(), &["SELECT", "INSERT", "UPDATE"]);
             table(c.source_table.as_str(), &["SELECT"]);
             if c.keys_from.as_str() != "source" {
                 table(c.keys_from.as_str(), &["SELECT"]);
             }
+        }
+    }
+    if let Spec::Orphans(o) = &repair.spec {
+        if let Some(q) = o.quarantine() {
+            needs.push(need(Kind::CreateTable(q.as_str().to_string()), why));
         }
     }
     needs

@@ -78,6 +78,13 @@ pub fn run<'a>(
     let mut tx = crate::db::connect::read_only(client)?;
     let applied: Vec<i32> = history::read(&mut tx)?.iter().map(|a| a.version).collect();
     let progress = super::progress(&mut tx, release.name, applied)?;
+    check_repairs_in(
+        &mut tx,
+        release.steps,
+        &progress,
+        release.files,
+        release.repairs,
+    )?;
     let mut plans = steps(
         &mut tx,
         release.steps,
@@ -105,6 +112,67 @@ pub fn run<'a>(
         fingerprint,
         applied_plans,
     })
+}
+
+/// Checks the definition of every pending repair step, and of every pending migration's
+/// `retry_with` ([`crate::repair::expression::check`]), on the schema as the earlier pending
+/// migrations leave it, in one read-only transaction of its own: before the first change.
+pub fn check_repairs(
+    client: &mut postgres::Client,
+    steps: &[Step],
+    progress: &Progress,
+    files: &[Migration],
+    repairs: &[Repair],
+) -> Result<()> {
+    let mut tx = crate::db::connect::read_only(client)?;
+    check_repairs_in(&mut tx, steps, progress, files, repairs)?;
+    tx.rollback().doing("closing the definitions' checks")?;
+    Ok(())
+}
+
+/// [`check_repairs`] in the caller's read-only transaction.
+fn check_repairs_in(
+    tx: &mut postgres::Transaction<'_>,
+    steps: &[Step],
+    progress: &Progress,
+    files: &[Migration],
+    repairs: &[Repair],
+) -> Result<()> {
+    let mut shadows: Vec<AddedColumn> = Vec::new();
+    let mut created: Vec<String> = Vec::new();
+    for (i, step) in steps.iter().enumerate() {
+        if progress.done(i, step) {
+            continue;
+        }
+        let (repair, file) = match step {
+            Step::Migrate {
+                version,
+                retry_with,
+            } => (
+                retry_with.as_deref(),
+                files.iter().find(|m| m.version == *version),
+            ),
+            Step::Repair { name } => (Some(name.as_str()), None),
+            Step::Gate { .. } => (None, None),
+        };
+        if let Some(name) = repair {
+            crate::repair::expression::check(
+                tx,
+                definition::named(repairs, name)?,
+                &shadows,
+                &created,
+            )?;
+        }
+        if let Some(file) = file {
+            shadows.extend(file.statements.iter().filter_map(added_column));
+            created.extend(
+                file.statements
+                    .iter()
+                    .flat_map(|s| s.creates_tables.iter().cloned()),
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Fills in each pending step's estimate, from the rates of this server's finished runs and

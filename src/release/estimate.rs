@@ -130,7 +130,7 @@ pub fn repair(
         );
     }
     match &repair.spec {
-        Spec::VoidDuplicates(_) => calibrated(
+        Spec::VoidDuplicates(_) | Spec::Backfill(_) | Spec::Orphans(_) => calibrated(
             REPAIR_RUN_S + changes as f64 / VOID_ROWS_PER_S,
             format!(
                 "{} per run, and {} rows at {}",

@@ -154,7 +154,7 @@ fn data_steps(
             Some(d) if first => {
                 let void = match &d.spec {
                     Spec::VoidDuplicates(v) => Some(v.void.as_str()),
-                    Spec::RebuildCounter(_) => None,
+                    _ => None,
                 };
                 crate::store::records::unfinished(tx, &d.name, void)?
             }
@@ -243,17 +243,7 @@ SELECT line FROM (
 ) s ORDER BY part, n, line COLLATE \"C\"";
 
 fn repair_tables(repairs: &[Repair]) -> Vec<String> {
-    let mut out = Vec::new();
-    for r in repairs {
-        match &r.spec {
-            Spec::VoidDuplicates(v) => out.push(v.table.as_str().to_string()),
-            Spec::RebuildCounter(c) => {
-                out.push(c.counter_table.as_str().to_string());
-                out.push(c.source_table.as_str().to_string());
-            }
-        }
-    }
-    out
+    repairs.iter().flat_map(Repair::tables).collect()
 }
 
 /// The document with its digest added, as the pretty JSON text the file holds.

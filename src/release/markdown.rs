@@ -119,6 +119,8 @@ fn totals(out: &mut impl Write, steps: &[StepPlan]) -> io::Result<()> {
         let what = match r.kind {
             crate::repair::definition::Kind::VoidDuplicates => "the amount of the rows it voids",
             crate::repair::definition::Kind::RebuildCounter => "new counter minus old",
+            crate::repair::definition::Kind::Backfill
+            | crate::repair::definition::Kind::Orphans => "the amount",
         };
         writeln!(
             out,
@@ -265,6 +267,8 @@ fn repair(out: &mut impl Write, p: &StepPlan) -> io::Result<()> {
             match r.kind {
                 crate::repair::definition::Kind::VoidDuplicates => "voided",
                 crate::repair::definition::Kind::RebuildCounter => "created",
+                crate::repair::definition::Kind::Backfill => "set by its expressions",
+                crate::repair::definition::Kind::Orphans => "quarantined",
             },
             human::int(r.voided_or_created)
         )?;

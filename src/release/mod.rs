@@ -272,7 +272,7 @@ impl Step {
     }
 }
 
-/// Names the repair in the advice of each unique index's census: a migration step with
+/// Names the repair in the advice of each unique index's and VALIDATE's census: a migration step with
 /// `retry_with = "NAME"` is retried after that repair, so its census says to run it (a census
 /// read from the file alone knows no repair).
 pub fn name_repairs_in_censuses(steps: &[Step], files: &mut [Migration]) {
@@ -285,14 +285,17 @@ pub fn name_repairs_in_censuses(steps: &[Step], files: &mut [Migration]) {
             continue;
         };
         for m in files.iter_mut().filter(|m| m.version == *version) {
-            for c in m
-                .censuses
-                .iter_mut()
-                .filter(|c| c.guard == crate::online::census::Guard::UniqueIndex)
-            {
-                c.fix = format!(
-                    "void the duplicates first: pgmend repair apply {repair} --yes (or fix the rows by hand), then rerun"
-                );
+            for c in m.censuses.iter_mut() {
+                match c.guard {
+                    crate::online::census::Guard::UniqueIndex => c.fix = format!(
+                        "void the duplicates first: pgmend repair apply {repair} --yes (or fix the rows by hand), then rerun"
+                    ),
+                    crate::online::census::Guard::Validate => c.fix = format!(
+                        "repair them first: pgmend repair apply {repair} --yes (or fix the rows by hand), then rerun; {} stays NOT VALID meanwhile and still refuses new violations",
+                        c.name
+                    ),
+                    _ => {}
+                }
             }
         }
     }

@@ -84,7 +84,7 @@ pub(super) fn run(
     };
     let policy = &options.policy;
     let started = Instant::now();
-    let (result, in_transaction, waiting) = with_lock_retry(client, policy, &who, &[], |c| {
+    let attempt = with_lock_retry(client, policy, &who, &[], |c| {
         let bounds = if in_ranges {
             Some(store::runs::range_bounds(c, run_id, lo, hi)?)
         } else {
@@ -145,13 +145,137 @@ pub(super) fn run(
         }
         tx.commit()?;
         Ok((result, t.elapsed(), waiting))
-    })?;
+    });
+    let (result, in_transaction, waiting) = match attempt {
+        Ok(done) => done,
+        Err(e) => return Err(on_a_row(client, engine, run_id, targets, &who, e)),
+    };
     Ok(Done {
         result,
         in_transaction,
         took: started.elapsed(),
         waiting,
     })
+}
+
+/// How many times a batch that ran into the statement timeout is halved and tried again.
+pub(super) const MAX_SPLITS: u32 = 4;
+
+/// [`run`], splitting a batch that runs into the statement timeout: rolled back (as every
+/// failed batch is), its first half tried, up to [`MAX_SPLITS`] times, each said in a line;
+/// then the error as it came (exit 2, docs/exit-codes.md), naming the range. Returns the
+/// targets the committed batch covered (the first part of `targets`).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn run_splitting(
+    client: &mut postgres::Client,
+    engine: &Engine,
+    name: &str,
+    run_id: i64,
+    options: &RunOptions,
+    checkpoint: Checkpoint,
+    targets: Targets,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(Targets, Done)> {
+    let mut t = targets;
+    let mut splits = 0;
+    loop {
+        match run(client, engine, name, run_id, options, checkpoint, t) {
+            Ok(done) => return Ok((t, done)),
+            Err(e) if statement_timeout(&e) && t.hi - t.lo > 1 && splits < MAX_SPLITS => {
+                let half = t.lo + (t.hi - t.lo) / 2;
+                progress(&format!(
+                    "{name}: batch {}..{} ran into the statement timeout ({}) and was rolled back; trying its first half, {}..{half}",
+                    t.lo,
+                    t.hi,
+                    human::duration(options.policy.statement_timeout),
+                    t.lo
+                ));
+                t.hi = half;
+                splits += 1;
+            }
+            Err(e) if statement_timeout(&e) => {
+                return Err(e.context(format!(
+                    "{name}: batch {}..{} ran into the statement timeout ({}){}; nothing of it was written. Raise --statement-timeout, or make the repair's work per target smaller, then rerun: the run resumes from its checkpoint",
+                    t.lo,
+                    t.hi,
+                    human::duration(options.policy.statement_timeout),
+                    if splits > 0 {
+                        format!(" after it was halved {splits} times")
+                    } else {
+                        " and is one target, which cannot be split".to_string()
+                    }
+                )))
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Whether `error` is pgmend's own statement timeout cancelling a statement (57014 with the
+/// server's words for it; a cancel by someone else is not split).
+fn statement_timeout(error: &anyhow::Error) -> bool {
+    error.chain().any(|c| {
+        c.downcast_ref::<crate::error::DbFailure>()
+            .is_some_and(|f| {
+                f.sqlstate.as_deref() == Some("57014")
+                    && f.to_string().contains("statement timeout")
+            })
+            || c.downcast_ref::<postgres::Error>().is_some_and(|e| {
+                e.as_db_error().is_some_and(|d| {
+                    d.code().code() == "57014" && d.message().contains("statement timeout")
+                })
+            })
+    })
+}
+
+/// A batch that failed on what a row holds (a data exception, an integrity violation, an error
+/// raised by a function: SQLSTATE classes 22, 23, 2F, 38, 39 and P0) in a backfill: the row and
+/// the key of the definition whose expression raised, found by [`BackfillEngine::find_failing_row`],
+/// as a stop (exit 1): the batch was rolled back, the ones before it stay committed and the run
+/// resumes from its checkpoint once the row or the definition is fixed. Any other error as it is.
+///
+/// [`BackfillEngine::find_failing_row`]: super::backfill::BackfillEngine::find_failing_row
+fn on_a_row(
+    client: &mut postgres::Client,
+    engine: &Engine,
+    run_id: i64,
+    targets: Targets,
+    who: &str,
+    error: anyhow::Error,
+) -> anyhow::Error {
+    let Engine::Backfill(backfill) = engine else {
+        return error;
+    };
+    let Some(state) = error.chain().find_map(|c| {
+        c.downcast_ref::<postgres::Error>()
+            .and_then(|e| e.code())
+            .map(|c| c.code().to_string())
+            .or_else(|| {
+                c.downcast_ref::<crate::error::DbFailure>()
+                    .and_then(|f| f.sqlstate.clone())
+            })
+    }) else {
+        return error;
+    };
+    if !["22", "23", "2F", "38", "39", "P0"].contains(&&state[..2]) {
+        return error;
+    }
+    let found = store::runs::range_bounds(client, run_id, targets.lo, targets.hi)
+        .map_err(anyhow::Error::from)
+        .and_then(|(after, up_to)| {
+            backfill.find_failing_row(client, after.as_deref(), up_to.as_deref())
+        });
+    let resume = "Fix the row (or the definition: abandon the run first, `pgmend repair status` names it), then rerun: the run resumes from its checkpoint";
+    match found {
+        Ok(Some((key, part, raised))) => crate::error::Stopped::error(format!(
+            "{who}: {part} raised on the row {} = {key}: {raised}. The batch was rolled back; the batches before it stay committed. {resume}",
+            backfill.spec.row_key.as_str()
+        )),
+        _ => crate::error::Stopped::error(format!(
+            "{who}: the batch failed on a row of its range ({:#}); the row could not be singled out. The batch was rolled back; the batches before it stay committed. {resume}",
+            error
+        )),
+    }
 }
 
 /// What the batches of a run added up to, over its streams and passes: whether a stop cut them
@@ -162,6 +286,8 @@ pub(super) struct Tally {
     pub interrupted: bool,
     pub times: Vec<u64>,
     pub blocking: u64,
+    /// `--jobs auto`'s changes to the number of workers, as the lines it printed.
+    pub decisions: Vec<String>,
 }
 
 impl Tally {
@@ -169,6 +295,7 @@ impl Tally {
         self.interrupted |= more.interrupted;
         self.times.extend(more.times);
         self.blocking += more.blocking;
+        self.decisions.extend(more.decisions);
     }
 }
 
@@ -190,6 +317,11 @@ impl Pace {
     /// How many targets the next batch takes.
     pub fn size(&self) -> i64 {
         self.size
+    }
+
+    /// After a batch that was split ([`run_splitting`]): the size that went through.
+    pub fn at_most(&mut self, size: i64) {
+        self.size = self.size.min(size).max(1);
     }
 
     /// Sizes the next batch after `done`, whose targets were `targets`, and returns the pause
@@ -260,6 +392,11 @@ impl Progress {
             last_line: Instant::now(),
             done_before: done,
         }
+    }
+
+    /// The number of workers the lines name from now on (`--jobs auto` changed it).
+    pub fn set_workers(&mut self, workers: usize) {
+        self.workers = Some(workers);
     }
 
     /// Shows `done` of `targets` done and `changed` rows changed, with the last batch's size

@@ -119,11 +119,97 @@ pub struct CounterSpec {
     pub when_no_source: WhenNoSource,
 }
 
+/// Backfill: for every row of `table` where `where` holds, set each column of `set` to its
+/// expression, over the row's own columns (qualified by the table's name when a subquery needs
+/// it). Both are SQL from the file: checked by the server before the first change
+/// ([`super::expression`]), evaluated by each batch on the rows it has locked.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackfillSpec {
+    /// The `kind` key (see [`VoidSpec::kind`]).
+    #[serde(default, skip_serializing)]
+    pub kind: Option<String>,
+    pub description: String,
+    pub table: Ident,
+    pub row_key: Ident,
+    /// column = "SQL expression", one expression each.
+    pub set: std::collections::BTreeMap<Ident, String>,
+    /// The rows to backfill: a SQL predicate over the row's columns.
+    #[serde(rename = "where")]
+    pub predicate: String,
+    /// Volatile functions the expressions may call (by name): refused unless listed here.
+    #[serde(default)]
+    pub allow_volatile: Vec<String>,
+}
+
+/// What an orphans repair does to a row whose reference has no row to refer to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OrphanAction {
+    /// The referencing columns become NULL.
+    SetNull,
+    /// The row is copied into the quarantine table, with its run and reason, then deleted.
+    Quarantine,
+}
+
+/// The foreign key's match rule, which decides what an orphan is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MatchRule {
+    /// A row with any NULL referencing column is not checked (PostgreSQL's default).
+    #[default]
+    Simple,
+    /// All referencing columns NULL, or none; a row with some NULL is refused too.
+    Full,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct References {
+    pub table: Ident,
+    pub columns: Vec<Ident>,
+}
+
+/// Orphans: rows of `table` whose `columns` refer to no row of `references` (what a foreign
+/// key from `columns` to `references.columns` would refuse under `match`), set to NULL or
+/// quarantined.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct OrphansSpec {
+    /// The `kind` key (see [`VoidSpec::kind`]).
+    #[serde(default, skip_serializing)]
+    pub kind: Option<String>,
+    pub description: String,
+    pub table: Ident,
+    pub row_key: Ident,
+    pub columns: Vec<Ident>,
+    pub references: References,
+    pub action: OrphanAction,
+    #[serde(rename = "match", default)]
+    pub match_rule: MatchRule,
+    /// For `quarantine`: the table the rows go to (default `<table>_quarantine`), which pgmend
+    /// creates beside the table when it is missing.
+    pub quarantine_table: Option<Ident>,
+}
+
+impl OrphansSpec {
+    /// The quarantine table, for `action = "quarantine"`.
+    pub fn quarantine(&self) -> Option<Ident> {
+        (self.action == OrphanAction::Quarantine).then(|| {
+            self.quarantine_table
+                .clone()
+                .unwrap_or_else(|| Ident::new(format!("{}_quarantine", self.table.as_str())))
+        })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Spec {
     VoidDuplicates(VoidSpec),
     RebuildCounter(CounterSpec),
+    Backfill(BackfillSpec),
+    Orphans(OrphansSpec),
 }
 
 #[derive(Debug, Clone)]
@@ -142,6 +228,15 @@ impl Repair {
     pub fn tables(&self) -> Vec<String> {
         match &self.spec {
             Spec::VoidDuplicates(v) => vec![v.table.as_str().to_string()],
+            Spec::Backfill(b) => vec![b.table.as_str().to_string()],
+            Spec::Orphans(o) => {
+                let mut t = vec![
+                    o.table.as_str().to_string(),
+                    o.references.table.as_str().to_string(),
+                ];
+                t.extend(o.quarantine().map(|q| q.as_str().to_string()));
+                t
+            }
             Spec::RebuildCounter(c) => {
                 let mut t = vec![
                     c.counter_table.as_str().to_string(),
@@ -159,6 +254,8 @@ impl Repair {
         match &self.spec {
             Spec::VoidDuplicates(v) => &v.description,
             Spec::RebuildCounter(c) => &c.description,
+            Spec::Backfill(b) => &b.description,
+            Spec::Orphans(o) => &o.description,
         }
     }
 
@@ -166,6 +263,8 @@ impl Repair {
         match self.spec {
             Spec::VoidDuplicates(_) => Kind::VoidDuplicates,
             Spec::RebuildCounter(_) => Kind::RebuildCounter,
+            Spec::Backfill(_) => Kind::Backfill,
+            Spec::Orphans(_) => Kind::Orphans,
         }
     }
 }
@@ -178,6 +277,8 @@ pub enum Kind {
     #[default]
     VoidDuplicates,
     RebuildCounter,
+    Backfill,
+    Orphans,
 }
 
 impl Kind {
@@ -185,6 +286,8 @@ impl Kind {
         match self {
             Kind::VoidDuplicates => "void_duplicates",
             Kind::RebuildCounter => "rebuild_counter",
+            Kind::Backfill => "backfill",
+            Kind::Orphans => "orphans",
         }
     }
 }
@@ -215,10 +318,30 @@ fn detailed_error(text: &str, tagged: toml::de::Error) -> String {
         Ok(table) => match table.get("kind").and_then(|k| k.as_str()) {
             Some("void_duplicates") => toml::from_str::<VoidSpec>(text).err(),
             Some("rebuild_counter") => toml::from_str::<CounterSpec>(text).err(),
+            Some("backfill") => toml::from_str::<BackfillSpec>(text).err(),
+            Some("orphans") => toml::from_str::<OrphansSpec>(text).err(),
             _ => None,
         },
     };
     again.unwrap_or(tagged).to_string()
+}
+
+/// Checks an expression's text as the file holds it (no server).
+pub fn check_text(origin: &str, key: &str, text: &str) -> Result<()> {
+    if text.trim().is_empty() {
+        bail!("{origin}: {key} is empty; write one SQL expression");
+    }
+    let read = crate::statements::expression_text(text);
+    if read.semicolon {
+        bail!("{origin}: {key} holds a `;`: write one SQL expression, with no `;` and no second statement");
+    }
+    if read.unbalanced {
+        bail!("{origin}: {key} has unbalanced parentheses: write one SQL expression whose parentheses all close within it");
+    }
+    if read.unusual_quoting {
+        bail!("{origin}: {key} uses `$` (quoting or a parameter), an E'...' string or a U& name: write plain '...' strings (pgmend reads the expression to find the functions it calls)");
+    }
+    Ok(())
 }
 
 /// Refuses a column named twice in one list.
@@ -320,6 +443,58 @@ pub fn parse(name: &str, origin: &str, bytes: &[u8]) -> Result<Repair> {
                 check("copy_on_create", from)?;
                 if *to == c.counter || c.key.contains(to) {
                     bail!("{origin}: copy_on_create sets {to:?}, which is the counter or in key; those are set by the repair itself");
+                }
+            }
+        }
+        Spec::Backfill(b) => {
+            check("table", &b.table)?;
+            check("row_key", &b.row_key)?;
+            if b.set.is_empty() {
+                bail!("{origin}: set needs at least one column = \"SQL expression\"");
+            }
+            for (column, expression) in &b.set {
+                check("set", column)?;
+                if *column == b.row_key {
+                    bail!("{origin}: set names the row_key {column:?}; a backfill finds rows by it and may not change it");
+                }
+                check_text(origin, &format!("set.{}", column.as_str()), expression)?;
+            }
+            check_text(origin, "where", &b.predicate)?;
+            for f in &b.allow_volatile {
+                check_identifier(origin, "allow_volatile", f)?;
+            }
+        }
+        Spec::Orphans(o) => {
+            check("table", &o.table)?;
+            check("row_key", &o.row_key)?;
+            check("references.table", &o.references.table)?;
+            if o.columns.is_empty() || o.columns.len() != o.references.columns.len() {
+                bail!("{origin}: columns and references.columns need the same number of columns, at least one (the foreign key's)");
+            }
+            for c in &o.columns {
+                check("columns", c)?;
+            }
+            for c in &o.references.columns {
+                check("references.columns", c)?;
+            }
+            distinct(origin, "columns", o.columns.iter())?;
+            distinct(origin, "references.columns", o.references.columns.iter())?;
+            if o.columns.contains(&o.row_key) {
+                bail!("{origin}: columns names the row_key {:?}; the repair finds rows by it and may not change it", o.row_key);
+            }
+            match (&o.quarantine_table, o.action) {
+                (Some(_), OrphanAction::SetNull) => bail!("{origin}: quarantine_table is for action = \"quarantine\"; remove it, or quarantine the rows"),
+                (Some(q), _) => check("quarantine_table", q)?,
+                (None, _) => {}
+            }
+            if let Some(q) = o.quarantine() {
+                check_identifier(
+                    origin,
+                    "quarantine_table (the default, <table>_quarantine)",
+                    q.as_str(),
+                )?;
+                if q == o.table || q == o.references.table {
+                    bail!("{origin}: the quarantine table {q:?} is the table or the referenced table; name another with quarantine_table");
                 }
             }
         }

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use super::health::Health;
 use super::neighbour::Neighbour;
 use crate::db::conninfo::ConnParams;
 use crate::db::retry::LockPolicy;
@@ -13,8 +14,8 @@ pub struct RunOptions {
     pub policy: LockPolicy,
     /// Aim for batches that take about this long.
     pub batch_target: Duration,
-    /// Pause between batches while a streaming replica replays later than this.
-    pub max_replica_lag: Option<Duration>,
+    /// The server's health signals that pause the batches, and the bound on a pause.
+    pub health: Health,
     /// Several workers for a run in ranges (`--jobs`); None: one stream on the main session.
     pub workers: Option<Workers>,
     /// Pauses between batches and the throttle on batches that make sessions wait.
@@ -31,7 +32,11 @@ pub struct RunOptions {
 /// before it commits.
 #[derive(Clone)]
 pub struct Workers {
+    /// How many workers at most (with `auto`), or always.
     pub jobs: usize,
+    /// `--jobs auto`: the controller keeps between one and `jobs` at work
+    /// ([`super::controller`]).
+    pub auto: bool,
     pub params: ConnParams,
     pub lock_pid: i32,
 }

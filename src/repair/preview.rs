@@ -21,10 +21,12 @@ use anyhow::Result;
 use fallible_iterator::FallibleIterator;
 use serde::Serialize;
 
+use super::backfill::BackfillEngine;
 use super::counter::CounterEngine;
-use super::definition::{Kind, Repair, Spec};
+use super::definition::{BackfillSpec, Kind, OrphansSpec, Repair, Spec};
+use super::orphans::OrphansEngine;
 use super::void::VoidEngine;
-use crate::db::sql_text::Ident;
+use crate::db::sql_text::{Ident, TypeName};
 use crate::error::{DbFailure, PgContext};
 use crate::human;
 use crate::online::census::{with_predicted, AddedColumn, Predicted};
@@ -47,6 +49,7 @@ pub struct Preview {
     /// Rows (or counter rows) that would change.
     pub changes: i64,
     /// Void: rows that would be voided (the rest are only marked). Counters: rows created.
+    /// Orphans: rows quarantined (none when their references are set to NULL).
     pub voided_or_created: i64,
     /// Void: the report_sum of changed rows per report_by value. Counters: new minus old per key
     /// (only the first 1,000 keys are listed).
@@ -93,6 +96,14 @@ pub fn preview_predicted(
         Spec::RebuildCounter(spec) => {
             let basis = Basis { shadows, predicted };
             preview_counter(&mut savepoint, spec, repair, &basis, sample, sink, &mut p)
+        }
+        Spec::Backfill(spec) => {
+            let basis = Basis { shadows, predicted };
+            preview_backfill(&mut savepoint, spec, repair, &basis, sample, sink, &mut p)
+        }
+        Spec::Orphans(spec) => {
+            let basis = Basis { shadows, predicted };
+            preview_orphans(&mut savepoint, spec, repair, &basis, sample, sink, &mut p)
         }
     };
     match result {
@@ -252,53 +263,222 @@ fn preview_counter(
     Ok(())
 }
 
+/// A backfill engine for a preview: each `set` column's type from the catalog, or from the
+/// pending migration that adds it (`active`: the shadows the table lacks today).
+fn backfill_for_preview(
+    tx: &mut postgres::Transaction<'_>,
+    spec: &BackfillSpec,
+    active: &[crate::online::census::AddedColumn],
+) -> Result<BackfillEngine> {
+    let mut types = Vec::new();
+    for column in spec.set.keys() {
+        let ty = match TypeName::compared_of_column(tx, &spec.table, column)
+            .doing("reading a column's type")?
+        {
+            Some(ty) => Some(ty),
+            None => match active.iter().find(|s| {
+                s.table.trim_matches('"') == spec.table.as_str()
+                    && s.column.trim_matches('"') == column.as_str()
+            }) {
+                Some(shadow) => TypeName::compared_of_text(tx, &shadow.type_sql)
+                    .doing("reading a pending column's type")?,
+                None => None,
+            },
+        };
+        types.push(ty.ok_or_else(|| {
+            anyhow::anyhow!(
+                "{}.{} does not exist, and no pending migration adds it",
+                spec.table.as_str(),
+                column.as_str()
+            )
+        })?);
+    }
+    Ok(BackfillEngine::with_types(spec, TypeName::text(), types))
+}
+
+fn preview_backfill(
+    tx: &mut postgres::Transaction<'_>,
+    spec: &BackfillSpec,
+    repair: &Repair,
+    basis: &Basis,
+    sample: Option<usize>,
+    sink: &mut dyn FnMut(&Change) -> Result<()>,
+    p: &mut Preview,
+) -> Result<()> {
+    if !table_exists(tx, spec.table.as_str())? {
+        p.not_yet = Some(format!("{} does not exist yet", spec.table.as_str()));
+        return Ok(());
+    }
+    let active = missing_shadows(tx, basis.shadows)?;
+    let engine = backfill_for_preview(tx, spec, &active)?;
+    let sql = with_predicted(&engine.preview_sql(), &active, basis.predicted);
+    let columns: Vec<&Ident> = spec.set.keys().collect();
+    let n = columns.len();
+    let params: Vec<&(dyn postgres::types::ToSql + Sync)> = Vec::new();
+    let doing = previewing(repair);
+    let mut rows = tx.query_raw(&sql, params).doing(&doing)?;
+    while let Some(row) = rows.next().doing(&doing)? {
+        p.changes += 1;
+        if sample.is_none_or(|s| (p.changes as usize) <= s) {
+            let value = |i: usize| {
+                row.get::<_, Option<String>>(i)
+                    .unwrap_or_else(|| "NULL".into())
+            };
+            let mut before = BTreeMap::new();
+            let mut after = BTreeMap::new();
+            for (i, c) in columns.iter().enumerate() {
+                before.insert(c.as_str().to_string(), value(1 + i));
+                after.insert(c.as_str().to_string(), value(1 + n + i));
+            }
+            sink(&Change {
+                table: spec.table.as_str().to_string(),
+                key: format!("{} = {}", spec.row_key.as_str(), value(0)),
+                before,
+                after,
+                reason: format!(
+                    "where {} holds; set from its expressions",
+                    spec.predicate.trim()
+                ),
+            })?;
+        }
+    }
+    Ok(())
+}
+
+fn preview_orphans(
+    tx: &mut postgres::Transaction<'_>,
+    spec: &OrphansSpec,
+    repair: &Repair,
+    basis: &Basis,
+    sample: Option<usize>,
+    sink: &mut dyn FnMut(&Change) -> Result<()>,
+    p: &mut Preview,
+) -> Result<()> {
+    for t in [&spec.table, &spec.references.table] {
+        if !table_exists(tx, t.as_str())? {
+            p.not_yet = Some(format!("{} does not exist yet", t.as_str()));
+            return Ok(());
+        }
+    }
+    let active = missing_shadows(tx, basis.shadows)?;
+    let engine = OrphansEngine::preview_only(spec);
+    let sql = with_predicted(&engine.preview_sql(), &active, basis.predicted);
+    let params: Vec<&(dyn postgres::types::ToSql + Sync)> = Vec::new();
+    let doing = previewing(repair);
+    let mut rows = tx.query_raw(&sql, params).doing(&doing)?;
+    let quarantine = spec.quarantine();
+    while let Some(row) = rows.next().doing(&doing)? {
+        p.changes += 1;
+        if quarantine.is_some() {
+            p.voided_or_created += 1;
+        }
+        if sample.is_none_or(|s| (p.changes as usize) <= s) {
+            let value = |i: usize| {
+                row.get::<_, Option<String>>(i)
+                    .unwrap_or_else(|| "NULL".into())
+            };
+            let before: BTreeMap<String, String> = spec
+                .columns
+                .iter()
+                .enumerate()
+                .map(|(i, c)| (c.as_str().to_string(), value(1 + i)))
+                .collect();
+            let refers = before.values().cloned().collect::<Vec<_>>().join(", ");
+            let (after, what) = match &quarantine {
+                Some(q) => (
+                    BTreeMap::new(),
+                    format!("the row is moved to {}", q.as_str()),
+                ),
+                None => (
+                    before
+                        .keys()
+                        .map(|c| (c.clone(), "NULL".to_string()))
+                        .collect(),
+                    "set to NULL".to_string(),
+                ),
+            };
+            sink(&Change {
+                table: spec.table.as_str().to_string(),
+                key: format!("{} = {}", spec.row_key.as_str(), value(0)),
+                before,
+                after,
+                reason: format!(
+                    "no row of {} has ({}) = ({refers}): {what}",
+                    spec.references.table.as_str(),
+                    spec.references
+                        .columns
+                        .iter()
+                        .map(Ident::as_str)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            })?;
+        }
+    }
+    Ok(())
+}
+
 /// What a preview reads instead of the tables as they are now.
 struct Basis<'a> {
     shadows: &'a [AddedColumn],
     predicted: &'a [Predicted],
 }
 
-/// The table a void repair changes, as its run would leave it on a quiet database (None for a
-/// counter repair, or a table not there yet): what later previews read in its place.
+/// The table a void, backfill or orphans repair changes, as its run would leave it on a quiet
+/// database (None for a counter repair, or a table not there yet): what later previews read in
+/// its place.
 pub fn predict(
     tx: &mut postgres::Transaction<'_>,
     repair: &Repair,
     shadows: &[AddedColumn],
     predicted: &[Predicted],
 ) -> Result<Option<Predicted>> {
-    let Spec::VoidDuplicates(spec) = &repair.spec else {
-        return Ok(None);
+    let (table, changed): (&Ident, Vec<&Ident>) = match &repair.spec {
+        Spec::VoidDuplicates(v) => (&v.table, vec![&v.mark, &v.void]),
+        Spec::Backfill(b) => (&b.table, b.set.keys().collect()),
+        Spec::Orphans(o) => (&o.table, o.columns.iter().collect()),
+        Spec::RebuildCounter(_) => return Ok(None),
     };
-    if !table_exists(tx, spec.table.as_str())? {
+    if !table_exists(tx, table.as_str())? {
         return Ok(None);
     }
     let active = missing_shadows(tx, shadows)?;
     let mut columns: Vec<String> = tx
         .query(
             "SELECT attname::text FROM pg_attribute WHERE attrelid = to_regclass(quote_ident($1)) AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
-            &[&spec.table.as_str()],
+            &[&table.as_str()],
         )
-        .doing("reading the columns of the table a void repair changes")?
+        .doing("reading the columns of the table a repair changes")?
         .iter()
         .map(|r| r.get(0))
         .collect();
     columns.extend(
         active
             .iter()
-            .filter(|s| s.table == spec.table.as_str())
+            .filter(|s| s.table.trim_matches('"') == table.as_str())
             .map(|s| s.column.trim_matches('"').to_string()),
     );
     let others: Vec<Ident> = columns
         .into_iter()
-        .filter(|c| c != spec.mark.as_str() && c != spec.void.as_str())
+        .filter(|c| !changed.iter().any(|x| x.as_str() == c))
         .map(Ident::new)
         .collect();
-    let engine = VoidEngine::preview_only(spec.clone());
-    let base = with_predicted(&format!("SELECT * FROM {}", spec.table), &active, predicted);
-    let changes = with_predicted(&engine.preview_sql(), &active, predicted);
+    let base = with_predicted(&format!("SELECT * FROM {table}"), &active, predicted);
+    let body = match &repair.spec {
+        Spec::VoidDuplicates(spec) => {
+            let engine = VoidEngine::preview_only(spec.clone());
+            let changes = with_predicted(&engine.preview_sql(), &active, predicted);
+            engine.predicted_sql(&others, &base, &changes)
+        }
+        Spec::Backfill(spec) => {
+            backfill_for_preview(tx, spec, &active)?.predicted_sql(&others, &base)
+        }
+        Spec::Orphans(spec) => OrphansEngine::preview_only(spec).predicted_sql(&others, &base),
+        Spec::RebuildCounter(_) => unreachable!("returned above"),
+    };
     Ok(Some(Predicted {
-        table: spec.table.as_str().to_string(),
-        body: engine.predicted_sql(&others, &base, &changes),
+        table: table.as_str().to_string(),
+        body,
     }))
 }
 
@@ -383,6 +563,24 @@ pub fn render_summary(p: &Preview, out: &mut impl Write) -> std::io::Result<()> 
             p.repair,
             human::count(p.changes, "counter"),
             human::int(p.voided_or_created)
+        )?,
+        Kind::Backfill => writeln!(
+            out,
+            "{}: {} would change",
+            p.repair,
+            human::count(p.changes, "row")
+        )?,
+        Kind::Orphans if p.voided_or_created > 0 => writeln!(
+            out,
+            "{}: {} would be quarantined",
+            p.repair,
+            human::count(p.changes, "orphan")
+        )?,
+        Kind::Orphans => writeln!(
+            out,
+            "{}: {} would have their reference set to NULL",
+            p.repair,
+            human::count(p.changes, "orphan")
         )?,
     }
     if p.kind == Kind::VoidDuplicates && !p.amounts.is_empty() {

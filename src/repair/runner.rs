@@ -11,8 +11,10 @@
 //! `running` run when its `definition_checksum` equals the definition's (a different one is
 //! `Stopped`), or calls `freeze` (one transaction: the run row and its targets, under a
 //! `statement_timeout` of at least 10 minutes; then `ANALYZE pgmend.repair_targets` unless it froze
-//! nothing). The batch loop checks `signals::requested()`, waits for replicas (`wait_for_replicas`,
-//! polling `pg_stat_replication` every 500 ms) when `--max-replica-lag` is set, and runs one batch
+//! nothing). Before that, `health::check_readable` refuses a health signal the user set and the role
+//! cannot read, and says a note for one pgmend chose. The batch loop reads steering requests,
+//! waits while a health signal says pause (`health::wait_until_healthy`, polling every 500 ms;
+//! past `--health-pause-limit` the run stops, exit 1), checks `signals::requested()`, and runs one batch
 //! through `with_lock_retry`: the engine's read (a counter's drift, outside the transaction), then
 //! `SET LOCAL` timeouts, the engine's statements, and the `UPDATE` of the run's checkpoint and
 //! counts (guarded by the checkpoint it read; a batch whose update finds no such row is rolled back
@@ -32,6 +34,7 @@ use super::batch::{self, Checkpoint, Pace, Progress, Tally, Targets};
 use super::counter::CounterEngine;
 use super::definition::Repair;
 use super::engine::Engine;
+use super::health;
 use super::neighbour;
 use super::options::{RunOptions, Workers};
 use super::workers;
@@ -66,6 +69,10 @@ pub struct RunReport {
     /// keys whose counter drifted from the source since their batch. `None`: not counted, as
     /// a later step checks the same (`RunOptions::checked_later`).
     pub left_over: Option<i64>,
+    /// `--jobs auto`'s changes to the number of workers, each as the line it printed (a
+    /// worker added or removed, and why).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub worker_changes: Vec<String>,
     /// For counters after the gate: up to ten keys that still differ, as `a/b`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub left_over_keys: Vec<String>,
@@ -83,7 +90,18 @@ pub fn apply(
 ) -> Result<RunReport> {
     // The definition is checked against the catalog before pgmend's schema is created: a
     // definition that does not match this database changes nothing.
+    check_definition(client, repair)?;
     let engine = Engine::prepare(client, repair)?;
+    // A signal the user set and the role cannot read refuses the run before pgmend's schema
+    // exists; one pgmend chose is a note, and is not read again.
+    let notes = health::check_readable(client, &options.health, &repair.tables())?;
+    for note in &notes {
+        progress(note);
+    }
+    let options = &RunOptions {
+        health: health::without_unreadable(&options.health, &notes),
+        ..options.clone()
+    };
     store::ensure(client, &options.policy)?;
     // After the deploy gate every writer keeps counter and source in step, so a counter that
     // differs again after its batch means one does not (the old application still
@@ -144,8 +162,7 @@ pub fn apply(
     let left_over = loop {
         let walked = match parallel(client, &run, options)? {
             Some(w) => {
-                let walked =
-                    workers::walk(&engine, &repair.name, &run, options, w, client, progress)?;
+                let walked = workers::walk(&engine, repair, &run, options, w, client, progress)?;
                 run = store::run(client, run.run_id)?.expect("the run exists");
                 if !walked.interrupted && run.checkpoint < run.targets {
                     anyhow::bail!(
@@ -200,6 +217,7 @@ pub fn apply(
         interrupted,
         mut times,
         blocking,
+        decisions,
     } = tally;
     times.sort_unstable();
     let pct = |p: f64| {
@@ -218,9 +236,19 @@ pub fn apply(
         batches_blocking: blocking,
         left_over,
         left_over_keys,
+        worker_changes: decisions,
         after_gate,
         run,
     })
+}
+
+/// The checks of a definition that names its SQL by hand ([`super::expression::check`]), in a
+/// read-only transaction of their own.
+pub fn check_definition(client: &mut postgres::Client, repair: &Repair) -> Result<()> {
+    let mut tx = crate::db::connect::read_only(client)?;
+    super::expression::check(&mut tx, repair, &[], &[])?;
+    tx.rollback().doing("closing the definition's checks")?;
+    Ok(())
 }
 
 /// Walks what is left of `run` in one stream of batches on the main session, to the end or to
@@ -236,25 +264,25 @@ fn stream(
     let mut tally = Tally::default();
     let mut pace = Pace::new();
     let mut shown = Progress::new(&repair.name, run.targets, run.checkpoint, None);
+    let tables = repair.tables();
     while run.checkpoint < run.targets {
         if crate::signals::requested().is_some() {
             tally.interrupted = true;
             break;
         }
+        let stop = || crate::signals::requested().is_some();
         let options = &super::steer::before_batch(
             client,
             run.run_id,
             &format!("run {} of {}", run.run_id, repair.name),
             options,
-            &|| crate::signals::requested().is_some(),
+            &stop,
             progress,
         )?;
-        if crate::signals::requested().is_some() {
+        health::wait_until_healthy(client, &options.health, &tables, &stop, progress)?;
+        if stop() {
             tally.interrupted = true;
             break;
-        }
-        if let Some(max_lag) = options.max_replica_lag {
-            wait_for_replicas(client, max_lag, progress)?;
         }
         let lo = run.checkpoint;
         let targets = Targets {
@@ -263,7 +291,7 @@ fn stream(
             in_ranges: in_ranges(run, lo),
             merge: run.repass_from.is_some_and(|from| lo >= from),
         };
-        let done = batch::run(
+        let (targets, done) = batch::run_splitting(
             client,
             engine,
             &repair.name,
@@ -271,7 +299,9 @@ fn stream(
             options,
             Checkpoint::Run,
             targets,
+            progress,
         )?;
+        pace.at_most(targets.hi - targets.lo);
         tally.times.push(done.in_transaction.as_millis() as u64);
         tally.blocking += u64::from(done.waiting > 0);
         run.checkpoint = targets.hi;
@@ -375,6 +405,9 @@ fn freeze(
             let mut tx = c.transaction()?;
             tx.batch_execute(&freeze_policy.set_local_sql())?;
             tx.batch_execute(crate::db::connect::RAISE_WORK_MEM)?;
+            if let Some(create) = engine.before_freeze_sql() {
+                tx.batch_execute(&create)?;
+            }
             let run_id = store::runs::create(
                 &mut tx,
                 &repair.name,
@@ -429,43 +462,10 @@ fn reconcile(client: &mut postgres::Client, engine: &Engine, run: &Run) -> Resul
         Engine::Void(e) if run.target_ranges => tx.query_one(&e.range_reconcile_sql(), &[]),
         Engine::Void(e) => tx.query_one(&e.reconcile_sql(), &[&run.run_id]),
         Engine::Counter(e) => tx.query_one(&e.drift_sql(), &[]),
+        Engine::Backfill(e) => tx.query_one(&e.reconcile_sql(), &[]),
+        Engine::Orphans(e) => tx.query_one(&e.reconcile_sql(), &[]),
     };
     let left_over = row.doing("reconciling the run")?.get(0);
     tx.commit().doing("closing the reconciliation")?;
     Ok(left_over)
-}
-
-/// Waits while any streaming replica replays more than `max_lag` behind.
-fn wait_for_replicas(
-    client: &mut postgres::Client,
-    max_lag: Duration,
-    progress: &mut dyn FnMut(&str),
-) -> Result<()> {
-    let mut announced = false;
-    loop {
-        let row = client
-            .query_one(
-                "SELECT coalesce(max(CASE WHEN replay_lsn >= pg_current_wal_lsn() THEN 0
-                                      ELSE extract(epoch FROM replay_lag) * 1000 END), 0)::bigint
-                   FROM pg_stat_replication",
-                &[],
-            )
-            .doing("reading replication lag")?;
-        let lag_ms: i64 = row.get(0);
-        if lag_ms <= max_lag.as_millis() as i64 {
-            return Ok(());
-        }
-        if crate::signals::requested().is_some() {
-            return Ok(());
-        }
-        if !announced {
-            progress(&format!(
-                "pausing: a replica is {} behind (--max-replica-lag {})",
-                human::millis(lag_ms.max(0) as u64),
-                human::duration(max_lag)
-            ));
-            announced = true;
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
 }

@@ -23,7 +23,7 @@ use serde::Serialize;
 use super::catalog::column_types;
 use super::definition::{Repair, Spec};
 use crate::db::retry::{with_lock_retry, LockPolicy};
-use crate::db::sql_text::{column_list, key_match, Ident, TypeName};
+use crate::db::sql_text::{column_list, key_match, CheckBody, Ident, Literal, TypeName};
 use crate::error::{PgContext, Stopped};
 use crate::store::{self, Run, RunState};
 
@@ -45,7 +45,18 @@ struct Shape {
     /// For void runs: the group columns and whether a unique index covers them.
     unique_group: Option<Vec<Ident>>,
     mark: Option<Ident>,
+    /// For orphans runs whose table has a foreign key on the repaired columns (validated or
+    /// `NOT VALID`: both check what is written): the referenced table, the table's columns and
+    /// the referenced ones, typed. A restored reference must find its row.
+    references: Option<References>,
+    /// For a quarantine run: the quarantine table its rows are in (and are taken back from),
+    /// and the table's columns a row is put back with (a generated column computes itself).
+    quarantine: Option<(Ident, Vec<Ident>)>,
 }
+
+/// A foreign key a restore must keep: the referenced table, the table's columns with their
+/// types, the referenced columns.
+type References = (Ident, Vec<(Ident, TypeName)>, Vec<Ident>);
 
 fn shape(client: &mut postgres::Client, repair: &Repair) -> Result<Shape> {
     match &repair.spec {
@@ -81,6 +92,87 @@ fn shape(client: &mut postgres::Client, repair: &Repair) -> Result<Shape> {
                 compare,
                 unique_group: unique.then_some(group_cols),
                 mark: Some(v.mark.clone()),
+                references: None,
+                quarantine: None,
+            })
+        }
+        Spec::Backfill(b) => {
+            let columns: Vec<Ident> = b.set.keys().cloned().collect();
+            let restore: Vec<(Ident, TypeName)> = columns
+                .iter()
+                .cloned()
+                .zip(column_types(client, &b.table, &columns)?)
+                .collect();
+            Ok(Shape {
+                table: b.table.clone(),
+                keys: vec![(
+                    b.row_key.clone(),
+                    column_types(client, &b.table, std::slice::from_ref(&b.row_key))?.remove(0),
+                )],
+                compare: restore.clone(),
+                restore,
+                unique_group: None,
+                mark: None,
+                references: None,
+                quarantine: None,
+            })
+        }
+        Spec::Orphans(o) => {
+            let engine = super::orphans::OrphansEngine::prepare(client, o)?;
+            let typed_columns: Vec<(Ident, TypeName)> = o
+                .columns
+                .iter()
+                .cloned()
+                .zip(column_types(client, &o.table, &o.columns)?)
+                .collect();
+            let names: Vec<&str> = o.columns.iter().map(Ident::as_str).collect();
+            let has_key: bool = client
+                .query_one(
+                    "SELECT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.contype = 'f' AND c.conrelid = to_regclass(quote_ident($1))
+                        AND (SELECT array_agg(a.attname::text ORDER BY a.attname) FROM pg_attribute a
+                              WHERE a.attrelid = c.conrelid AND a.attnum = ANY (c.conkey)) = (SELECT array_agg(x ORDER BY x) FROM unnest($2::text[]) x))",
+                    &[&o.table.as_str(), &names],
+                )
+                .doing("looking for a foreign key on the repaired columns")?
+                .get(0);
+            let quarantine = match engine.quarantine {
+                Some((table, _)) => {
+                    let columns: Vec<String> = client
+                        .query_one(
+                            "SELECT array(SELECT attname::text FROM pg_attribute
+                                           WHERE attrelid = to_regclass(quote_ident($1)) AND attnum > 0 AND NOT attisdropped
+                                             AND attgenerated = '' ORDER BY attnum)",
+                            &[&o.table.as_str()],
+                        )
+                        .doing("reading the columns a quarantined row is put back with")?
+                        .get(0);
+                    Some((table, columns.into_iter().map(Ident::new).collect()))
+                }
+                None => None,
+            };
+            Ok(Shape {
+                table: o.table.clone(),
+                keys: vec![(o.row_key.clone(), engine.key_type)],
+                restore: if quarantine.is_some() {
+                    Vec::new()
+                } else {
+                    typed_columns.clone()
+                },
+                compare: if quarantine.is_some() {
+                    Vec::new()
+                } else {
+                    typed_columns.clone()
+                },
+                unique_group: None,
+                mark: None,
+                references: has_key.then(|| {
+                    (
+                        o.references.table.clone(),
+                        typed_columns,
+                        o.references.columns.clone(),
+                    )
+                }),
+                quarantine,
             })
         }
         Spec::RebuildCounter(c) => {
@@ -101,6 +193,8 @@ fn shape(client: &mut postgres::Client, repair: &Repair) -> Result<Shape> {
                 restore,
                 unique_group: None,
                 mark: None,
+                references: None,
+                quarantine: None,
             })
         }
     }
@@ -120,8 +214,17 @@ impl Shape {
         let diffs: Vec<String> = self
             .compare
             .iter()
-            .map(|(c, ty)| format!("(l.after->>{})::{ty} IS DISTINCT FROM t.{}", c.literal(), c))
+            .map(|(c, ty)| {
+                format!(
+                    "(l.after->>{})::{ty}::text IS DISTINCT FROM t.{}::text",
+                    c.literal(),
+                    c
+                )
+            })
             .collect();
+        if diffs.is_empty() {
+            return format!("t.{} IS NULL", &self.keys[0].0);
+        }
         format!(
             "(t.{k} IS NULL OR {})",
             diffs.join(" OR "),
@@ -165,6 +268,65 @@ fn conflicts(
             m = mark,
             group_of_t = column_list("t", groups),
             same_group = key_match("o", "r", groups),
+        ));
+    }
+    if shape.quarantine.is_some() {
+        // A row put back must not meet a row of the same key the application wrote since.
+        sql.push_str(&format!(
+            " UNION ALL
+             SELECT l.row_key::text, 'a row with its key exists again: ' || to_jsonb(t)::text
+               FROM {ledger} l JOIN {table} t ON {join}
+              WHERE l.run_id = $1 AND l.ledger_id > $2 AND l.action = 'delete'",
+            ledger = store::ledger(),
+            table = shape.table,
+            join = shape.join(),
+        ));
+    }
+    if let Some((parent, columns, parent_columns)) = &shape.references {
+        let restored: Vec<String> = columns
+            .iter()
+            .map(|(c, ty)| format!("(l.before->>{})::{ty}", c.literal()))
+            .collect();
+        let on = parent_columns
+            .iter()
+            .zip(&restored)
+            .map(|(p, v)| format!("p.{p} = {v}"))
+            .collect::<Vec<_>>()
+            .join(" AND ");
+        sql.push_str(&format!(
+            " UNION ALL
+             SELECT l.row_key::text, 'restoring it would break the foreign key on ({cols}): no row of {parent_name} has ' || concat_ws(', ', {restored_list}) || ' now'
+               FROM {ledger} l
+              WHERE l.run_id = $1 AND l.ledger_id > $2 AND l.action IN ('update', 'delete')
+                AND {not_null} AND NOT EXISTS (SELECT 1 FROM {parent} p WHERE {on})",
+            cols = columns.iter().map(|(c, _)| c.as_str()).collect::<Vec<_>>().join(", "),
+            parent_name = parent.as_str(),
+            restored_list = restored.join(", "),
+            ledger = store::ledger(),
+            not_null = restored
+                .iter()
+                .map(|v| format!("{v} IS NOT NULL"))
+                .collect::<Vec<_>>()
+                .join(" AND "),
+        ));
+    }
+    // A restored row must pass the table's CHECK constraints (NOT VALID ones too: they check
+    // what is written), as its before-image over the row as it is now (or alone, for a row put
+    // back from a quarantine).
+    for (name, body) in
+        CheckBody::of_table(client, &shape.table).doing("reading the table's checks")?
+    {
+        sql.push_str(&format!(
+            " UNION ALL
+             SELECT l.row_key::text, {says}
+               FROM {ledger} l LEFT JOIN {table} t ON {join}
+              WHERE l.run_id = $1 AND l.ledger_id > $2 AND l.action IN ('update', 'delete')
+                AND EXISTS (SELECT 1 FROM (SELECT (jsonb_populate_record(CASE WHEN l.action = 'delete' THEN NULL::{table} ELSE t END, l.before)).*) pgmend_restored
+                             WHERE NOT ({body}))",
+            says = Literal::new(format!("restoring it would break CHECK {name}")),
+            ledger = store::ledger(),
+            table = shape.table,
+            join = shape.join(),
         ));
     }
     let rows = client
@@ -312,8 +474,12 @@ fn refuse_conflicts(
 /// The two statements of an undo batch, over ledger records `$2` of undone run `$3`,
 /// recording into undo run `$1`: restore updated rows, delete created ones.
 struct RestoreSql {
-    restore: String,
+    /// None when the run changed no column (a quarantine deletes rows).
+    restore: Option<String>,
     delete: String,
+    /// A quarantine's: put the deleted rows back from their before-image, and take them out of
+    /// the quarantine table.
+    reinsert: Option<String>,
 }
 
 impl RestoreSql {
@@ -336,8 +502,31 @@ impl RestoreSql {
                 store::ledger()
             )
         };
+        let key = &shape.keys[0];
         RestoreSql {
-            restore: format!(
+            reinsert: shape.quarantine.as_ref().map(|(quarantine, columns)| {
+                format!(
+                    "WITH l AS ({records}),
+                     back AS (INSERT INTO {table} ({cols}) OVERRIDING SYSTEM VALUE
+                              SELECT {r_cols} FROM l CROSS JOIN LATERAL jsonb_populate_record(NULL::{table}, l.before) r RETURNING *),
+                     out AS (DELETE FROM {quarantine} q USING l
+                              WHERE q.pgmend_run_id = $3 AND q.{k} = (l.row_key->>{kl})::{kt})
+                     {ledger_insert}
+                     SELECT $1, {tl}, jsonb_build_object({kl}, b.{k}), 'insert', NULL, to_jsonb(b),
+                            'undo of run ' || $3::bigint || ': put back from ' || {ql} FROM back b",
+                    records = records("delete"),
+                    table = shape.table,
+                    cols = column_list("", columns),
+                    r_cols = column_list("r", columns),
+                    k = key.0,
+                    kl = key.0.literal(),
+                    kt = key.1,
+                    ledger_insert = store::ledger_insert(),
+                    tl = shape.table.literal(),
+                    ql = quarantine.literal(),
+                )
+            }),
+            restore: (!shape.restore.is_empty()).then(|| format!(
                 "WITH l AS ({records}),
                  upd AS (UPDATE {table} t SET {sets} FROM l WHERE {join} RETURNING l.row_key, l.after, jsonb_build_object({compare_obj}) AS now)
                  {ledger_insert}
@@ -347,7 +536,7 @@ impl RestoreSql {
                 join = shape.join(),
                 ledger_insert = store::ledger_insert(),
                 tl = shape.table.literal(),
-            ),
+            )),
             delete: format!(
                 "WITH l AS ({records}),
                  del AS (DELETE FROM {table} t USING l WHERE {join} RETURNING l.row_key, l.after)
@@ -379,7 +568,13 @@ fn restore_batch(
     let Some(&last) = ids.last() else {
         return Ok(None);
     };
-    let r = tx.execute(&sql.restore, &[&undo_run, &ids, &run_id])? as i64;
+    let mut r = match &sql.restore {
+        Some(restore) => tx.execute(restore, &[&undo_run, &ids, &run_id])? as i64,
+        None => 0,
+    };
+    if let Some(reinsert) = &sql.reinsert {
+        r += tx.execute(reinsert, &[&undo_run, &ids, &run_id])? as i64;
+    }
     let d = tx.execute(&sql.delete, &[&undo_run, &ids, &run_id])? as i64;
     store::runs::advance_undo(&mut tx, undo_run, last, ids.len() as i64, r + d)?;
     tx.commit()?;

@@ -53,6 +53,19 @@ pub fn finish(report: &RunReport, repair: &Repair) -> Result<Outcome> {
             report.left_over_keys.join(", ")
         )));
     }
+    if left_over > 0 && matches!(repair.kind(), Kind::Backfill | Kind::Orphans) {
+        return Err(Stopped::error(format!(
+            "run {} of {} finished, but {} still {} (written by the application meanwhile, or changed back): run it again",
+            report.run.run_id,
+            repair.name,
+            human::count(left_over, "row"),
+            if repair.kind() == Kind::Backfill {
+                "match its where and differ from its expressions"
+            } else {
+                "refer to no row"
+            }
+        )));
+    }
     if left_over > 0 && repair.kind() == Kind::VoidDuplicates {
         return Err(Stopped::error(format!(
             "run {} of {} finished, but {} of its groups received new duplicates meanwhile; run it again (the release does this itself)",

@@ -23,20 +23,25 @@ use super::render::{facts, titled, totals_lines, Shown, LOST_UPDATES_TITLE, MEMB
 use super::{Header, Lang, MemberRow, Render, CAMPAIGN_NUMBERS, LOST_UPDATE_NUMBERS};
 use crate::human::int;
 
+/// The fonts: the system's, then the common Japanese ones (Debian's `fonts-noto-cjk`, macOS's
+/// Hiragino, Windows' Yu Gothic and Meiryo), so Japanese text never falls back to the
+/// missing-glyph box where one of them is installed; a Japanese page puts them first, so its
+/// Latin text, digits and kana come from one font.
 const STYLE: &str = "
-body{font:14px/1.45 system-ui,sans-serif;margin:0 auto;padding:24px;max-width:1100px;color:#222}
+body{font:14px/1.45 system-ui,'Noto Sans CJK JP','Noto Sans JP','Hiragino Sans','Hiragino Kaku Gothic ProN','Yu Gothic',Meiryo,sans-serif;margin:0 auto;padding:24px;max-width:1100px;color:#222}
+html:lang(ja) body,html:lang(ja) svg text{font-family:'Noto Sans CJK JP','Noto Sans JP','Hiragino Sans','Hiragino Kaku Gothic ProN','Yu Gothic',Meiryo,system-ui,sans-serif}
 h1{font-size:1.6em;margin:0 0 .5em}h2{font-size:1.2em;margin:1.6em 0 .5em}
 dl.facts{display:grid;grid-template-columns:max-content 1fr;gap:2px 12px}
 dl.facts dt{font-weight:600}dl.facts dd{margin:0;overflow-wrap:anywhere}
 .scroll{overflow-x:auto;max-width:100%}
 table{border-collapse:collapse}
-th{text-align:left;vertical-align:bottom;font-weight:600;border-bottom:2px solid #888}
+th{text-align:left;vertical-align:bottom;font-weight:600;border-bottom:2px solid #888;word-break:keep-all;overflow-wrap:normal}
 td,th{padding:3px 8px;border-bottom:1px solid #ddd}
 th.n,td.n{text-align:right;font-variant-numeric:tabular-nums}
 td.n{white-space:nowrap}
 td.id{max-width:24em;overflow-wrap:anywhere}
 svg.chart{display:block;width:100%;height:auto;max-width:960px}
-svg text{font:12px system-ui,sans-serif;fill:#222}
+svg text{font-size:12px;fill:#222}
 svg text.in{fill:#fff}
 .grid{stroke:#e3e3e3}.axis{stroke:#777}
 .budget{fill:#9aa5b1}.issued{fill:#2f6fb0}.over{fill:#c0392b}.bar{fill:#c0392b}
@@ -50,7 +55,7 @@ section.totals{break-before:auto}
 .scroll{overflow:visible}
 table{width:100%;font-size:7.5pt}
 td,th{padding:1px 3px}
-th{overflow-wrap:break-word;font-size:7pt}
+th{font-size:7pt}
 td.n{white-space:normal}
 thead{display:table-header-group}
 tr,svg{break-inside:avoid}
@@ -91,6 +96,25 @@ impl<W: Write> Html<W> {
         self.out.write_all(markup.into_string().as_bytes())?;
         self.out.write_all(b"\n")
     }
+}
+
+/// The line under a member list cut short, for a reader of the page (who has the report's files,
+/// not the command line): how many are listed, and where the rest are.
+fn left_out(lang: Lang, listed: u64, total: i64) -> Option<String> {
+    let more = total - listed as i64;
+    let whole = lang.tr("The complete list is in the report's workbook (.xlsx) and CSV files.");
+    (more > 0).then(|| match lang {
+        Lang::En => format!(
+            "The first {} of {} member-months over the cap are listed here; the distribution below counts them all. {whole}",
+            int(listed as i64),
+            int(total)
+        ),
+        Lang::Ja => format!(
+            "月間上限を超えた会員・月 {} 件のうち、最初の {} 件を載せています。下の分布はすべてを数えています。{whole}",
+            int(total),
+            int(listed as i64)
+        ),
+    })
 }
 
 /// Histogram buckets that follow the coupon amounts: an overrun is `used - cap`, where `used`
@@ -284,11 +308,16 @@ fn histogram(buckets: &Buckets, lang: Lang) -> Markup {
     }
 }
 
+/// A header row in words; a header wraps only between its words (`<wbr>` between the words of a
+/// Japanese header, whose `word-break:keep-all` forbids the breaks between its characters).
 fn table_head(lang: Lang, columns: &[&'static str], right_from: usize) -> Markup {
+    let words = |c: &'static str| {
+        html! { @for (i, w) in lang.words_of(c).iter().enumerate() { @if i > 0 { wbr; } (w) } }
+    };
     html! {
         thead { tr {
             @for (i, c) in columns.iter().enumerate() {
-                @if i >= right_from { th.n { (lang.words(c)) } } @else { th { (lang.words(c)) } }
+                @if i >= right_from { th.n { (words(c)) } } @else { th { (words(c)) } }
             }
         } }
     }
@@ -387,7 +416,7 @@ impl<W: Write> Render for Html<W> {
 
     fn end(&mut self, h: &Header) -> io::Result<()> {
         let lang = self.lang;
-        let more = self.shown.left_out(lang, h.totals.members_over_monthly_cap);
+        let more = left_out(lang, self.shown.rows, h.totals.members_over_monthly_cap);
         let buckets = std::mem::take(&mut self.buckets);
         self.write(html! {
             (PreEscaped("</tbody></table></div>"))

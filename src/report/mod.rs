@@ -31,6 +31,7 @@ mod lang;
 pub mod legacy_counter;
 mod render;
 mod xlsx;
+mod xlsx_summary;
 
 use anyhow::{bail, Result};
 use postgres::Transaction;

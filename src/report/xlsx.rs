@@ -1,13 +1,18 @@
-//! The report as an Excel workbook (`rust_xlsxwriter`), for accounting as it is.
+//! The report as an Excel workbook (`rust_xlsxwriter`), for an accountant to read, print and
+//! file.
 //!
-//! Sheets: `summary` (as of, state, database, cap, every total, where the lost updates come
-//! from), `campaigns` (with a chart of budget against issued), `member-months over cap` and
-//! `redeemed duplicates` (the legacy duplicates already redeemed: the money lost). Amounts are
-//! numbers with a yen format, ids are strings (Excel never evaluates a string cell), header
-//! rows are frozen and filtered. The two long sheets are in constant-memory mode: each row goes
-//! to a temporary file as it arrives, so memory stays flat whatever the row count; a sheet that
-//! would pass Excel's 1,048,576 rows continues on another (`... (2)`), and the summary says so.
-//! The zip is written into the output only at the end.
+//! Sheets, named in the report's language: the summary (`xlsx_summary`: label, value and a
+//! one-line explanation for every figure), the campaigns (with a chart of budget against issued,
+//! the issued bar red where over budget, as on the page), the member-months over the cap and the
+//! redeemed duplicates (the legacy duplicates already redeemed: the money lost). Headers are
+//! words, in the report's language; amounts are numbers with a yen format, ids are strings
+//! (Excel never evaluates a string cell), times are date cells whose header names the zone
+//! (Asia/Tokyo); header rows are frozen and filtered. Every sheet prints on A4, one page wide
+//! (the summary on one page), its header row on every page, with a footer of the as-of time,
+//! the sheet's name and the page number. The two long sheets are in constant-memory mode: each
+//! row goes to a temporary file as it arrives, so memory stays flat whatever the row count; a
+//! sheet that would pass Excel's 1,048,576 rows continues on another (`... (2)`), and the summary
+//! says so. The zip is written into the output only at the end.
 //!
 //! `Xlsx` writes the summary and the campaigns (with the chart) at `begin`, the members and the
 //! redeemed duplicates (streamed by `report::generate` only because `wants_redeemed_duplicates` is
@@ -16,17 +21,29 @@
 use std::io::{self, Write};
 
 use rust_xlsxwriter::{
-    Chart, ChartType, ColNum, Format, FormatBorder, RowNum, Workbook, XlsxError,
+    Chart, ChartFormat, ChartLegendPosition, ChartPoint, ChartSolidFill, ChartType, ColNum, Format,
+    FormatAlign, FormatBorder, RowNum, Workbook, Worksheet, XlsxError,
 };
 
-use super::{legacy_counter::Source, DuplicateRow, Header, Lang, MemberRow};
+use unicode_width::UnicodeWidthStr;
+
+use super::xlsx_summary::{self, page_setup, tokyo_datetime, Print, DATE_FORMAT};
+use super::{DuplicateRow, Header, Lang, MemberRow};
 use crate::human::int;
 
 /// Excel's rows per sheet, the header included.
 pub const EXCEL_ROWS: u32 = 1_048_576;
 
-const MEMBERS: &str = "member-months over cap";
-const DUPLICATES: &str = "redeemed duplicates";
+/// The sheets' names, in English (Japanese in `lang.rs`).
+const SUMMARY: &str = "Summary";
+const CAMPAIGNS: &str = "Campaigns";
+const MEMBERS: &str = "Member-months over cap";
+const DUPLICATES: &str = "Redeemed duplicates";
+
+/// The page's colours (`html.rs`): budget, issued, issued over budget.
+const BUDGET_COLOUR: &str = "#9AA5B1";
+const ISSUED_COLOUR: &str = "#2F6FB0";
+const OVER_COLOUR: &str = "#C0392B";
 
 const MEMBER_COLUMNS: [&str; 5] = ["member_id", "month", "used_yen", "cap_yen", "overrun_yen"];
 const DUPLICATE_COLUMNS: [&str; 7] = [
@@ -47,6 +64,7 @@ fn xlsx(e: XlsxError) -> io::Error {
 struct Stream {
     title: &'static str,
     columns: &'static [&'static str],
+    print: Print,
     /// Worksheet indexes, in order.
     sheets: Vec<usize>,
     /// The next row of the last sheet.
@@ -61,9 +79,13 @@ pub struct Xlsx<W: Write + Send> {
     header: Format,
     yen: Format,
     count: Format,
+    date: Format,
+    note: Format,
     members: Stream,
     duplicates: Stream,
     summary_row: RowNum,
+    /// The header, for the page setup of the sheets opened as the rows stream.
+    header_seen: Option<Header>,
 }
 
 impl<W: Write + Send> Xlsx<W> {
@@ -86,19 +108,26 @@ impl<W: Write + Send> Xlsx<W> {
                 .set_border_bottom(FormatBorder::Thin),
             yen: Format::new().set_num_format("¥#,##0;-¥#,##0"),
             count: Format::new().set_num_format("#,##0"),
+            date: Format::new()
+                .set_num_format(DATE_FORMAT)
+                .set_align(FormatAlign::Left),
+            note: Format::new().set_text_wrap(),
             members: Stream {
                 title: MEMBERS,
                 columns: &MEMBER_COLUMNS,
+                print: Print::Narrow,
                 sheets: Vec::new(),
                 row: 0,
             },
             duplicates: Stream {
                 title: DUPLICATES,
                 columns: &DUPLICATE_COLUMNS,
+                print: Print::Wide,
                 sheets: Vec::new(),
                 row: 0,
             },
             summary_row: 0,
+            header_seen: None,
         }
     }
 
@@ -111,48 +140,18 @@ impl<W: Write + Send> Xlsx<W> {
     }
 
     fn summary(&mut self, h: &Header) -> Result<(), XlsxError> {
-        let (yen_format, count_format, header) =
-            (self.yen.clone(), self.count.clone(), self.header.clone());
-        let sheet = self.book.add_worksheet();
-        sheet.set_name("summary")?;
-        sheet.write_string_with_format(0, 0, self.lang.tr("key"), &header)?;
-        sheet.write_string_with_format(0, 1, self.lang.tr("value"), &header)?;
-        sheet.set_freeze_panes(1, 0)?;
-        sheet.set_column_width(0, 34)?;
-        sheet.set_column_width(1, 40)?;
-        let mut row = 1;
-        let source = match &h.legacy_counter {
-            Source::Live => "live".to_string(),
-            Source::DeployGate { recorded_at } => format!("deploy_gate {recorded_at}"),
-            Source::NotRecorded => "not_recorded".to_string(),
+        let lang = self.lang;
+        let formats = xlsx_summary::Formats {
+            header: &self.header,
+            yen: &self.yen,
+            count: &self.count,
+            date: &self.date,
+            note: &self.note,
         };
-        for (key, value) in [
-            ("as_of", h.as_of.clone()),
-            ("state", h.state.as_str().to_string()),
-            ("database", h.database.label()),
-            ("legacy_counter_source", source),
-        ] {
-            sheet.write_string(row, 0, key)?;
-            sheet.write_string(row, 1, value)?;
-            row += 1;
-        }
-        let numbers = std::iter::once(("monthly_cap_yen", Some(h.monthly_cap_yen)))
-            .chain(h.totals.fields().into_iter().map(|(k, v)| (k, Some(v))))
-            .chain(h.totals.lost_updates());
-        for (key, value) in numbers {
-            sheet.write_string(row, 0, key)?;
-            if let Some(v) = value {
-                let format = if key.ends_with("_yen") {
-                    &yen_format
-                } else {
-                    &count_format
-                };
-                sheet.write_number_with_format(row, 1, v as f64, format)?;
-            }
-            row += 1;
-        }
-        self.summary_row = row;
-        Ok(())
+        let sheet = self.book.add_worksheet();
+        sheet.set_name(lang.tr(SUMMARY))?;
+        self.summary_row = xlsx_summary::write(sheet, lang, h, &formats)?;
+        page_setup(sheet, lang, h, Print::OnePage)
     }
 
     fn campaigns(&mut self, h: &Header) -> Result<(), XlsxError> {
@@ -162,23 +161,23 @@ impl<W: Write + Send> Xlsx<W> {
             .collect();
         let formats: Vec<Format> = columns.iter().map(|c| self.amount(c).clone()).collect();
         let (header, lang) = (self.header.clone(), self.lang);
+        let name = lang.tr(CAMPAIGNS);
         let sheet = self.book.add_worksheet();
-        sheet.set_name("campaigns")?;
-        for (i, c) in columns.iter().enumerate() {
-            sheet.write_string_with_format(0, i as ColNum, lang.tr(c), &header)?;
-        }
-        sheet.set_freeze_panes(1, 0)?;
-        sheet.set_row_height(0, 45)?;
+        sheet.set_name(name)?;
+        page_setup(sheet, lang, h, Print::Wide)?;
+        // The chart sits in the printed range: gridlines would print under it.
+        sheet.set_print_gridlines(false);
         let widest = h
             .campaigns
             .iter()
-            .map(|c| c.campaign_id.chars().count())
+            .map(|c| c.campaign_id.width())
             .max()
             .unwrap_or(0);
-        sheet.set_column_width(0, (widest.clamp(11, 40) + 2) as f64)?;
-        for i in 1..columns.len() {
-            sheet.set_column_width(i as ColNum, 16)?;
-        }
+        let widths: Vec<usize> = std::iter::once(widest.clamp(12, 40) + 2)
+            .chain(std::iter::repeat_n(16, columns.len() - 1))
+            .collect();
+        header_row(sheet, lang, &columns, &widths, &header)?;
+        sheet.set_freeze_panes(1, 0)?;
         for (r, c) in h.campaigns.iter().enumerate() {
             let row = r as RowNum + 1;
             sheet.write_string(row, 0, &c.campaign_id)?;
@@ -202,43 +201,38 @@ impl<W: Write + Send> Xlsx<W> {
         let last = h.campaigns.len() as RowNum;
         sheet.autofilter(0, 0, last, columns.len() as ColNum - 1)?;
         if !h.campaigns.is_empty() {
-            let mut chart = Chart::new(ChartType::Column);
-            chart
-                .title()
-                .set_name(lang.tr("Budget against issued, per campaign (yen)"));
-            for col in [1, 2] {
-                chart
-                    .add_series()
-                    .set_name(("campaigns", 0, col))
-                    .set_categories(("campaigns", 1, 0, last, 0))
-                    .set_values(("campaigns", 1, col, last, col));
-            }
-            chart.y_axis().set_num_format("¥#,##0");
-            chart
-                .set_width((240 + 90 * h.campaigns.len() as u32).min(1400))
-                .set_height(360);
-            sheet.insert_chart(last + 3, 0, &chart)?;
+            sheet.insert_chart(last + 3, 0, &chart(h, lang, name))?;
         }
         Ok(())
     }
 
-    /// Opens the next sheet of `stream`, with its header.
+    /// Opens the next sheet of `stream`, with its header and page setup.
     fn open(&mut self, which: fn(&mut Self) -> &mut Stream) -> Result<(), XlsxError> {
         let stream = which(self);
         let n = stream.sheets.len() + 1;
-        let (title, columns) = (stream.title, stream.columns);
+        let (title, columns, print) = (stream.title, stream.columns, stream.print);
+        let (header, lang) = (self.header.clone(), self.lang);
+        let title = lang.tr(title);
         let name = if n == 1 {
             title.to_string()
         } else {
             format!("{title} ({n})")
         };
-        let (header, lang) = (self.header.clone(), self.lang);
+        let h = self.header_seen.clone().expect("begin comes first");
         let sheet = self.book.add_worksheet_with_constant_memory()?;
         sheet.set_name(name)?;
-        for (i, c) in columns.iter().enumerate() {
-            sheet.write_string_with_format(0, i as ColNum, lang.tr(c), &header)?;
-            sheet.set_column_width(i as ColNum, if i == 0 { 38 } else { 16 })?;
-        }
+        page_setup(sheet, lang, &h, print)?;
+        let widths: Vec<usize> = columns
+            .iter()
+            .enumerate()
+            .map(|(i, c)| match *c {
+                "coupon_id" => 38,
+                "issued_at" | "redeemed_at" => 21,
+                _ if i == 0 => 24,
+                _ => 16,
+            })
+            .collect();
+        header_row(sheet, lang, columns, &widths, &header)?;
         sheet.set_freeze_panes(1, 0)?;
         let index = self.book.worksheets().len() - 1;
         let stream = which(self);
@@ -284,16 +278,25 @@ impl<W: Write + Send> Xlsx<W> {
             sheet.autofilter(0, 0, rows - 1, columns as ColNum - 1)?;
         }
         if sheets.len() > 1 {
-            let note = format!(
-                "{title}: {} sheets; Excel holds at most {} rows per sheet",
-                sheets.len(),
-                int(self.rows_per_sheet as i64)
-            );
+            let (lang, limit) = (self.lang, int(self.rows_per_sheet as i64));
+            let title = lang.tr(title);
+            let note = match lang {
+                Lang::En => format!(
+                    "{title}: {} sheets; Excel holds at most {limit} rows per sheet",
+                    sheets.len()
+                ),
+                Lang::Ja => format!(
+                    "{title}：{} シート（Excel の 1 シートは {limit} 行まで）",
+                    sheets.len()
+                ),
+            };
             let row = self.summary_row;
             self.summary_row += 1;
+            let note_format = self.note.clone();
             let sheet = self.book.worksheet_from_index(0)?;
-            sheet.write_string(row, 0, "split")?;
-            sheet.write_string(row, 1, note)?;
+            sheet.write_string(row, 0, lang.tr("Continued on more sheets"))?;
+            sheet.write_number(row, 1, sheets.len() as f64)?;
+            sheet.write_string_with_format(row, 2, note, &note_format)?;
         }
         Ok(())
     }
@@ -317,14 +320,104 @@ impl<W: Write + Send> Xlsx<W> {
         sheet.write_string(row, 2, &d.member_id)?;
         sheet.write_string(row, 3, &d.month)?;
         sheet.write_number_with_format(row, 4, d.amount_yen as f64, &self.yen)?;
-        sheet.write_string(row, 5, &d.issued_at)?;
-        sheet.write_string(row, 6, &d.redeemed_at)?;
+        for (col, text) in [(5, &d.issued_at), (6, &d.redeemed_at)] {
+            match tokyo_datetime(text) {
+                Some(at) => sheet.write_datetime_with_format(row, col, at, &self.date)?,
+                None => sheet.write_string(row, col, text)?,
+            };
+        }
         Ok(())
     }
 }
 
+/// A header's lines in a column `width` characters wide: its words (`Lang::words_of`) packed
+/// greedily, so that a line breaks between words, never inside one (Excel and LibreOffice
+/// would break a Japanese header anywhere, `クーポ/ン数`).
+fn header_lines(lang: Lang, column: &'static str, width: usize) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    for word in lang.words_of(column) {
+        match lines.last_mut() {
+            Some(line) if line.width() + word.trim_end().width() < width => line.push_str(word),
+            _ => lines.push(word.to_string()),
+        }
+    }
+    lines.iter().map(|l| l.trim_end().to_string()).collect()
+}
+
+/// Row 0 of a table sheet: each column's header in words, in a column `widths` wide, and the
+/// row as tall as the most lines. English is written as it reads (the spaces wrap it); Japanese
+/// with a line break between the words that do not fit together.
+fn header_row(
+    sheet: &mut Worksheet,
+    lang: Lang,
+    columns: &[&'static str],
+    widths: &[usize],
+    format: &Format,
+) -> Result<(), XlsxError> {
+    let mut most = 1;
+    for (i, (c, width)) in columns.iter().zip(widths).enumerate() {
+        let lines = header_lines(lang, c, *width);
+        most = most.max(lines.len());
+        let text = match lang {
+            Lang::En => lang.words(c).to_string(),
+            Lang::Ja => lines.join("\n"),
+        };
+        sheet.write_string_with_format(0, i as ColNum, text, format)?;
+        sheet.set_column_width(i as ColNum, *width as f64)?;
+    }
+    sheet.set_row_height(0, 15.0 * most as f64 + 3.0)?;
+    Ok(())
+}
+
+/// Budget against issued per campaign, coloured as the page colours it: the issued bar red
+/// where the campaign is over budget. `sheet` is the campaigns sheet's name.
+fn chart(h: &Header, lang: Lang, sheet: &str) -> Chart {
+    let fill = |colour: &str| {
+        let mut format = ChartFormat::new();
+        format.set_solid_fill(ChartSolidFill::new().set_color(colour));
+        format
+    };
+    let last = h.campaigns.len() as RowNum;
+    let mut chart = Chart::new(ChartType::Column);
+    chart
+        .title()
+        .set_name(lang.tr("Budget against issued, per campaign (yen)"));
+    chart
+        .add_series()
+        .set_name((sheet, 0, 1))
+        .set_categories((sheet, 1, 0, last, 0))
+        .set_values((sheet, 1, 1, last, 1))
+        .set_format(&mut fill(BUDGET_COLOUR));
+    let points: Vec<ChartPoint> = h
+        .campaigns
+        .iter()
+        .map(|c| {
+            let colour = if c.overrun_yen > 0 {
+                OVER_COLOUR
+            } else {
+                ISSUED_COLOUR
+            };
+            ChartPoint::new().set_format(&mut fill(colour))
+        })
+        .collect();
+    chart
+        .add_series()
+        .set_name((sheet, 0, 2))
+        .set_categories((sheet, 1, 0, last, 0))
+        .set_values((sheet, 1, 2, last, 2))
+        .set_format(&mut fill(ISSUED_COLOUR))
+        .set_points(&points);
+    chart.legend().set_position(ChartLegendPosition::Bottom);
+    chart.y_axis().set_num_format("¥#,##0");
+    chart
+        .set_width((240 + 90 * h.campaigns.len() as u32).clamp(640, 1400))
+        .set_height(380);
+    chart
+}
+
 impl<W: Write + Send> super::Render for Xlsx<W> {
     fn begin(&mut self, h: &Header) -> io::Result<()> {
+        self.header_seen = Some(h.clone());
         self.summary(h).map_err(xlsx)?;
         self.campaigns(h).map_err(xlsx)
     }
@@ -353,7 +446,7 @@ impl<W: Write + Send> super::Render for Xlsx<W> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::{Database, MemberWidths, Render, State, Totals};
+    use crate::report::{legacy_counter::Source, Database, MemberWidths, Render, State, Totals};
 
     fn header() -> Header {
         Header {
@@ -396,8 +489,8 @@ mod tests {
         assert_eq!(
             read.sheet_names(),
             [
-                "summary",
-                "campaigns",
+                SUMMARY,
+                CAMPAIGNS,
                 MEMBERS,
                 &format!("{MEMBERS} (2)"),
                 &format!("{MEMBERS} (3)"),
@@ -416,7 +509,7 @@ mod tests {
         {
             let range = read.worksheet_range(name).unwrap();
             let rows: Vec<_> = range.rows().collect();
-            assert_eq!(rows[0][0], Data::String("member_id".into()));
+            assert_eq!(rows[0][0], Data::String("Member".into()));
             assert_eq!(rows.len(), if n < 2 { 4 } else { 2 }, "{name}");
             for r in &rows[1..] {
                 ids.push(r[0].to_string());
@@ -424,11 +517,11 @@ mod tests {
             }
         }
         assert_eq!(ids, ["m0", "m1", "m2", "m3", "m4", "m5", "m6"]);
-        let summary = read.worksheet_range("summary").unwrap();
+        let summary = read.worksheet_range(SUMMARY).unwrap();
         let split: Vec<String> = summary
             .rows()
-            .filter(|r| r[0] == Data::String("split".into()))
-            .map(|r| r[1].to_string())
+            .filter(|r| r[0] == Data::String("Continued on more sheets".into()))
+            .map(|r| r[2].to_string())
             .collect();
         assert_eq!(
             split,
@@ -436,5 +529,63 @@ mod tests {
                 "{MEMBERS}: 3 sheets; Excel holds at most 4 rows per sheet"
             )]
         );
+    }
+
+    #[test]
+    fn a_japanese_workbook_has_no_english_word_and_its_times_are_dates() {
+        let mut bytes = Vec::new();
+        let h = header();
+        let mut book = Xlsx::with_rows_per_sheet(&mut bytes, Lang::Ja, 2);
+        book.begin(&h).unwrap();
+        for i in 0..2 {
+            book.redeemed_duplicate(&DuplicateRow {
+                coupon_id: format!("c{i}"),
+                campaign_id: "SW-A".into(),
+                member_id: "m1".into(),
+                month: "2026-09".into(),
+                amount_yen: 1000,
+                issued_at: "2026-09-20 23:59:59".into(),
+                redeemed_at: "2026-09-21 00:00:01".into(),
+            })
+            .unwrap();
+        }
+        book.end(&h).unwrap();
+
+        use calamine::{Data, Reader};
+        let mut read = calamine::Xlsx::new(std::io::Cursor::new(bytes)).unwrap();
+        let english = regex::Regex::new(r"[A-Za-z]{3,}").unwrap();
+        let mut texts = Vec::new();
+        for name in read.sheet_names() {
+            assert!(!english.is_match(&name), "{name}");
+            let range = read.worksheet_range(&name).unwrap();
+            let rows: Vec<_> = range.rows().collect();
+            texts.extend(rows[0].iter().map(|c| c.to_string()));
+            if name == Lang::Ja.tr(SUMMARY) {
+                for r in &rows[1..] {
+                    texts.push(r[0].to_string());
+                    texts.push(r[2].to_string());
+                }
+                assert!(matches!(rows[1][1], Data::DateTime(_)), "{:?}", rows[1][1]);
+            }
+        }
+        for text in &texts {
+            // Names, not words.
+            let words = text.replace("Excel", "").replace("pgmend", "");
+            assert!(
+                !english.is_match(&words),
+                "English in the Japanese workbook: {text:?}"
+            );
+        }
+        let duplicates = read.worksheet_range(Lang::Ja.tr(DUPLICATES)).unwrap();
+        let row: Vec<_> = duplicates.rows().nth(1).unwrap().to_vec();
+        // 2026-09-20 23:59:59 is day 46,285 and one second short of the next.
+        let Data::DateTime(issued) = &row[5] else {
+            panic!("not a date: {row:?}")
+        };
+        assert!(
+            (issued.as_f64() - (46_286.0 - 1.0 / 86_400.0)).abs() < 1e-9,
+            "{row:?}"
+        );
+        assert!(matches!(row[6], Data::DateTime(_)), "{row:?}");
     }
 }

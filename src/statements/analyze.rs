@@ -204,3 +204,77 @@ fn reindex(s: &mut Statement, tokens: &[Token], words: &[&str]) {
     let mode = concurrent_or(concurrently, LockMode::AccessExclusive);
     s.locks.push(lock(name.unwrap_or_default(), mode));
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::statements::{split, LockMode};
+
+    fn locks(sql: &str) -> Vec<(String, LockMode)> {
+        split(sql)[0]
+            .locks
+            .iter()
+            .map(|l| (l.relation.clone(), l.mode))
+            .collect()
+    }
+
+    #[test]
+    fn validate_constraint_takes_share_update_exclusive_only() {
+        for sql in [
+            "ALTER TABLE child VALIDATE CONSTRAINT child_parent_fk",
+            "ALTER TABLE ONLY \"Child\" VALIDATE CONSTRAINT \"Not Null\"",
+            "alter table if exists child validate constraint c",
+        ] {
+            let l = locks(sql);
+            assert_eq!(l.len(), 1, "{sql}: {l:?}");
+            assert_eq!(l[0].1, LockMode::ShareUpdateExclusive, "{sql}");
+        }
+        assert_eq!(
+            locks("ALTER TABLE ONLY \"Child\" VALIDATE CONSTRAINT x")[0].0,
+            "Child"
+        );
+    }
+
+    #[test]
+    fn a_foreign_key_takes_share_row_exclusive_on_both_tables() {
+        for sql in [
+            "ALTER TABLE child ADD CONSTRAINT child_parent_fk FOREIGN KEY (parent_id) REFERENCES parent (id) NOT VALID",
+            "ALTER TABLE child ADD CONSTRAINT child_parent_fk FOREIGN KEY (a, b) REFERENCES parent (x, y) MATCH FULL ON DELETE SET NULL",
+            "ALTER TABLE child ADD FOREIGN KEY (parent_id) REFERENCES parent",
+        ] {
+            assert_eq!(
+                locks(sql),
+                [
+                    ("child".to_string(), LockMode::ShareRowExclusive),
+                    ("parent".to_string(), LockMode::ShareRowExclusive)
+                ],
+                "{sql}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_not_null_pattern_is_brief_exclusive_then_a_scan_then_brief_exclusive() {
+        // Adding the check (NOT VALID: no scan) and SET NOT NULL (no scan once the check is
+        // valid) take ACCESS EXCLUSIVE for a moment; the scan in between does not.
+        let s = split(
+            "ALTER TABLE t ADD CONSTRAINT t_c_set CHECK (c IS NOT NULL) NOT VALID;
+             ALTER TABLE t VALIDATE CONSTRAINT t_c_set;
+             ALTER TABLE t ALTER COLUMN c SET NOT NULL;",
+        );
+        let strongest: Vec<_> = s.iter().map(|st| st.strongest_lock().unwrap()).collect();
+        assert_eq!(
+            strongest,
+            [
+                LockMode::AccessExclusive,
+                LockMode::ShareUpdateExclusive,
+                LockMode::AccessExclusive
+            ]
+        );
+        // A VALIDATE together with another action is not a lone VALIDATE.
+        assert_eq!(
+            split("ALTER TABLE t VALIDATE CONSTRAINT a, ALTER COLUMN c SET NOT NULL")[0]
+                .strongest_lock(),
+            Some(LockMode::AccessExclusive)
+        );
+    }
+}

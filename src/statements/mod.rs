@@ -107,10 +107,92 @@ pub fn not_null_check(statement: &Statement) -> Option<NotNullCheck> {
     long_lock::not_null_check(&tokenize(&statement.sql))
 }
 
+/// The constraint an `ALTER TABLE table VALIDATE CONSTRAINT name` validates, as (table, name).
+pub fn validated_constraint(statement: &Statement) -> Option<(String, String)> {
+    match long_lock::not_null_check(&tokenize(&statement.sql))? {
+        NotNullCheck::Validates { table, name } => Some((table, name)),
+        NotNullCheck::Adds { .. } => None,
+    }
+}
+
 /// The forms of `statement` that would hold a strong lock for a time that grows with the
 /// table, from its text (see [`long_lock`]).
 pub fn long_locks(statement: &Statement) -> Vec<LongLock> {
     long_lock::candidates(statement, &tokenize(&statement.sql))
+}
+
+/// What pgmend reads of an expression from a repair definition, before the server checks it:
+/// whether it holds a `;` outside quotes and comments, and the names it calls as functions (a
+/// name, possibly schema-qualified, right before a `(`), lower-cased unless quoted.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ExpressionText {
+    pub semicolon: bool,
+    pub calls: Vec<String>,
+    /// The parentheses close more than they open somewhere, or do not all close: the text
+    /// would leave the parentheses pgmend puts around it.
+    pub unbalanced: bool,
+    /// The text is one string literal or `NULL`, which the server types as text in a query
+    /// but takes as the column's type in an assignment.
+    pub untyped_literal: bool,
+    /// The text holds a form whose quoting pgmend's reader does not follow (`E'...'` escapes,
+    /// `$$` quotes, `U&` names) or a `$` parameter.
+    pub unusual_quoting: bool,
+}
+
+/// Reads `text` as one SQL expression (see [`ExpressionText`]).
+pub fn expression_text(text: &str) -> ExpressionText {
+    let tokens = tokenize(text);
+    let mut depth: i64 = 0;
+    let mut unbalanced = false;
+    for t in &tokens {
+        match t {
+            tokens::Token::Punct('(') => depth += 1,
+            tokens::Token::Punct(')') => {
+                depth -= 1;
+                unbalanced |= depth < 0;
+            }
+            _ => {}
+        }
+    }
+    let mut out = ExpressionText {
+        semicolon: tokens.contains(&tokens::Token::Punct(';')),
+        calls: Vec::new(),
+        unbalanced: unbalanced || depth != 0,
+        untyped_literal: matches!(tokens.as_slice(), [tokens::Token::Literal])
+            || matches!(tokens.as_slice(), [tokens::Token::Word(w)] if w == "null"),
+        unusual_quoting: tokens.iter().any(|t| match t {
+            tokens::Token::Punct('$') => true,
+            tokens::Token::Word(w) => w.contains('$'),
+            _ => false,
+        }) || tokens.windows(2).any(|w| {
+            matches!((&w[0], &w[1]), (tokens::Token::Word(e), tokens::Token::Literal) if e == "e")
+                || matches!((&w[0], &w[1]), (tokens::Token::Word(u), tokens::Token::Punct('&')) if u == "u")
+        }),
+    };
+    let mut i = 0;
+    while i < tokens.len() {
+        match tokens::read_name(&tokens, i) {
+            Some((name, next)) => {
+                // A call, or functional notation (`t.f` calls `f(t)`): the last part is looked up too.
+                let called = tokens.get(next) == Some(&tokens::Token::Punct('('));
+                let last = name.rsplit('.').next().unwrap_or(&name).to_string();
+                for candidate in [
+                    called.then(|| name.clone()),
+                    (name.contains('.') && !called).then_some(last),
+                ]
+                .into_iter()
+                .flatten()
+                {
+                    if !out.calls.contains(&candidate) {
+                        out.calls.push(candidate);
+                    }
+                }
+                i = next;
+            }
+            None => i += 1,
+        }
+    }
+    out
 }
 
 impl Statement {
@@ -308,6 +390,17 @@ mod tests {
         assert_eq!(s.len(), 1);
         assert_eq!(s[0].line, 5);
         assert!(s[0].sql.starts_with("ALTER TABLE"), "{}", s[0].sql);
+    }
+
+    #[test]
+    fn the_constraint_a_validate_names_is_read() {
+        let s = split("ALTER TABLE ONLY \"Child\" VALIDATE CONSTRAINT \"Fk\"; ALTER TABLE t ADD CONSTRAINT c CHECK (x IS NOT NULL) NOT VALID; ALTER TABLE t VALIDATE CONSTRAINT a, VALIDATE CONSTRAINT b;");
+        assert_eq!(
+            validated_constraint(&s[0]),
+            Some(("Child".to_string(), "Fk".to_string()))
+        );
+        assert_eq!(validated_constraint(&s[1]), None);
+        assert_eq!(validated_constraint(&s[2]).unwrap().1, "a");
     }
 
     #[test]

@@ -59,6 +59,8 @@ impl std::fmt::Display for RunState {
 pub enum RunKind {
     VoidDuplicates,
     RebuildCounter,
+    Backfill,
+    Orphans,
     Undo,
 }
 
@@ -68,6 +70,8 @@ impl RunKind {
         match text {
             "void_duplicates" => Some(RunKind::VoidDuplicates),
             "rebuild_counter" => Some(RunKind::RebuildCounter),
+            "backfill" => Some(RunKind::Backfill),
+            "orphans" => Some(RunKind::Orphans),
             "undo" => Some(RunKind::Undo),
             _ => None,
         }
@@ -575,7 +579,7 @@ pub fn create_undo(client: &mut impl GenericClient, run_id: i64) -> Result<i64> 
 pub fn undo_counts(client: &mut impl GenericClient, undo_run: i64) -> Result<(i64, i64)> {
     client
         .query_one(
-            "SELECT count(*) FILTER (WHERE action = 'restore'), count(*) FILTER (WHERE action = 'delete')
+            "SELECT count(*) FILTER (WHERE action IN ('restore', 'insert')), count(*) FILTER (WHERE action = 'delete')
                FROM pgmend.ledger_records WHERE run_id = $1",
             &[&undo_run],
         )

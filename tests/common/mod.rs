@@ -258,6 +258,10 @@ pub fn pgmend_command() -> Command {
     for var in pgmend::db::conninfo::environment_variables() {
         c.env_remove(var);
     }
+    // The tests written for one stream of batches keep it: `--jobs auto`, the default, is
+    // tested where a test unsets this or passes `--jobs` (tests/jobs.rs, tests/health.rs,
+    // tests/repair_kinds.rs).
+    c.env("PGMEND_JOBS", "1");
     c.stdin(Stdio::null());
     c
 }
@@ -523,6 +527,7 @@ pub fn in_terminal(db: &TestDb, args: &str, typed: &str) -> (i32, String) {
     for var in pgmend::db::conninfo::environment_variables() {
         script.env_remove(var);
     }
+    script.env("PGMEND_JOBS", "1");
     let mut child = script
         .args(["-q", "-e", "-c", &format!("{exe} {args}"), "/dev/null"])
         .env("DATABASE_URL", db.conninfo())

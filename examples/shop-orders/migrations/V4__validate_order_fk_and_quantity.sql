@@ -1,0 +1,3 @@
+ALTER TABLE order_lines VALIDATE CONSTRAINT order_lines_order_fk;
+
+ALTER TABLE order_lines VALIDATE CONSTRAINT order_lines_quantity_positive;

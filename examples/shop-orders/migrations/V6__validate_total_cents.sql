@@ -1,0 +1,1 @@
+ALTER TABLE order_lines VALIDATE CONSTRAINT order_lines_total_cents_not_null;

@@ -1,0 +1,342 @@
+//! `--jobs auto`: how many batch workers a run in ranges keeps, decided every window from what
+//! the workers did in it. Pure: it takes observations and returns decisions, so its rules are
+//! unit-tested on sequences of measurements ([`Controller::observe`]).
+//!
+//! The rules, in order, once per window (a window right after a change only warms up: its
+//! throughput is not counted, as new workers start with small batches):
+//! 1. A health signal (a session waited on a batch, or `repair::health` says slow down) removes
+//!    a worker, down to one, and no worker is added for [`COOLDOWN`] windows.
+//! 2. A throughput below [`FALL`] of the best seen at this number of workers, two windows in
+//!    a row, removes a worker (the server is busier than it was), and every measure taken
+//!    before is forgotten (a slower server is measured again, so it does not make the number
+//!    swing). Windows without progress (a paused run) are not counted, and after
+//!    [`MAX_CHANGES`] changes the number stays.
+//! 3. The first measure at a number of workers that is not above the one before it by at least
+//!    [`GAIN`] (the worker added did not pay for its connection) removes that worker again, and
+//!    that number becomes the ceiling.
+//! 4. Otherwise, below the ceiling and the maximum, a worker is added.
+//!
+//! Throughput is targets per second (ranges of about the same number of rows each), smoothed
+//! over the windows at the same number of workers.
+
+use std::collections::BTreeMap;
+
+/// What a worker added must bring: 10% more throughput than one fewer gave.
+pub const GAIN: f64 = 0.10;
+/// A throughput below 70% of the best at the same number of workers is a fall.
+pub const FALL: f64 = 0.70;
+/// Windows without adding a worker after a health signal removed one.
+pub const COOLDOWN: u32 = 5;
+/// Changes after which the number of workers stays where it is (a run whose server keeps
+/// changing speed does not swing for ever).
+pub const MAX_CHANGES: u32 = 16;
+
+/// What the workers did in one window.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Observation {
+    /// Targets per second in the window.
+    pub throughput: f64,
+    /// A reason to slow down, in words, if the server gave one.
+    pub slow_down: Option<String>,
+}
+
+/// What the controller decided after a window: the number of workers to keep, and why it
+/// changed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    Hold,
+    Add(String),
+    Remove(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct Controller {
+    max: usize,
+    workers: usize,
+    /// Smoothed throughput per number of workers (measured windows only).
+    seen: BTreeMap<usize, f64>,
+    /// The best smoothed throughput per number of workers.
+    best: BTreeMap<usize, f64>,
+    /// No number of workers at or above this is tried (the maximum plus one, until a worker
+    /// added did not pay).
+    ceiling: usize,
+    warming: bool,
+    cooldown: u32,
+    falls: u32,
+    changes: u32,
+}
+
+impl Controller {
+    /// Starts at `start` workers (at most `max`).
+    pub fn new(start: usize, max: usize) -> Controller {
+        let max = max.max(1);
+        Controller {
+            max,
+            workers: start.clamp(1, max),
+            seen: BTreeMap::new(),
+            best: BTreeMap::new(),
+            ceiling: max + 1,
+            warming: true,
+            cooldown: 0,
+            falls: 0,
+            changes: 0,
+        }
+    }
+
+    pub fn workers(&self) -> usize {
+        self.workers
+    }
+
+    /// Takes one window's observation and returns the decision; the number of workers is
+    /// changed by it ([`Self::workers`]).
+    pub fn observe(&mut self, o: &Observation) -> Decision {
+        let n = self.workers;
+        if self.changes >= MAX_CHANGES {
+            return Decision::Hold;
+        }
+        // A window without progress and without a signal measured nothing (the run was paused
+        // by a request, or every worker waited): it is not counted.
+        if o.throughput <= 0.0 && o.slow_down.is_none() {
+            return Decision::Hold;
+        }
+        if let Some(why) = &o.slow_down {
+            self.cooldown = COOLDOWN;
+            if n > 1 {
+                return self.change(n - 1, Decision::Remove(format!("{why}: one worker fewer")));
+            }
+            return Decision::Hold;
+        }
+        if self.warming {
+            self.warming = false;
+            return Decision::Hold;
+        }
+        let smoothed = match self.seen.get(&n) {
+            Some(before) => (before + o.throughput) / 2.0,
+            None => o.throughput,
+        };
+        let first_here = !self.seen.contains_key(&n);
+        self.seen.insert(n, smoothed);
+        let best = self.best.entry(n).or_insert(smoothed);
+        *best = best.max(smoothed);
+        let best = *best;
+        if o.throughput < best * FALL && n > 1 {
+            self.falls += 1;
+            if self.falls >= 2 {
+                // The server is slower than when the measures were taken: they are forgotten,
+                // and every number of workers is measured again from here.
+                self.seen.clear();
+                self.best.clear();
+                return self.change(
+                    n - 1,
+                    Decision::Remove(format!(
+                        "throughput fell to {} targets/s from {} at {n} workers: one worker fewer",
+                        round(o.throughput),
+                        round(best)
+                    )),
+                );
+            }
+        } else {
+            self.falls = 0;
+        }
+        if first_here && n > 1 {
+            if let Some(&fewer) = self.seen.get(&(n - 1)) {
+                if smoothed < fewer * (1.0 + GAIN) {
+                    self.ceiling = n;
+                    return self.change(
+                        n - 1,
+                        Decision::Remove(format!(
+                            "{n} workers gave {} targets/s, {} gave {}: less than {}% more for the worker added, so back to {}",
+                            round(smoothed),
+                            n - 1,
+                            round(fewer),
+                            (GAIN * 100.0).round(),
+                            n - 1
+                        )),
+                    );
+                }
+            }
+        }
+        if self.cooldown > 0 {
+            self.cooldown -= 1;
+            return Decision::Hold;
+        }
+        if n + 1 < self.ceiling {
+            return self.change(
+                n + 1,
+                Decision::Add(format!(
+                    "{} targets/s at {n} workers: trying one more",
+                    round(smoothed)
+                )),
+            );
+        }
+        Decision::Hold
+    }
+
+    fn change(&mut self, to: usize, decision: Decision) -> Decision {
+        self.changes += 1;
+        self.workers = to.clamp(1, self.max);
+        self.warming = true;
+        self.falls = 0;
+        decision
+    }
+}
+
+fn round(x: f64) -> String {
+    crate::human::int(x.round() as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Controller, Decision, Observation};
+
+    fn at(throughput: f64) -> Observation {
+        Observation {
+            throughput,
+            slow_down: None,
+        }
+    }
+
+    fn kind(d: &Decision) -> &'static str {
+        match d {
+            Decision::Hold => "hold",
+            Decision::Add(_) => "add",
+            Decision::Remove(_) => "remove",
+        }
+    }
+
+    /// Feeds `throughput(workers)` window after window; returns the decisions' kinds and the
+    /// workers after each.
+    fn run(
+        c: &mut Controller,
+        windows: usize,
+        throughput: impl Fn(usize) -> f64,
+    ) -> Vec<(&'static str, usize)> {
+        (0..windows)
+            .map(|_| {
+                let d = c.observe(&at(throughput(c.workers())));
+                (kind(&d), c.workers())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn it_climbs_while_a_worker_pays_and_stays_where_the_next_one_does_not() {
+        // Two cores: 2 workers twice as fast as one, 3 no faster than 2.
+        let mut c = Controller::new(2, 8);
+        let speed = |n: usize| match n {
+            1 => 100.0,
+            2 => 190.0,
+            _ => 185.0,
+        };
+        let decisions = run(&mut c, 12, speed);
+        assert_eq!(decisions[0], ("hold", 2), "the first window warms up");
+        assert_eq!(decisions[1], ("add", 3));
+        assert_eq!(decisions[2], ("hold", 3), "warming up at 3");
+        assert_eq!(decisions[3].0, "remove");
+        assert_eq!(c.workers(), 2);
+        assert!(decisions[4..].iter().all(|(_, n)| *n == 2), "{decisions:?}");
+    }
+
+    #[test]
+    fn on_many_cores_it_climbs_to_the_best_number() {
+        let mut c = Controller::new(2, 16);
+        // Throughput grows to 8 workers, then falls.
+        let speed = |n: usize| {
+            if n <= 8 {
+                100.0 * n as f64
+            } else {
+                800.0 - 50.0 * (n - 8) as f64
+            }
+        };
+        run(&mut c, 40, speed);
+        assert_eq!(c.workers(), 8);
+    }
+
+    #[test]
+    fn never_above_the_maximum() {
+        let mut c = Controller::new(2, 3);
+        run(&mut c, 20, |n| 100.0 * n as f64);
+        assert_eq!(c.workers(), 3);
+        let mut one = Controller::new(2, 1);
+        assert_eq!(one.workers(), 1);
+        run(&mut one, 5, |_| 100.0);
+        assert_eq!(one.workers(), 1);
+    }
+
+    #[test]
+    fn a_health_signal_removes_workers_down_to_one_and_holds_a_while() {
+        let mut c = Controller::new(4, 8);
+        let slow = Observation {
+            throughput: 400.0,
+            slow_down: Some("3 sessions waited on a batch".into()),
+        };
+        for expect in [3, 2, 1, 1] {
+            let d = c.observe(&slow);
+            assert_eq!(c.workers(), expect, "{d:?}");
+        }
+        if let Decision::Remove(why) = Controller::new(3, 8).observe(&slow) {
+            assert!(why.starts_with("3 sessions waited on a batch"), "{why}");
+        } else {
+            panic!("a signal removes a worker");
+        }
+        // Healthy again: no worker added during the cooldown.
+        let quiet = run(&mut c, super::COOLDOWN as usize, |n| 100.0 * n as f64);
+        assert!(quiet.iter().all(|(k, _)| *k == "hold"), "{quiet:?}");
+        let later = run(&mut c, 3, |n| 100.0 * n as f64);
+        assert!(later.iter().any(|(k, _)| *k == "add"), "{later:?}");
+    }
+
+    #[test]
+    fn a_server_that_got_slower_for_good_does_not_make_it_swing() {
+        let mut c = Controller::new(2, 4);
+        run(&mut c, 6, |n| 100.0 * n as f64);
+        let top = c.workers();
+        // From now on every number of workers gives half of what it did.
+        let later = run(&mut c, 40, |n| 50.0 * n as f64);
+        let changes = later.iter().filter(|(k, _)| *k != "hold").count();
+        assert!(changes <= 2, "{top} workers, then {later:?}");
+    }
+
+    #[test]
+    fn windows_without_progress_are_not_counted() {
+        let mut c = Controller::new(2, 4);
+        run(&mut c, 2, |n| 100.0 * n as f64);
+        let n = c.workers();
+        for _ in 0..20 {
+            assert_eq!(c.observe(&at(0.0)), Decision::Hold);
+        }
+        assert_eq!(c.workers(), n);
+    }
+
+    #[test]
+    fn it_stops_changing_after_the_most_changes() {
+        let mut c = Controller::new(2, 3);
+        let slow = Observation {
+            throughput: 100.0,
+            slow_down: Some("a signal".into()),
+        };
+        let mut changes = 0;
+        for i in 0..200 {
+            let d = if i % 10 < 3 {
+                c.observe(&slow)
+            } else {
+                c.observe(&at(100.0 * c.workers() as f64))
+            };
+            changes += usize::from(d != Decision::Hold);
+        }
+        assert!(changes <= super::MAX_CHANGES as usize, "{changes}");
+    }
+
+    #[test]
+    fn a_throughput_that_falls_two_windows_in_a_row_removes_a_worker() {
+        let mut c = Controller::new(2, 2);
+        run(&mut c, 3, |_| 200.0);
+        assert_eq!(
+            c.observe(&at(100.0)),
+            Decision::Hold,
+            "one bad window is noise"
+        );
+        assert_eq!(kind(&c.observe(&at(100.0))), "remove");
+        assert_eq!(c.workers(), 1);
+    }
+}
