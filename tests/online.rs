@@ -603,3 +603,53 @@ fn a_build_that_waits_past_build_wait_is_cancelled_and_leaves_no_invalid_index()
     assert_eq!(db.invalid_indexes(), 0);
     assert_eq!(db.history().len(), 2);
 }
+
+#[test]
+fn a_build_asks_for_half_the_free_worker_processes_and_for_none_when_none_are_free() {
+    // None free for this database's sessions: the build runs on its leader alone.
+    let db = at_v2();
+    db.client()
+        .batch_execute(&format!(
+            "ALTER DATABASE \"{}\" SET max_parallel_workers = 0",
+            db.name
+        ))
+        .unwrap();
+    let run = db.run(&["migrate", "apply", "--yes", "--target", "4"]);
+    assert_eq!(run.code, 0, "{}", run.both());
+    assert!(
+        run.stderr.contains(
+            "building one_coupon_per_member concurrently (attempt 1 of 3) with no parallel maintenance worker (0 worker processes free)"
+        ),
+        "{}",
+        run.stderr
+    );
+    assert!(index_is_valid(&db));
+
+    // The server's defaults (8 worker processes): some free, half of them asked for, and
+    // maintenance_work_mem raised to 32 MB for each participant where it is below.
+    let db = at_v2();
+    let run = db.run(&["migrate", "apply", "--yes", "--target", "4"]);
+    assert_eq!(run.code, 0, "{}", run.both());
+    let line = run
+        .stderr
+        .lines()
+        .find(|l| l.contains("building one_coupon_per_member concurrently"))
+        .unwrap_or_else(|| panic!("{}", run.stderr));
+    let asked = regex::Regex::new(
+        r"with up to (\d) parallel maintenance workers? \(half of the (\d) worker processes free\), maintenance_work_mem (\d+) MB",
+    )
+    .unwrap()
+    .captures(line)
+    .unwrap_or_else(|| panic!("{line}"));
+    let (workers, free, memory): (i64, i64, i64) = (
+        asked[1].parse().unwrap(),
+        asked[2].parse().unwrap(),
+        asked[3].parse().unwrap(),
+    );
+    let processes = db.scalar_i64("SELECT current_setting('max_worker_processes')::bigint");
+    assert!(free >= 2 && free <= processes, "{line}");
+    assert_eq!(workers, free / 2, "{line}");
+    assert_eq!(memory, 64.max(32 * (workers + 1)), "{line}");
+    assert!(index_is_valid(&db));
+    assert_eq!(db.invalid_indexes(), 0);
+}

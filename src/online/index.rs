@@ -42,6 +42,7 @@ use regex::Regex;
 
 use super::census::Census;
 use super::evaluate;
+use super::parallel::{self, BuildWorkers};
 use crate::db::conninfo::ConnParams;
 use crate::error::{describe, sqlstate, PgContext, Stopped, Violators};
 use crate::statements::Statement;
@@ -96,6 +97,7 @@ pub fn apply(
                     main,
                     params,
                     &statement.sql,
+                    "",
                     build_wait,
                     OnStop::Cancel,
                     None,
@@ -245,8 +247,10 @@ fn build_index(
                 evaluate::check_during_build(c, label, migration.censuses, lock_timeout)
             }
         });
+        let workers = BuildWorkers::choose(parallel::capacity(main)?);
         progress(&format!(
-            "building {name} concurrently (attempt {attempt} of {BUILD_ATTEMPTS})"
+            "building {name} concurrently (attempt {attempt} of {BUILD_ATTEMPTS}) with {}",
+            workers.describe()
         ));
         let started = Instant::now();
         crate::signals::leave(
@@ -260,6 +264,7 @@ fn build_index(
             main,
             params,
             &statement.sql,
+            &workers.settings_sql(),
             build_wait,
             OnStop::Cancel,
             census.as_mut().map(|f| f as Alongside),
@@ -357,6 +362,7 @@ pub fn drop_index(
         main,
         params,
         &sql,
+        "",
         build_wait,
         OnStop::FinishInTime,
         None,
@@ -496,6 +502,7 @@ fn run_watched(
     main: &mut postgres::Client,
     params: &ConnParams,
     sql: &str,
+    settings: &str,
     build_wait: Duration,
     on_stop: OnStop,
     alongside: Option<Alongside>,
@@ -504,7 +511,9 @@ fn run_watched(
     let mut worker = crate::db::connect(params)?;
     worker
         .client
-        .batch_execute("SET lock_timeout = 0; SET statement_timeout = 0")
+        .batch_execute(&format!(
+            "SET lock_timeout = 0; SET statement_timeout = 0; {settings}"
+        ))
         .doing("preparing the connection for an online statement")?;
     let pid: i32 = worker
         .client

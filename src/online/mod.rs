@@ -5,4 +5,5 @@ pub mod catalog;
 pub mod census;
 pub mod evaluate;
 pub mod index;
+pub mod parallel;
 pub mod validate;
