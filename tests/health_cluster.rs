@@ -107,7 +107,11 @@ fn nothing_commits_while_paused(c: &mut postgres::Client) {
         "the run finished before the signal could pause it"
     );
     thread::sleep(Duration::from_secs(2));
-    assert_eq!(marked(c), during, "no batch commits while the last worker pauses");
+    assert_eq!(
+        marked(c),
+        during,
+        "no batch commits while the last worker pauses"
+    );
 }
 
 fn finished(child: Child) -> String {
@@ -193,7 +197,11 @@ fn with_jobs_auto_a_busy_autovacuum_on_the_table_removes_workers_then_pauses_and
 
     let child = void_with_auto(&url, &["--autovacuum-pause", "any"]);
     nothing_commits_while_paused(&mut c);
-    assert_eq!(scalar(&mut c, busy), 1, "autovacuum still works on the table");
+    assert_eq!(
+        scalar(&mut c, busy),
+        1,
+        "autovacuum still works on the table"
+    );
     // Autovacuum gives way to the lock this needs (after deadlock_timeout) and cannot start on
     // the table again.
     c.batch_execute("ALTER TABLE issued_coupons SET (autovacuum_enabled = false)")

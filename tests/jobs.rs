@@ -378,3 +378,89 @@ fn the_default_jobs_auto_ends_as_one_worker_does_and_says_what_it_may_use() {
         r.both()
     );
 }
+
+#[test]
+fn after_the_gate_with_workers_the_freeze_compares_in_ranges_and_freezes_exactly_the_keys_that_differ(
+) {
+    let db = fresh_db();
+    db.make_legacy_baselined(3000);
+    let r = db.run(&["apply", "--yes", "--confirm", "deploy-new-application"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    // Drift all over the key set: every seventh member-month one coupon off, a row whose member
+    // has no coupon, a member-month without its row; the keys that differ, by the release's rule.
+    db.client()
+        .batch_execute(
+            "UPDATE member_monthly_usage SET used_yen = used_yen + 1000
+              WHERE (hashtext(member_id || month::text) % 7) = 0;
+             INSERT INTO member_monthly_usage SELECT 'zz-nobody', month, 500 FROM member_monthly_usage LIMIT 1;
+             DELETE FROM member_monthly_usage WHERE (member_id, month) = (SELECT member_id, month FROM member_monthly_usage WHERE used_yen > 0 ORDER BY member_id DESC, month LIMIT 1 OFFSET 3);
+             CREATE TABLE expected_keys AS
+               SELECT ARRAY[k.member_id::text, k.month::text] AS key, k.member_id, k.month
+                 FROM (SELECT member_id, month, sum(amount_yen) FILTER (WHERE voided_at IS NULL) AS truth
+                         FROM issued_coupons GROUP BY 1, 2) t
+                 FULL JOIN member_monthly_usage u USING (member_id, month)
+                 CROSS JOIN LATERAL (SELECT coalesce(t.member_id, u.member_id) AS member_id, coalesce(t.month, u.month) AS month) k
+                WHERE u.used_yen IS DISTINCT FROM coalesce(t.truth, 0);",
+        )
+        .unwrap();
+    let expected = db.scalar_i64("SELECT count(*) FROM expected_keys");
+    assert!(expected > 100, "{expected}");
+
+    let r = db.run(&[
+        "repair",
+        "apply",
+        "rebuild-member-monthly-usage",
+        "--yes",
+        "--jobs",
+        "3",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(
+        r.stderr
+            .contains("(compared in 3 ranges on as many sessions, "),
+        "{}",
+        r.stderr
+    );
+    let run_id = db.scalar_i64(
+        "SELECT max(run_id) FROM pgmend.repair_runs WHERE repair = 'rebuild-member-monthly-usage'",
+    );
+    // Frozen: exactly those keys, numbered 1..n in key order.
+    assert_eq!(
+        db.scalar_i64(&format!(
+            "SELECT count(*) FROM pgmend.repair_targets WHERE run_id = {run_id}"
+        )),
+        expected
+    );
+    assert_eq!(
+        db.scalar_i64(&format!(
+            "SELECT count(*) FROM (SELECT t.seq, e.key AS expected, t.key AS frozen
+                 FROM (SELECT key, row_number() OVER (ORDER BY member_id, month) AS seq FROM expected_keys) e
+                 FULL JOIN (SELECT seq, key FROM pgmend.repair_targets WHERE run_id = {run_id}) t USING (seq)
+                WHERE e.key IS DISTINCT FROM t.key) d"
+        )),
+        0,
+        "the frozen keys, in order, are the keys that differ"
+    );
+    // Corrected: every counter equals its coupons, and one record per key changed.
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) FROM member_monthly_usage u
+              WHERE used_yen <> (SELECT coalesce(sum(amount_yen) FILTER (WHERE voided_at IS NULL), 0)
+                                   FROM issued_coupons i WHERE i.member_id = u.member_id AND i.month = u.month)"
+        ),
+        0
+    );
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) FROM (SELECT member_id, month FROM issued_coupons EXCEPT SELECT member_id, month FROM member_monthly_usage) m"
+        ),
+        0
+    );
+    assert_eq!(
+        db.scalar_i64(&format!(
+            "SELECT count(DISTINCT row_key) FROM pgmend.ledger_records WHERE run_id = {run_id}"
+        )),
+        expected
+    );
+    assert_eq!(db.run(&["verify"]).code, 0);
+}

@@ -42,6 +42,7 @@ pub mod options;
 pub mod orphans;
 pub mod preview;
 pub mod runner;
+pub mod split_freeze;
 pub mod steer;
 pub mod undo;
 pub mod verdict;

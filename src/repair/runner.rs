@@ -37,6 +37,7 @@ use super::engine::Engine;
 use super::health;
 use super::neighbour;
 use super::options::{RunOptions, Workers};
+use super::split_freeze;
 use super::workers;
 use crate::db::retry::{with_lock_retry, LockPolicy};
 use crate::db::sql_text::Ident;
@@ -137,7 +138,7 @@ pub fn apply(
             )))
         }
         None => (
-            freeze(client, &engine, repair, ranges, &options.policy, progress)?,
+            freeze(client, &engine, repair, ranges, options, progress)?,
             false,
         ),
     };
@@ -383,7 +384,7 @@ fn freeze(
     engine: &Engine,
     repair: &Repair,
     ranges: bool,
-    policy: &LockPolicy,
+    options: &RunOptions,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Run> {
     let started = Instant::now();
@@ -392,9 +393,18 @@ fn freeze(
     } else {
         None
     };
+    let policy = &options.policy;
     let freeze_policy = LockPolicy {
         statement_timeout: policy.statement_timeout.max(Duration::from_secs(600)),
         ..*policy
+    };
+    // After the gate, with several workers: the whole-source comparison by ranges, on as many
+    // sessions (`split_freeze`).
+    let mut split = match (engine, &options.workers) {
+        (Engine::Counter(e), Some(w)) if !ranges && w.jobs > 1 => {
+            split_freeze::start(client, e, w.jobs, &w.params, &freeze_policy)?
+        }
+        _ => None,
     };
     let run_id = with_lock_retry(
         client,
@@ -415,7 +425,10 @@ fn freeze(
                 &repair.checksum,
                 ranges,
             )?;
-            let targets = tx.execute(&engine.freeze_sql(sample), &[&run_id])? as i64;
+            let targets = match (&mut split, engine) {
+                (Some(split), Engine::Counter(e)) => split.freeze(&mut tx, e, run_id)?,
+                _ => tx.execute(&engine.freeze_sql(sample), &[&run_id])? as i64,
+            };
             store::runs::set_targets(&mut tx, run_id, targets)?;
             tx.commit()?;
             Ok(run_id)
@@ -439,6 +452,14 @@ fn freeze(
             }
         ),
         None => human::count(run.targets, "target"),
+    };
+    let what = match &split {
+        Some(split) => format!(
+            "{what} (compared in {} ranges on as many sessions, {} of them listed by the others)",
+            split.parts,
+            human::int(split.listed_elsewhere())
+        ),
+        None => what,
     };
     progress(&format!(
         "run {} of {}: froze {what} as of {} in {}",

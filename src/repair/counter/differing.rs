@@ -5,7 +5,9 @@
 //! key set comes from another table, `FULL JOIN` the counter table, keeping rows where the
 //! counter `IS DISTINCT FROM` the truth (no row counts as different; with `when_no_source =
 //! keep`, keys without source rows are left out). `freeze_sql` numbers its keys in key order;
-//! `freeze_ranges_sql` cuts ranges of the key's first column instead; `preview_sql` lists them
+//! `freeze_ranges_sql` cuts ranges of the key's first column instead; `split_points_sql`,
+//! `freeze_range_sql` and `differing_in_range_sql` split `freeze_sql` by ranges of that column,
+//! listed on several sessions at once (`repair::split_freeze`); `preview_sql` lists them
 //! for the dry run (with an empty counter side when the counter table does not exist yet);
 //! `drift_sql` counts them for the reconciliation, over every key; `differing_keys_sql` lists
 //! the first of them, for the release's check before a migration after the gate.
@@ -134,6 +136,63 @@ impl CounterEngine {
             dt = self.keys_text("d"),
             differing = self.differing_sql(true),
         )
+    }
+
+    /// Cut points of the key's first column, as text in the column's order (repeated where
+    /// values are), that split the source into `parts` ranges of about equal size, read as
+    /// `sample` says: the after-gate freeze lists the ranges on several sessions at once
+    /// (`repair::split_freeze`). Any points would do for coverage: the ranges `(-inf, p1]`,
+    /// `(p1, p2]`, ..., `(pn, +inf)` hold every key whose first column is not NULL.
+    pub fn split_points_sql(&self, parts: usize, sample: store::runs::RangeSample) -> BoundSql {
+        let mut binds = Binds::new();
+        let fractions: Vec<f64> = (1..parts).map(|i| i as f64 / parts as f64).collect();
+        let first = &self.spec.key[0];
+        let sql = format!(
+            "SELECT coalesce((percentile_disc({f}::float8[]) WITHIN GROUP (ORDER BY s.{first}))::text[], '{{}}')
+               FROM {source} s {sampled} WHERE s.{first} IS NOT NULL",
+            f = binds.push(fractions),
+            source = self.range_table(),
+            sampled = sample.clause(),
+        );
+        BoundSql { sql, binds }
+    }
+
+    /// [`Self::freeze_sql`] over the keys whose first column lies in `(after, up_to]` (None:
+    /// open), numbered from `offset + 1` in key order.
+    pub fn freeze_range_sql(
+        &self,
+        run_id: i64,
+        offset: i64,
+        after: Option<&str>,
+        up_to: Option<&str>,
+    ) -> BoundSql {
+        let mut binds = Binds::new();
+        let run = binds.push(run_id);
+        let offset = binds.push(offset);
+        let range = KeyRange::push(&mut binds, after, up_to);
+        let sql = format!(
+            "{targets_insert}
+             SELECT {run}, {offset} + row_number() OVER (ORDER BY {dk}), {dt} FROM ({differing}) d",
+            targets_insert = store::targets_insert(),
+            dk = self.cols("d"),
+            dt = self.keys_text("d"),
+            differing = self.differing_sql_in(true, range),
+        );
+        BoundSql { sql, binds }
+    }
+
+    /// The keys whose first column lies in `(after, up_to]` and whose counter differs now, in
+    /// key order, as text[]: what another session lists for the freeze.
+    pub fn differing_in_range_sql(&self, after: Option<&str>, up_to: Option<&str>) -> BoundSql {
+        let mut binds = Binds::new();
+        let range = KeyRange::push(&mut binds, after, up_to);
+        let sql = format!(
+            "SELECT {dt} FROM ({differing}) d ORDER BY {dk}",
+            dt = self.keys_text("d"),
+            dk = self.cols("d"),
+            differing = self.differing_sql_in(true, range),
+        );
+        BoundSql { sql, binds }
     }
 
     /// The frozen targets of a run before the deploy gate: ranges of about
@@ -347,6 +406,53 @@ mod tests {
     fn freeze_numbers_the_differing_keys_in_key_order() {
         let sql = flat(&monthly().freeze_sql());
         assert!(sql.starts_with("INSERT INTO \"pgmend\".\"repair_targets\" (run_id, seq, key) SELECT $1, row_number() OVER (ORDER BY d.\"member_id\", d.\"month\"), ARRAY[d.\"member_id\"::text, d.\"month\"::text] FROM (SELECT coalesce("), "{sql}");
+    }
+
+    #[test]
+    fn a_split_freeze_cuts_the_key_set_at_even_fractions_and_numbers_each_range_after_the_last() {
+        let points = monthly().split_points_sql(4, RangeSample::Percent(10.0));
+        assert_eq!(
+            flat(&points.sql),
+            "SELECT coalesce((percentile_disc($1::float8[]) WITHIN GROUP (ORDER BY s.\"member_id\"))::text[], '{}') \
+             FROM \"issued_coupons\" s TABLESAMPLE BERNOULLI (10) REPEATABLE (0) WHERE s.\"member_id\" IS NOT NULL"
+        );
+        assert_eq!(points.binds.shown(), ["[0.25, 0.5, 0.75]"]);
+        // The campaigns' counter cuts its key set, the campaigns table.
+        assert!(flat(&budgets().split_points_sql(2, RangeSample::All).sql)
+            .contains("FROM \"campaigns\" s WHERE"));
+
+        let e = monthly();
+        let middle = e.freeze_range_sql(7, 1200, Some("m1"), Some("m5"));
+        let sql = flat(&middle.sql);
+        assert!(sql.starts_with("INSERT INTO \"pgmend\".\"repair_targets\" (run_id, seq, key) SELECT $1, $2 + row_number() OVER (ORDER BY d.\"member_id\", d.\"month\"), ARRAY[d.\"member_id\"::text, d.\"month\"::text] FROM (SELECT coalesce("), "{sql}");
+        assert!(
+            sql.contains("s.\"member_id\" > $3::text::text AND s.\"member_id\" <= $4::text::text"),
+            "{sql}"
+        );
+        assert_eq!(middle.binds.shown(), ["7", "1200", "\"m1\"", "\"m5\""]);
+        // The first range is open below, the last above.
+        let first = flat(&e.freeze_range_sql(7, 0, None, Some("m1")).sql);
+        assert!(
+            first.contains("s.\"member_id\" <= $3::text::text") && !first.contains(" > $"),
+            "{first}"
+        );
+        let last = e.differing_in_range_sql(Some("m5"), None);
+        let sql = flat(&last.sql);
+        assert!(
+            sql.starts_with(
+                "SELECT ARRAY[d.\"member_id\"::text, d.\"month\"::text] FROM (SELECT coalesce("
+            ),
+            "{sql}"
+        );
+        assert!(
+            sql.ends_with("ORDER BY d.\"member_id\", d.\"month\""),
+            "{sql}"
+        );
+        assert!(
+            sql.contains("s.\"member_id\" > $1::text::text") && !sql.contains("<= $"),
+            "{sql}"
+        );
+        assert_eq!(last.binds.shown(), ["\"m5\""]);
     }
 
     #[test]
