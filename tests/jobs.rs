@@ -383,7 +383,8 @@ fn the_default_jobs_auto_ends_as_one_worker_does_and_says_what_it_may_use() {
 fn after_the_gate_with_workers_the_freeze_compares_in_ranges_and_freezes_exactly_the_keys_that_differ(
 ) {
     let db = fresh_db();
-    db.make_legacy_baselined(3000);
+    // Over 10,000 coupons, the size from which the freeze is split.
+    db.make_legacy_baselined(5000);
     let r = db.run(&["apply", "--yes", "--confirm", "deploy-new-application"]);
     assert_eq!(r.code, 0, "{}", r.both());
     // Drift all over the key set: every seventh member-month one coupon off, a row whose member
@@ -400,7 +401,8 @@ fn after_the_gate_with_workers_the_freeze_compares_in_ranges_and_freezes_exactly
                          FROM issued_coupons GROUP BY 1, 2) t
                  FULL JOIN member_monthly_usage u USING (member_id, month)
                  CROSS JOIN LATERAL (SELECT coalesce(t.member_id, u.member_id) AS member_id, coalesce(t.month, u.month) AS month) k
-                WHERE u.used_yen IS DISTINCT FROM coalesce(t.truth, 0);",
+                WHERE u.used_yen IS DISTINCT FROM coalesce(t.truth, 0);
+             ANALYZE issued_coupons;",
         )
         .unwrap();
     let expected = db.scalar_i64("SELECT count(*) FROM expected_keys");

@@ -402,7 +402,8 @@ fn freeze(
     // sessions (`split_freeze`).
     let mut split = match (engine, &options.workers) {
         (Engine::Counter(e), Some(w)) if !ranges && w.jobs > 1 => {
-            split_freeze::start(client, e, w.jobs, &w.params, &freeze_policy)?
+            let parts = if w.auto { 2 } else { w.jobs };
+            split_freeze::start(client, e, parts, &w.params, &freeze_policy)?
         }
         _ => None,
     };

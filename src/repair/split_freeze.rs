@@ -5,9 +5,11 @@
 //! (`INSERT ... SELECT` is never parallel, and the planner gives a plain `SELECT` of it no
 //! parallel plan either: a partial aggregate of as many groups as rows buys nothing).
 //!
-//! With several workers (`--jobs` above 1, `auto` included) the key's first column is cut into
-//! as many ranges of about equal size (`split_points_sql`, on the key set's table, sampled as a
-//! range freeze samples it), at most [`MAX_PARTS`]. Each range but the first is listed by a
+//! With several workers (`--jobs N` above 1: N ranges, at most [`MAX_PARTS`]; `auto`: 2, the
+//! number its controller starts with) and a key set whose table holds [`SPLIT_FROM_ROWS`] rows or
+//! more by its statistics (a smaller one is compared faster than sessions open, and every range
+//! reads the whole source for its part), the key's first column is cut into as many ranges of about equal
+//! size (`split_points_sql`, on the key set's table, sampled as a range freeze samples it). Each range but the first is listed by a
 //! session of its own, opened for it and closed after (`differing_in_range_sql`, in a read-only
 //! transaction), to a temporary file of JSON lines, so that memory stays flat however many keys
 //! differ; meanwhile the main session freezes the first range in the freeze's own transaction
@@ -38,6 +40,8 @@ use crate::store::runs::RangeSample;
 
 /// The most ranges one freeze is split into.
 pub const MAX_PARTS: usize = 4;
+/// The key set's table must hold this many rows by its statistics for the freeze to be split.
+const SPLIT_FROM_ROWS: f64 = 10_000.0;
 /// Keys appended per statement from a range's file.
 const APPEND_CHUNK: usize = 10_000;
 
@@ -65,7 +69,20 @@ pub fn start(
     params: &ConnParams,
     policy: &LockPolicy,
 ) -> Result<Option<Split>> {
-    let sample = RangeSample::of(client, &engine.range_table().to_string())?;
+    let table = engine.range_table().to_string();
+    // A small key set (the campaigns' three) is compared in less time than the sessions take to
+    // open, and every range reads the whole source for its part.
+    let rows: f64 = client
+        .query_one(
+            "SELECT coalesce((SELECT reltuples::float8 FROM pg_class WHERE oid = to_regclass($1)), 0)",
+            &[&table],
+        )
+        .doing("reading the key set's size for the freeze")?
+        .get(0);
+    if rows < SPLIT_FROM_ROWS {
+        return Ok(None);
+    }
+    let sample = RangeSample::of(client, &table)?;
     let cut = engine.split_points_sql(parts.min(MAX_PARTS), sample);
     let mut points: Vec<String> = client
         .query_one(&cut.sql, &cut.binds.params())
