@@ -3,7 +3,7 @@
 //!
 //!     cargo build --release && cargo build --release --example kill_campaign
 //!     cargo run --release --example kill_campaign -- --iterations 1000 --members 2000 [--seed S]
-//!         [--batch-target 20ms] [--jobs N] [--max-minutes 45] [--exe target/release/pgmend]
+//!         [--batch-target 20ms] [--jobs N|auto] [--max-minutes 45] [--exe target/release/pgmend]
 //!
 //! One throwaway server (`LocalPg`). A source database gets the legacy schema (V1), the demo's
 //! dirty data (`generate_dirty_data`) and `migrate baseline`; every other database is a
@@ -672,6 +672,7 @@ pub struct IterationOptions<'a> {
     pub dbname: &'a str,
     pub batch_target: &'a str,
     /// `--jobs` of the iteration's first run; each later run draws its own from 1 to this.
+    /// 0: `--jobs auto` for every run.
     pub jobs: u16,
     /// The reference run's stderr lines over time. Every run is killed at a moment of the
     /// reference drawn anew (within its run time for an iteration's first run, up to 1.2
@@ -702,15 +703,20 @@ pub fn kill_until_done(
         }
         let err_path = dir.path().join(format!("stderr-{runs}"));
         let out_path = dir.path().join(format!("stdout-{runs}"));
-        let jobs = if runs == 1 || o.jobs == 1 {
+        // 0 is `--jobs auto`, for every run.
+        let jobs = if runs == 1 || o.jobs <= 1 {
             o.jobs
         } else {
             rng.between(1, u64::from(o.jobs)) as u16
         };
+        let jobs = match jobs {
+            0 => "auto".to_string(),
+            n => n.to_string(),
+        };
         let mut child = pgmend(o.exe, o.conninfo)
             .args(CONFIRM)
             .args(["--batch-target", o.batch_target, "--runner-wait", "60s"])
-            .args(["--jobs", &jobs.to_string()])
+            .args(["--jobs", &jobs])
             .stdout(std::fs::File::create(&out_path)?)
             .stderr(std::fs::File::create(&err_path)?)
             .spawn()
@@ -979,7 +985,7 @@ fn main() -> Result<()> {
         seed,
         batch_target: value("--batch-target").unwrap_or_else(|| "20ms".into()),
         jobs: value("--jobs")
-            .map(|s| s.parse())
+            .map(|s| if s == "auto" { Ok(0) } else { s.parse() })
             .transpose()
             .context("--jobs")?
             .unwrap_or(1),

@@ -16,9 +16,8 @@
 # run: checks that the tree's sources are the ones the binaries were built from (the digest;
 #   a copied tree has new modification times, so bench_release's own "binary older than the
 #   sources" check would refuse it, and is satisfied by touching the binaries only after the
-#   digest matched); makes the build directory reachable (bench_release reads src/ and
-#   migrations/ under the path it was built in: a symbolic link from there to this tree
-#   when that path does not exist); as root, makes the postgres user exist and copies the
+#   digest matched); points bench_release at this tree (PGMEND_BENCH_TREE: it reads src/
+#   and migrations/ there, not under the path it was built in); as root, makes the postgres user exist and copies the
 #   server where that user can reach it; then, for each member count, runs bench_release
 #   with pgmend's defaults (`--jobs auto`) against the one-shot SQL and, on a third copy,
 #   `--jobs ${PGMEND_BENCH_JOBS_TOO:-8}`, three times (PGMEND_BENCH_ROUNDS), and prints
@@ -65,12 +64,10 @@ run() {
     [ -x "$f" ] || die "$f is missing: carry what '$0 prepare' printed"
   done
   touch target/release/pgmend target/release/examples/bench_release
-  if [ "$(cd "$built_in" 2>/dev/null && pwd -P)" != "$(pwd -P)" ]; then
-    [ -e "$built_in" ] && die "$built_in (where the binaries were built) holds another tree: run from there, or move it away"
-    mkdir -p "$(dirname "$built_in")"
-    ln -s "$PWD" "$built_in"
-    log "linked $built_in -> $PWD (bench_release reads src/ and migrations/ there)"
-  fi
+  # bench_release reads src/ (to refuse a stale binary) and migrations/ here, not where it was
+  # built.
+  export PGMEND_BENCH_TREE=$PWD
+  [ "$built_in" = "$PWD" ] || log "built in $built_in, run in $PWD"
   if [ "$(id -u)" = 0 ]; then
     id postgres >/dev/null 2>&1 || useradd --system --home-dir /var/lib/postgresql --shell /bin/bash postgres
     # The postgres user must reach the server's files: /root, say, is closed to it.

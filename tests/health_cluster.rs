@@ -9,7 +9,9 @@
 
 mod common;
 
+use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -77,8 +79,15 @@ fn differences(c: &mut postgres::Client) -> i64 {
 }
 
 /// The void with `--jobs auto` (the default: `PGMEND_JOBS` unset), three workers at most and a
-/// pause after each batch, so that the run outlasts the controller's first window (2 s).
-fn void_with_auto(url: &str, extra: &[&str]) -> Child {
+/// pause after each batch, so that the run outlasts the controller's first window (2 s); its
+/// stderr read as it comes.
+struct Watched {
+    child: Child,
+    stderr: Arc<Mutex<String>>,
+    reader: thread::JoinHandle<()>,
+}
+
+fn void_with_auto(url: &str, extra: &[&str]) -> Watched {
     let mut args = vec![
         "repair",
         "apply",
@@ -90,17 +99,42 @@ fn void_with_auto(url: &str, extra: &[&str]) -> Child {
         "500ms",
     ];
     args.extend_from_slice(extra);
-    pgmend(url, &args)
-        .stdout(Stdio::piped())
+    let mut child = pgmend(url, &args)
+        .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap()
+        .unwrap();
+    let stderr = Arc::new(Mutex::new(String::new()));
+    let lines = BufReader::new(child.stderr.take().unwrap());
+    let kept = stderr.clone();
+    let reader = thread::spawn(move || {
+        for line in lines.lines().map_while(Result::ok) {
+            let mut all = kept.lock().unwrap();
+            all.push_str(&line);
+            all.push('\n');
+        }
+    });
+    Watched {
+        child,
+        stderr,
+        reader,
+    }
 }
 
-/// Waits until the controller has taken a worker away and the last one pauses, then checks
-/// that no batch commits for two seconds.
-fn nothing_commits_while_paused(c: &mut postgres::Client) {
-    thread::sleep(Duration::from_secs(5));
+/// Waits until the controller has taken a worker away and the last one pauses (its line),
+/// then checks that no batch commits for two seconds.
+fn nothing_commits_while_paused(c: &mut postgres::Client, run: &Watched) {
+    let started = Instant::now();
+    while !run.stderr.lock().unwrap().contains("pausing: ") {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the run never paused: {}",
+            run.stderr.lock().unwrap()
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    // A batch the removed worker had under way commits before it stops.
+    thread::sleep(Duration::from_secs(1));
     let during = marked(c);
     assert!(
         during < scalar(c, "SELECT count(*) FROM expected_coupons WHERE dup"),
@@ -114,10 +148,16 @@ fn nothing_commits_while_paused(c: &mut postgres::Client) {
     );
 }
 
-fn finished(child: Child) -> String {
-    let out = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
+fn finished(run: Watched) -> String {
+    let Watched {
+        mut child,
+        stderr,
+        reader,
+    } = run;
+    let status = child.wait().unwrap();
+    reader.join().unwrap();
+    let stderr = stderr.lock().unwrap().clone();
+    assert_eq!(status.code(), Some(0), "{stderr}");
     stderr
 }
 
@@ -151,10 +191,10 @@ fn with_jobs_auto_a_lagging_standby_removes_workers_then_pauses_the_last_and_the
         thread::sleep(Duration::from_millis(700));
     }
 
-    let child = void_with_auto(&url, &["--max-replica-lag", "1s"]);
-    nothing_commits_while_paused(&mut c);
+    let run = void_with_auto(&url, &["--max-replica-lag", "1s"]);
+    nothing_commits_while_paused(&mut c, &run);
     s.batch_execute("SELECT pg_wal_replay_resume()").unwrap();
-    let stderr = finished(child);
+    let stderr = finished(run);
     assert!(
         stderr.contains("void-duplicate-coupons: workers 2 -> 1: a replica is"),
         "{stderr}"
@@ -195,18 +235,13 @@ fn with_jobs_auto_a_busy_autovacuum_on_the_table_removes_workers_then_pauses_and
         thread::sleep(Duration::from_millis(100));
     }
 
-    let child = void_with_auto(&url, &["--autovacuum-pause", "any"]);
-    nothing_commits_while_paused(&mut c);
-    assert_eq!(
-        scalar(&mut c, busy),
-        1,
-        "autovacuum still works on the table"
-    );
+    let run = void_with_auto(&url, &["--autovacuum-pause", "any"]);
+    nothing_commits_while_paused(&mut c, &run);
     // Autovacuum gives way to the lock this needs (after deadlock_timeout) and cannot start on
     // the table again.
     c.batch_execute("ALTER TABLE issued_coupons SET (autovacuum_enabled = false)")
         .unwrap();
-    let stderr = finished(child);
+    let stderr = finished(run);
     assert!(
         stderr.contains(
             "void-duplicate-coupons: workers 2 -> 1: an autovacuum works on issued_coupons"

@@ -626,7 +626,8 @@ fn a_build_asks_for_half_the_free_worker_processes_and_for_none_when_none_are_fr
     assert!(index_is_valid(&db));
 
     // The server's defaults (8 worker processes): some free, half of them asked for, and
-    // maintenance_work_mem raised to 32 MB for each participant where it is below.
+    // maintenance_work_mem raised to 32 MB for each participant where it is below. (Other
+    // tests' parallel queries on this cluster may hold workers: then fewer, or none.)
     let db = at_v2();
     let run = db.run(&["migrate", "apply", "--yes", "--target", "4"]);
     assert_eq!(run.code, 0, "{}", run.both());
@@ -635,21 +636,32 @@ fn a_build_asks_for_half_the_free_worker_processes_and_for_none_when_none_are_fr
         .lines()
         .find(|l| l.contains("building one_coupon_per_member concurrently"))
         .unwrap_or_else(|| panic!("{}", run.stderr));
-    let asked = regex::Regex::new(
-        r"with up to (\d) parallel maintenance workers? \(half of the (\d) worker processes free\), maintenance_work_mem (\d+) MB",
-    )
-    .unwrap()
-    .captures(line)
-    .unwrap_or_else(|| panic!("{line}"));
-    let (workers, free, memory): (i64, i64, i64) = (
-        asked[1].parse().unwrap(),
-        asked[2].parse().unwrap(),
-        asked[3].parse().unwrap(),
-    );
     let processes = db.scalar_i64("SELECT current_setting('max_worker_processes')::bigint");
-    assert!(free >= 2 && free <= processes, "{line}");
-    assert_eq!(workers, free / 2, "{line}");
-    assert_eq!(memory, 64.max(32 * (workers + 1)), "{line}");
+    let server_mb =
+        db.scalar_i64("SELECT pg_size_bytes(current_setting('maintenance_work_mem')) / 1048576");
+    let asked = regex::Regex::new(
+        r"with up to (\d+) parallel maintenance workers? \(half of the (\d+) worker processes free\), maintenance_work_mem (\d+) MB",
+    )
+    .unwrap();
+    match asked.captures(line) {
+        Some(asked) => {
+            let (workers, free, memory): (i64, i64, i64) = (
+                asked[1].parse().unwrap(),
+                asked[2].parse().unwrap(),
+                asked[3].parse().unwrap(),
+            );
+            assert!(free >= 2 && free <= processes, "{line}");
+            assert_eq!(workers, (free / 2).min(8), "{line}");
+            assert_eq!(memory, server_mb.max(32 * (workers + 1)), "{line}");
+        }
+        None => {
+            let none = regex::Regex::new(
+                r"with no parallel maintenance worker \(([01]) worker processes free\)",
+            )
+            .unwrap();
+            assert!(none.is_match(line), "{line}");
+        }
+    }
     assert!(index_is_valid(&db));
     assert_eq!(db.invalid_indexes(), 0);
 }

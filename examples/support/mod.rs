@@ -11,6 +11,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
+/// The source tree: `PGMEND_BENCH_TREE`, else the one the example was built in (a copy of the
+/// tree on another machine sets it: `scripts/bench-many-cores.sh`).
+pub fn tree() -> PathBuf {
+    std::env::var_os("PGMEND_BENCH_TREE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
 /// `target/release/pgmend`, beside the running example; refuses when it was not built.
 pub fn release_binary() -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?
@@ -26,10 +34,7 @@ pub fn release_binary() -> anyhow::Result<PathBuf> {
     // `cargo build --release --examples` does not rebuild the binary: measuring a stale one
     // would report figures of code that is no longer there.
     let built = std::fs::metadata(&exe)?.modified()?;
-    let newest = newest_change(std::path::Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/src"
-    )))?;
+    let newest = newest_change(&tree().join("src"))?;
     anyhow::ensure!(
         newest <= built,
         "{} is older than the sources: cargo build --release first",
@@ -55,10 +60,7 @@ fn newest_change(dir: &std::path::Path) -> std::io::Result<std::time::SystemTime
 
 /// The legacy schema (V1) with the demo's Silver Week data for `members` members.
 pub fn make_legacy(c: &mut postgres::Client, members: i32) -> anyhow::Result<()> {
-    let v1 = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/migrations/V1__legacy_baseline.sql"
-    ))?;
+    let v1 = std::fs::read_to_string(tree().join("migrations/V1__legacy_baseline.sql"))?;
     c.batch_execute(&v1)?;
     // The size the issue names: about 1.1 million coupons and 300,000 duplicates at 300,000
     // members (the demo's shape gives 740,000 and 120,000).

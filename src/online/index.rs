@@ -247,7 +247,10 @@ fn build_index(
                 evaluate::check_during_build(c, label, migration.censuses, lock_timeout)
             }
         });
-        let workers = BuildWorkers::choose(parallel::capacity(main)?);
+        // Unreadable, the server's own settings, as before.
+        let workers = parallel::capacity(main)
+            .map(BuildWorkers::choose)
+            .unwrap_or(BuildWorkers::NONE);
         progress(&format!(
             "building {name} concurrently (attempt {attempt} of {BUILD_ATTEMPTS}) with {}",
             workers.describe()

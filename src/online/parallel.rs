@@ -9,7 +9,9 @@
 //! (the workers and the leader) gets 32 MB of `maintenance_work_mem`
 //! (`plan_create_index_workers`); with its default of 64 MB that is one worker. So the build's
 //! session raises `maintenance_work_mem` to 32 MB per participant where the server's setting is
-//! lower, and never lowers it: at most 32 MB × 9 = 288 MB, for one build at a time. The server
+//! lower, and never lowers it: at most 32 MB × 9 = 288 MB, for one build at a time. Without a
+//! worker to ask for (none free, or `max_parallel_maintenance_workers` set to 0, which pgmend
+//! keeps) the session keeps the server's settings. The server
 //! may still use fewer (a small table, `min_parallel_table_scan_size`, or workers taken by others
 //! meanwhile); a build without a worker free runs as before, on the leader alone.
 //!
@@ -47,6 +49,8 @@ const SERVER_PROCESSES: &[&str] = &[
 /// What the server has, as read before a build.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Capacity {
+    /// The server's (or the role's, the database's) setting: 0 is a choice pgmend keeps.
+    pub max_parallel_maintenance_workers: i32,
     pub max_worker_processes: i32,
     pub max_parallel_workers: i32,
     pub background_workers: i32,
@@ -64,11 +68,22 @@ pub struct BuildWorkers {
 }
 
 impl BuildWorkers {
+    /// When the server's worker processes could not be read: its own settings.
+    pub const NONE: BuildWorkers = BuildWorkers {
+        workers: 0,
+        free: -1,
+        memory_mb: 0,
+    };
+
     pub fn choose(c: Capacity) -> BuildWorkers {
         let free = (c.max_worker_processes - c.background_workers)
             .min(c.max_parallel_workers - c.parallel_workers)
             .max(0);
-        let workers = (free / 2).min(MAX_WORKERS);
+        let workers = if c.max_parallel_maintenance_workers == 0 {
+            0
+        } else {
+            (free / 2).min(MAX_WORKERS)
+        };
         let needed = MB_PER_PARTICIPANT * (i64::from(workers) + 1);
         BuildWorkers {
             workers,
@@ -81,8 +96,12 @@ impl BuildWorkers {
         }
     }
 
-    /// The settings for the build's own session.
+    /// The settings for the build's own session: none without a worker to ask for (the
+    /// server's own settings then, as before).
     pub fn settings_sql(&self) -> String {
+        if self.workers == 0 {
+            return String::new();
+        }
         format!(
             "SET max_parallel_maintenance_workers = {}; SET maintenance_work_mem = '{}MB'",
             self.workers, self.memory_mb
@@ -92,6 +111,9 @@ impl BuildWorkers {
     /// For the progress line before the build.
     pub fn describe(&self) -> String {
         match self.workers {
+            0 if self.free < 0 => {
+                "the server's own parallel settings (its worker processes could not be read)".into()
+            }
             0 => format!(
                 "no parallel maintenance worker ({} worker processes free)",
                 self.free
@@ -112,7 +134,8 @@ pub fn capacity(main: &mut postgres::Client) -> Result<Capacity> {
     let kinds: Vec<String> = SERVER_PROCESSES.iter().map(|s| s.to_string()).collect();
     let row = main
         .query_one(
-            "SELECT current_setting('max_worker_processes')::int,
+            "SELECT current_setting('max_parallel_maintenance_workers')::int,
+                    current_setting('max_worker_processes')::int,
                     current_setting('max_parallel_workers')::int,
                     (SELECT count(*) FROM pg_stat_activity
                       WHERE backend_type IS NOT NULL AND backend_type <> ALL ($1))::int,
@@ -122,11 +145,12 @@ pub fn capacity(main: &mut postgres::Client) -> Result<Capacity> {
         )
         .doing("reading the server's free worker processes for a parallel build")?;
     Ok(Capacity {
-        max_worker_processes: row.get(0),
-        max_parallel_workers: row.get(1),
-        background_workers: row.get(2),
-        parallel_workers: row.get(3),
-        maintenance_work_mem_mb: row.get(4),
+        max_parallel_maintenance_workers: row.get(0),
+        max_worker_processes: row.get(1),
+        max_parallel_workers: row.get(2),
+        background_workers: row.get(3),
+        parallel_workers: row.get(4),
+        maintenance_work_mem_mb: row.get(5),
     })
 }
 
@@ -142,6 +166,7 @@ mod tests {
         memory: i64,
     ) -> Capacity {
         Capacity {
+            max_parallel_maintenance_workers: 2,
             max_worker_processes: processes,
             max_parallel_workers: parallel,
             background_workers: background,
@@ -190,7 +215,16 @@ mod tests {
             assert_eq!(w.workers, 0, "{c:?}");
             assert_eq!(w.memory_mb, c.maintenance_work_mem_mb);
             assert!(w.describe().starts_with("no parallel maintenance worker"));
+            assert_eq!(w.settings_sql(), "", "the server's settings stay");
         }
+    }
+
+    #[test]
+    fn a_setting_of_0_is_kept() {
+        let mut c = capacity(8, 8, 1, 0, 64);
+        c.max_parallel_maintenance_workers = 0;
+        let w = BuildWorkers::choose(c);
+        assert_eq!((w.workers, w.free, w.settings_sql()), (0, 7, String::new()));
     }
 
     #[test]

@@ -10,7 +10,8 @@
 //! transaction with its rows, ledger records and checkpoint) for the single stream and every
 //! worker, its sizing and its progress line. `options.rs`: a run's options, `--jobs` included.
 //! `runner.rs`: a run (resume or freeze, one stream or the workers, reconciliation, a counter's
-//! passes after the gate). `workers.rs`: `--jobs N`, and
+//! passes after the gate); `split_freeze.rs`: a counter's freeze after the gate compared in ranges
+//! on several sessions when the run has workers. `workers.rs`: `--jobs N`, and
 //! `--jobs auto` with the decisions of `controller.rs` (pure: observations in, decisions out). `neighbour.rs`: `--pause`, `--duty-cycle`,
 //! the throttle on batches others wait for. `health.rs`: the server's health signals (replica lag,
 //! WAL waiting to be archived, autovacuum, requested checkpoints, the application's lock waits)

@@ -427,14 +427,22 @@ fn freeze(
                 ranges,
             )?;
             let targets = match (&mut split, engine) {
-                (Some(split), Engine::Counter(e)) => split.freeze(&mut tx, e, run_id)?,
+                (Some(split), Engine::Counter(e)) => split.freeze(&mut tx, e, run_id, progress)?,
                 _ => tx.execute(&engine.freeze_sql(sample), &[&run_id])? as i64,
             };
             store::runs::set_targets(&mut tx, run_id, targets)?;
             tx.commit()?;
             Ok(run_id)
         },
-    )?;
+    );
+    let run_id = match (run_id, &mut split) {
+        (Err(e), Some(split)) => {
+            // The listing sessions still at work are of no use now.
+            split.cancel(client);
+            return Err(e);
+        }
+        (run_id, _) => run_id?,
+    };
     let run = store::run(client, run_id)?.expect("the run was just created");
     // The batches' plans read the frozen keys; a run that froze none has no batch to plan.
     if run.targets > 0 {

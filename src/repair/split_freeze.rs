@@ -17,6 +17,11 @@
 //! in order, 10,000 a statement, numbered after the last. The targets are in key order as one
 //! statement would number them; the run and its targets commit together or not at all.
 //!
+//! A range whose session fails (it cannot connect, say, or waits past its lock timeout) is
+//! frozen by the main session instead, in the same transaction, after a note; the split only
+//! ever saves time. A key set whose counter table allows NULL in the key's first column is not
+//! split (such a row's key would fall in no range).
+//!
 //! Each range is read in its own snapshot, a moment apart: a key that starts or stops differing
 //! in between is frozen or not as its range saw it. That changes nothing a run promises: a
 //! batch reads each frozen key's drift when it corrects it, and a key that differs after the
@@ -25,7 +30,10 @@
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Seek, Write};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use postgres::Transaction;
@@ -51,17 +59,27 @@ struct Listed {
     keys: i64,
 }
 
+/// A range after the first: its bounds, and its session's listing.
+struct Range {
+    after: String,
+    up_to: Option<String>,
+    /// The listing session's backend, once connected (0 before), to cancel it.
+    pid: Arc<AtomicI32>,
+    listing: Option<JoinHandle<Result<Listed>>>,
+    /// Once joined: the file, or why the session failed (the main session lists it then).
+    outcome: Option<Result<Listed, String>>,
+}
+
 /// The ranges after the first, being listed; dropping it waits for their sessions.
 pub struct Split {
-    /// The first range's upper bound (None: the cut found a single range).
-    first_up_to: Option<String>,
-    pending: Vec<JoinHandle<Result<Listed>>>,
-    listed: Option<Vec<Listed>>,
+    /// The first range's upper bound.
+    first_up_to: String,
+    ranges: Vec<Range>,
     pub parts: usize,
 }
 
 /// Cuts the key set into `parts` ranges and starts listing all but the first, each on a new
-/// session; `None` when the cut finds a single range (an empty or one-valued key set).
+/// session; `None` when the freeze is better not split (see the module's docs).
 pub fn start(
     client: &mut postgres::Client,
     engine: &CounterEngine,
@@ -70,16 +88,20 @@ pub fn start(
     policy: &LockPolicy,
 ) -> Result<Option<Split>> {
     let table = engine.range_table().to_string();
+    let (rows, first_not_null): (f64, bool) = {
+        let row = client
+            .query_one(
+                "SELECT coalesce((SELECT reltuples::float8 FROM pg_class WHERE oid = to_regclass($1)), 0),
+                        coalesce((SELECT attnotnull FROM pg_attribute
+                                   WHERE attrelid = to_regclass($2) AND attname = $3 AND NOT attisdropped), false)",
+                &[&table, &engine.spec.counter_table.to_string(), &engine.spec.key[0].as_str()],
+            )
+            .doing("reading the key set's size for the freeze")?;
+        (row.get(0), row.get(1))
+    };
     // A small key set (the campaigns' three) is compared in less time than the sessions take to
     // open, and every range reads the whole source for its part.
-    let rows: f64 = client
-        .query_one(
-            "SELECT coalesce((SELECT reltuples::float8 FROM pg_class WHERE oid = to_regclass($1)), 0)",
-            &[&table],
-        )
-        .doing("reading the key set's size for the freeze")?
-        .get(0);
-    if rows < SPLIT_FROM_ROWS {
+    if rows < SPLIT_FROM_ROWS || !first_not_null {
         return Ok(None);
     }
     let sample = RangeSample::of(client, &table)?;
@@ -92,25 +114,52 @@ pub fn start(
     if points.is_empty() {
         return Ok(None);
     }
-    let mut pending = Vec::new();
-    for (i, after) in points.iter().enumerate() {
-        let listing =
-            engine.differing_in_range_sql(Some(after), points.get(i + 1).map(|p| p.as_str()));
-        let params = params.clone();
-        let timeout = policy.statement_timeout;
-        pending.push(std::thread::spawn(move || list(&params, listing, timeout)));
-    }
+    let timeout = policy.statement_timeout;
+    let lock_timeout = policy.lock_timeout;
+    let ranges = points
+        .iter()
+        .enumerate()
+        .map(|(i, after)| {
+            let up_to = points.get(i + 1).cloned();
+            let listing = engine.differing_in_range_sql(Some(after), up_to.as_deref());
+            let params = params.clone();
+            let pid = Arc::new(AtomicI32::new(0));
+            let shown = pid.clone();
+            Range {
+                after: after.clone(),
+                up_to,
+                pid,
+                listing: Some(std::thread::spawn(move || {
+                    list(&params, listing, timeout, lock_timeout, &shown)
+                })),
+                outcome: None,
+            }
+        })
+        .collect();
     Ok(Some(Split {
         parts: points.len() + 1,
-        first_up_to: points.into_iter().next(),
-        pending,
-        listed: None,
+        first_up_to: points[0].clone(),
+        ranges,
     }))
 }
 
 /// Lists one range's differing keys on a session of its own, into a temporary file.
-fn list(params: &ConnParams, listing: BoundSql, timeout: std::time::Duration) -> Result<Listed> {
+fn list(
+    params: &ConnParams,
+    listing: BoundSql,
+    timeout: Duration,
+    lock_timeout: Duration,
+    pid: &AtomicI32,
+) -> Result<Listed> {
+    // As long as the statement may rightly take, and no longer.
+    let _bound = crate::db::deadline::within(timeout + Duration::from_secs(30));
     let mut session = crate::db::connect(params)?;
+    let backend: i32 = session
+        .client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .doing("reading the listing session's pid")?
+        .get(0);
+    pid.store(backend, Ordering::SeqCst);
     let mut tx = session
         .client
         .build_transaction()
@@ -118,8 +167,9 @@ fn list(params: &ConnParams, listing: BoundSql, timeout: std::time::Duration) ->
         .start()
         .doing("opening a session to list a range of the freeze")?;
     tx.batch_execute(&format!(
-        "SET LOCAL statement_timeout = '{}ms'",
-        timeout.as_millis().max(1)
+        "SET LOCAL statement_timeout = '{}ms'; SET LOCAL lock_timeout = '{}ms'",
+        timeout.as_millis().max(1),
+        lock_timeout.as_millis().max(1)
     ))
     .doing("bounding the listing of a range of the freeze")?;
     tx.batch_execute(crate::db::connect::RAISE_WORK_MEM)
@@ -132,7 +182,8 @@ fn list(params: &ConnParams, listing: BoundSql, timeout: std::time::Duration) ->
         .query_raw(&listing.sql, listing.binds.params())
         .doing("listing a range of the freeze")?;
     for row in postgres::fallible_iterator::FallibleIterator::iterator(rows) {
-        let key: Vec<String> = row.doing("listing a range of the freeze")?.get(0);
+        // A key column other than the first may be NULL: JSON null, NULL again when appended.
+        let key: Vec<Option<String>> = row.doing("listing a range of the freeze")?.get(0);
         serde_json::to_writer(&mut out, &key)?;
         out.write_all(b"\n")?;
         keys += 1;
@@ -145,58 +196,97 @@ fn list(params: &ConnParams, listing: BoundSql, timeout: std::time::Duration) ->
 }
 
 impl Split {
-    /// Freezes the first range in `tx`, then appends the others' keys in order; returns how
-    /// many targets. Run again after a retried transaction, it reads the same files again.
+    /// Freezes the first range in `tx`, then appends the others' keys in order (a range whose
+    /// session failed is frozen here instead, after a note); returns how many targets. Run
+    /// again after a retried transaction, it reads the same files again.
     pub fn freeze(
         &mut self,
         tx: &mut Transaction<'_>,
         engine: &CounterEngine,
         run_id: i64,
+        progress: &mut dyn FnMut(&str),
     ) -> Result<i64> {
-        let first = engine.freeze_range_sql(run_id, 0, None, self.first_up_to.as_deref());
+        let first = engine.freeze_range_sql(run_id, 0, None, Some(&self.first_up_to));
         let mut targets = tx.execute(&first.sql, &first.binds.params())? as i64;
-        if self.listed.is_none() {
-            let mut listed = Vec::new();
-            for handle in self.pending.drain(..) {
-                listed.push(handle.join().map_err(|_| {
-                    anyhow::anyhow!("a session listing a range of the freeze panicked")
-                })??);
-            }
-            self.listed = Some(listed);
-        }
-        for range in self.listed.as_mut().expect("joined above") {
-            range.file.rewind()?;
-            let mut chunk = Vec::with_capacity(APPEND_CHUNK);
-            for line in BufReader::new(&range.file).lines() {
-                chunk.push(line?);
-                if chunk.len() == APPEND_CHUNK {
-                    targets += append(tx, run_id, targets, &chunk)?;
-                    chunk.clear();
+        self.join();
+        for range in &mut self.ranges {
+            match range.outcome.as_mut().expect("joined above") {
+                Ok(listed) => {
+                    listed.file.rewind()?;
+                    let mut chunk = Vec::with_capacity(APPEND_CHUNK);
+                    for line in BufReader::new(&listed.file).lines() {
+                        chunk.push(line?);
+                        if chunk.len() == APPEND_CHUNK {
+                            targets += append(tx, run_id, targets, &chunk)?;
+                            chunk.clear();
+                        }
+                    }
+                    if !chunk.is_empty() {
+                        targets += append(tx, run_id, targets, &chunk)?;
+                    }
                 }
-            }
-            if !chunk.is_empty() {
-                targets += append(tx, run_id, targets, &chunk)?;
+                Err(why) => {
+                    progress(&format!(
+                        "the session listing the keys after {} failed ({why}); the main session compares that range itself",
+                        range.after
+                    ));
+                    let own = engine.freeze_range_sql(
+                        run_id,
+                        targets,
+                        Some(&range.after),
+                        range.up_to.as_deref(),
+                    );
+                    targets += tx.execute(&own.sql, &own.binds.params())? as i64;
+                }
             }
         }
         Ok(targets)
     }
 
+    /// Waits for every listing session and keeps what each left: a session's failure is kept
+    /// as words, never as an error the freeze's lock retry would take for its own.
+    fn join(&mut self) {
+        for range in &mut self.ranges {
+            if let Some(handle) = range.listing.take() {
+                range.outcome = Some(match handle.join() {
+                    Ok(Ok(listed)) => Ok(listed),
+                    Ok(Err(e)) => Err(format!("{e:#}")),
+                    Err(_) => Err("it panicked".to_string()),
+                });
+            }
+        }
+    }
+
+    /// Cancels the listing sessions still at work (the freeze failed), on `client`.
+    pub fn cancel(&mut self, client: &mut postgres::Client) {
+        for range in &self.ranges {
+            let pid = range.pid.load(Ordering::SeqCst);
+            if range.listing.is_some() && pid != 0 {
+                let _ = client.execute("SELECT pg_cancel_backend($1)", &[&pid]);
+            }
+        }
+        self.join();
+    }
+
     /// Keys the other sessions listed (for the progress line).
     pub fn listed_elsewhere(&self) -> i64 {
-        self.listed.iter().flatten().map(|l| l.keys).sum()
+        self.ranges
+            .iter()
+            .filter_map(|r| r.outcome.as_ref()?.as_ref().ok())
+            .map(|l| l.keys)
+            .sum()
     }
 }
 
 impl Drop for Split {
     fn drop(&mut self) {
-        // A freeze that failed before joining them: their sessions end with their read.
-        for handle in self.pending.drain(..) {
-            let _ = handle.join();
-        }
+        // Their sessions end with their read (bounded by the statement timeout), or at once
+        // where `cancel` came first.
+        self.join();
     }
 }
 
-/// Appends keys (JSON arrays of text) to the run's targets, numbered after `from`.
+/// Appends keys (JSON arrays of text or null) to the run's targets, numbered after `from`.
 fn append(tx: &mut Transaction<'_>, run_id: i64, from: i64, keys: &[String]) -> Result<i64> {
     let json = format!("[{}]", keys.join(","));
     Ok(tx.execute(
