@@ -9,15 +9,16 @@
 # prepare: builds the release binary and the benchmark (`cargo build --release --bins
 #   --examples`), fetches the PostgreSQL server of MAJOR with scripts/fetch-postgres.sh into
 #   .bench/postgres (ignored by git) without its static libraries and headers (the server
-#   needs neither: about 30 MB instead of 60), writes .bench/manifest (the directory the
-#   binaries were built in, the server's bin directory, a digest of src/, migrations/,
-#   repairs/ and release.toml) and prints the paths to carry: target/release/pgmend,
-#   target/release/examples/bench_release and .bench.
-# run: checks that the tree's sources are the ones the binaries were built from (the digest;
-#   a copied tree has new modification times, so bench_release's own "binary older than the
-#   sources" check would refuse it, and is satisfied by touching the binaries only after the
-#   digest matched); points bench_release at this tree (PGMEND_BENCH_TREE: it reads src/
-#   and migrations/ there, not under the path it was built in); as root, makes the postgres user exist and copies the
+#   needs neither), writes .bench/manifest (the directory the binaries were built in, the
+#   server's bin directory, a digest of the sources) and packs the binaries and the server
+#   into .bench/carry.tar.xz (about 19 MB; unpacked they are over the 64 MiB a device call
+#   carries), and prints the two paths to carry.
+# run: unpacks .bench/carry.tar.xz; checks that the tree's sources are the ones the binaries
+#   were built from (the digest: a copied tree has new modification times, so bench_release's
+#   own "binary older than the sources" check would refuse it, and is satisfied by touching
+#   the binaries only after the digest matched); points bench_release at this tree
+#   (PGMEND_BENCH_TREE: it reads src/ and migrations/ there, not under the path it was built
+#   in); as root, makes the postgres user exist and copies the
 #   server where that user can reach it; then, for each member count, runs bench_release
 #   with pgmend's defaults (`--jobs auto`) against the one-shot SQL and, on a third copy,
 #   `--jobs ${PGMEND_BENCH_JOBS_TOO:-8}`, three times (PGMEND_BENCH_ROUNDS), and prints
@@ -49,8 +50,11 @@ prepare() {
     echo "pgbin=${bin#"$PWD"/}"
     echo "sources=$(digest)"
   } >.bench/manifest
-  log "carry: target/release/pgmend target/release/examples/bench_release .bench ($(du -sh .bench | cut -f1) in .bench)"
-  echo target/release/pgmend target/release/examples/bench_release .bench
+  # One compressed file to carry: the server's ICU data alone is 26 MB unpacked, and a
+  # device's carry is 64 MiB in all (about 19 MB packed).
+  tar -cJf .bench/carry.tar.xz .bench/postgres target/release/pgmend target/release/examples/bench_release
+  log "carry: .bench/carry.tar.xz .bench/manifest ($(du -h .bench/carry.tar.xz | cut -f1))"
+  echo .bench/carry.tar.xz .bench/manifest
 }
 
 run() {
@@ -60,6 +64,8 @@ run() {
   pgbin=$(sed -n 's/^pgbin=//p' .bench/manifest)
   sources=$(sed -n 's/^sources=//p' .bench/manifest)
   [ "$(digest)" = "$sources" ] || die "the sources here differ from those the binaries were built from: run '$0 prepare' again"
+  [ -f .bench/carry.tar.xz ] || die ".bench/carry.tar.xz is missing: carry what '$0 prepare' printed"
+  tar -xJf .bench/carry.tar.xz
   for f in target/release/pgmend target/release/examples/bench_release "$pgbin/postgres"; do
     [ -x "$f" ] || die "$f is missing: carry what '$0 prepare' printed"
   done
