@@ -411,7 +411,8 @@ impl LocalPg {
         Ok(())
     }
 
-    /// A streaming standby of this cluster (pg_basebackup -R), started on its own port.
+    /// A streaming standby of this cluster (pg_basebackup -R), started on its own port, once
+    /// the primary sees it streaming.
     pub fn start_standby(&self) -> Result<LocalPg> {
         let root = tempfile::Builder::new()
             .prefix("pgmend-standby-")
@@ -467,11 +468,34 @@ impl LocalPg {
         for _ in 0..5 {
             standby.port = free_port()?;
             match standby.start_server() {
-                Ok(()) => return Ok(standby),
+                Ok(()) => {
+                    self.wait_until_streaming()?;
+                    return Ok(standby);
+                }
                 Err(e) => last_error = Some(e),
             }
         }
         Err(last_error.unwrap())
+    }
+
+    /// Waits (up to a minute) until this primary has a standby streaming from it.
+    fn wait_until_streaming(&self) -> Result<()> {
+        let mut c = postgres::Client::connect(&self.conninfo("postgres"), postgres::NoTls)?;
+        let started = std::time::Instant::now();
+        while c
+            .query_one(
+                "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'",
+                &[],
+            )?
+            .get::<_, i64>(0)
+            == 0
+        {
+            if started.elapsed() > std::time::Duration::from_secs(60) {
+                bail!("the standby did not stream from the primary within a minute");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        Ok(())
     }
 
     /// A keyword/value connection string over TCP, with the password.
