@@ -225,10 +225,12 @@ fn open_for(
         params.options = Some(with_search_path(params.options.as_deref(), schema)?);
     }
     let mut session = db::connect(&params)?;
-    if let Some(command) = reads_for {
-        preflight::reading::check(&mut session.client, command, tables)?;
-    }
-    let environment = preflight::check(&mut session, conn.pooler == Pooler::Session, tables)?;
+    let environment = preflight::check(
+        &mut session,
+        conn.pooler == Pooler::Session,
+        reads_for,
+        tables,
+    )?;
     Ok((session, environment))
 }
 

@@ -61,10 +61,15 @@ impl fmt::Display for Environment {
     }
 }
 
-/// Runs every check on a fresh session. `pooler_keeps_sessions` is `--pooler session`.
+/// Runs every check on a fresh session. `pooler_keeps_sessions` is `--pooler session`. With
+/// `reads_for` (a command that only reads), whether the role may read pgmend's tables and
+/// `tables` ([`reading::check`]) comes right after the check for something in between and
+/// before anything reads pgmend's records: through a pool in transaction mode its prepared
+/// statements may be lost, and the pool must be named for what it is, not as a lost statement.
 pub fn check(
     session: &mut Session,
     pooler_keeps_sessions: bool,
+    reads_for: Option<&str>,
     tables: &[String],
 ) -> Result<Environment> {
     let intermediary = intermediary(session)?;
@@ -75,6 +80,9 @@ pub fn check(
             );
         }
         ensure_session_kept(session)?;
+    }
+    if let Some(command) = reads_for {
+        reading::check(&mut session.client, command, tables)?;
     }
     let row = session
         .client
