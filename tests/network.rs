@@ -318,27 +318,37 @@ fn a_batch_of_a_pgmend_whose_lease_expired_cannot_commit() {
 fn lease_expires_in_the_middle_of_the_void(jobs: &str) {
     let (db, expected) = at_version(2000, "3");
     let args = confirm_with(&["--jobs", jobs, "--batch-target", "5ms", "--pause", "200ms"]);
-    let child = spawn(
+    let mut child = spawn(
         &exe(),
         &db.conninfo(),
         &args.iter().map(String::as_str).collect::<Vec<_>>(),
     );
+    // The lease, the session that holds the runner lock in this database (the other tests'
+    // pgmends hold the same key in theirs), read as soon as pgmend holds it; a pgmend that
+    // ends before a void batch committed is a finding, said with its output.
+    let lease_sql = format!(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted
+            AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+            AND classid::bigint = ({key}::bigint >> 32) AND objid::bigint = ({key}::bigint & 4294967295)",
+        key = pgmend::db::runner_lock::RUNNER_LOCK_KEY
+    );
+    let mut lease: Option<i32> = None;
+    let mut ended = false;
     within("a committed void batch", Duration::from_secs(60), || {
-        db.exists("pgmend.repair_runs") && void_checkpoint(&db) > 0
+        ended = child.try_wait().unwrap().is_some();
+        lease = lease.or_else(|| {
+            db.client()
+                .query_opt(&lease_sql, &[])
+                .unwrap()
+                .map(|r| r.get(0))
+        });
+        ended || (lease.is_some() && db.exists("pgmend.repair_runs") && void_checkpoint(&db) > 0)
     });
-    // The lease: the session that holds the runner lock.
-    let lease: i32 = db
-        .client()
-        .query_one(
-            &format!(
-                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted
-                    AND classid::bigint = ({key}::bigint >> 32) AND objid::bigint = ({key}::bigint & 4294967295)",
-                key = pgmend::db::runner_lock::RUNNER_LOCK_KEY
-            ),
-            &[],
-        )
-        .unwrap()
-        .get(0);
+    if ended {
+        let r = finish(child, Duration::from_secs(10), "apply");
+        panic!("pgmend ended before its lease could be ended: {}", r.both());
+    }
+    let lease = lease.expect("read above");
     let mut admin = db.client();
     let terminated: bool = admin
         .query_one("SELECT pg_terminate_backend($1)", &[&lease])
