@@ -2,7 +2,8 @@
 //! and go on to the exact end state once they stop; a pause past `--health-pause-limit` stops
 //! with exit 1 naming the signal, nothing half-done; a threshold the user set that the role
 //! cannot read is refused (exit 2) before any change, and one pgmend chose is a one-line note;
-//! every signal reads on this server (requested checkpoints forced with `CHECKPOINT`).
+//! every signal reads on this server; checkpoints forced with `CHECKPOINT` do not pause the
+//! batches, and those that WAL written faster than `max_wal_size` causes do.
 //!
 //! The tests of this binary take turns: a checkpoint is the whole cluster's, and one test's
 //! forced checkpoints would pause the others' runs.
@@ -278,8 +279,38 @@ fn a_threshold_set_that_the_role_cannot_read_is_refused_before_any_change_and_a_
     assert!(notes(&r).is_empty(), "{}", r.both());
 }
 
+/// The server's requested-checkpoints counter.
+fn requested_checkpoints(db: &TestDb) -> i64 {
+    if db.scalar_i64("SELECT current_setting('server_version_num')::bigint") >= 170_000 {
+        db.scalar_i64("SELECT num_requested FROM pg_stat_checkpointer")
+    } else {
+        db.scalar_i64("SELECT checkpoints_req FROM pg_stat_bgwriter")
+    }
+}
+
+/// `max_wal_size` at its least (two segments) while it lives: the server requests a
+/// checkpoint every 17 MB or so of WAL. The tests of this binary take turns.
+struct SmallMaxWalSize(postgres::Client);
+
+impl SmallMaxWalSize {
+    fn set(db: &TestDb) -> SmallMaxWalSize {
+        let mut c = db.client();
+        c.batch_execute("ALTER SYSTEM SET max_wal_size = '32MB'")
+            .unwrap();
+        c.batch_execute("SELECT pg_reload_conf()").unwrap();
+        SmallMaxWalSize(c)
+    }
+}
+
+impl Drop for SmallMaxWalSize {
+    fn drop(&mut self) {
+        let _ = self.0.batch_execute("ALTER SYSTEM RESET max_wal_size");
+        let _ = self.0.batch_execute("SELECT pg_reload_conf()");
+    }
+}
+
 #[test]
-fn every_signal_reads_on_this_server_and_forced_checkpoints_pause_the_batches() {
+fn every_signal_reads_on_this_server_and_only_checkpoints_the_wal_causes_pause_the_batches() {
     let _turn = one_at_a_time();
     let db = fresh_db();
     at_v3(&db);
@@ -309,19 +340,57 @@ fn every_signal_reads_on_this_server_and_forced_checkpoints_pause_the_batches() 
     );
     assert_eq!(differences(&copy), 0);
 
-    // A checkpoint asked for with CHECKPOINT counts as requested: three a second pause
-    // the batches past --max-requested-checkpoints 1, and the limit stops the run.
-    let stop = Arc::new(AtomicBool::new(false));
-    let storm = {
-        let stop = stop.clone();
+    // Checkpoints asked for with CHECKPOINT (as CREATE and DROP DATABASE ask for them: the
+    // other tests' databases) say nothing of the WAL the batches write: they never pause.
+    let storm = |sql: &'static str| {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
         let mut c = db.client();
-        thread::spawn(move || {
-            while !stop.load(Ordering::SeqCst) {
-                c.batch_execute("CHECKPOINT").unwrap();
-                thread::sleep(Duration::from_millis(300));
+        let handle = thread::spawn(move || {
+            while !flag.load(Ordering::SeqCst) {
+                c.batch_execute(sql).unwrap();
+                thread::sleep(Duration::from_millis(100));
             }
-        })
+        });
+        move || {
+            stop.store(true, Ordering::SeqCst);
+            handle.join().unwrap();
+        }
     };
+    let commanded = common::copy_of(&db);
+    let requested_before = requested_checkpoints(&db);
+    let stop = storm("CHECKPOINT");
+    let r = commanded.run(&[
+        "repair",
+        "apply",
+        "void-duplicate-coupons",
+        "--yes",
+        "--batch-target",
+        "5ms",
+        "--pause",
+        "300ms",
+        "--max-requested-checkpoints",
+        "1",
+        "--health-pause-limit",
+        "2s",
+    ]);
+    stop();
+    assert!(
+        requested_checkpoints(&db) - requested_before > 1,
+        "the storm requested checkpoints"
+    );
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(!r.stderr.contains("pausing:"), "{}", r.both());
+    assert_eq!(differences(&commanded), 0);
+
+    // Checkpoints the WAL makes the server request do: a small max_wal_size, and a segment
+    // switched every 100 ms, pause the batches past --max-requested-checkpoints 1, and the
+    // limit stops the run.
+    let _small = SmallMaxWalSize::set(&db);
+    db.client()
+        .batch_execute("CREATE TABLE wal_storm (n int)")
+        .unwrap();
+    let stop = storm("INSERT INTO wal_storm VALUES (1); SELECT pg_switch_wal()");
     let r = db.run(&[
         "repair",
         "apply",
@@ -336,8 +405,7 @@ fn every_signal_reads_on_this_server_and_forced_checkpoints_pause_the_batches() 
         "--health-pause-limit",
         "2s",
     ]);
-    stop.store(true, Ordering::SeqCst);
-    storm.join().unwrap();
+    stop();
     assert_eq!(r.code, 1, "{}", r.both());
     assert!(
         r.stderr.contains("pausing: the server requested ")

@@ -6,7 +6,7 @@
 //! | replica lag (`--max-replica-lag`) | the largest `replay_lag` in `pg_stat_replication` | 30s |
 //! | archive backlog (`--max-archive-backlog`) | `pg_stat_archiver` against `pg_current_wal_lsn()`, when `archive_mode` is on | 42 segments |
 //! | autovacuum (`--autovacuum-pause`) | `pg_stat_progress_vacuum` joined to `pg_stat_activity`, on the repaired tables | `wraparound` |
-//! | requested checkpoints (`--max-requested-checkpoints`) | `pg_stat_bgwriter.checkpoints_req` (`pg_stat_checkpointer.num_requested` from 17), counted over the last minute | 2 |
+//! | requested checkpoints (`--max-requested-checkpoints`) | `pg_stat_bgwriter.checkpoints_req` (`pg_stat_checkpointer.num_requested` from 17), counted over the last minute, only as many as the WAL written could cause | 2 |
 //! | lock waits (`--max-lock-wait`) | `pg_locks.waitstart` of sessions that are not pgmend's | 1s |
 //!
 //! Why these defaults: 30 s of replay lag is past what a hot standby's readers tolerate and far
@@ -18,7 +18,9 @@
 //! can run for hours on a large table, which would stop every run at the pause limit (`any`
 //! opts in, as GitLab does); more than 2 requested checkpoints a minute is the server's own
 //! "checkpoints are occurring too frequently" (`checkpoint_warning`, 30 s) — WAL is written
-//! faster than `max_wal_size` absorbs, and each checkpoint starts a storm of full-page writes;
+//! faster than `max_wal_size` absorbs, and each checkpoint starts a storm of full-page writes
+//! (a checkpoint a command asked for, `CHECKPOINT` or `DROP DATABASE`, counts in the same
+//! counter and says nothing of that: [`caused_by_wal`] leaves out what the WAL cannot explain);
 //! an application session that has waited more than a second for a lock already shows as
 //! latency, and a duration (not a count) leaves the ordinary short waits on a hot row alone.
 //! Lock waits count only the lock types that contention on data makes (advisory locks are
@@ -48,6 +50,8 @@
 //! `pausing: ...` once per signal, and after `--health-pause-limit` (10 minutes) stops with
 //! [`Stopped`] (exit 1) naming the signal and its last reading. Requested checkpoints need two
 //! readings a minute apart: a process-wide [`Window`] of the counter's samples gives the count.
+//! Lock waits and autovacuum are read in the run's own database: a session of another database
+//! waits for nothing pgmend holds.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -301,22 +305,35 @@ fn threshold_text(health: &Health, signal: Signal) -> String {
     .unwrap_or_else(|| "off".to_string())
 }
 
+/// One reading of the checkpointer: its requested-checkpoints counter and the WAL position.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CheckpointSample {
+    pub requested: i64,
+    /// Bytes of WAL since `0/0` (`pg_current_wal_lsn()`).
+    pub wal: i64,
+}
+
 /// Samples of the server's requested-checkpoints counter, for the count over the last minute.
 #[derive(Debug, Default)]
 pub struct Window {
-    samples: VecDeque<(Instant, i64)>,
+    samples: VecDeque<(Instant, CheckpointSample)>,
 }
 
 const MINUTE: Duration = Duration::from_secs(60);
 
 impl Window {
-    /// Adds the counter's value `count` read at `at`; returns by how much it grew over the
-    /// samples of the last minute (0 at the first sample; a reset counter restarts the window).
-    pub fn add(&mut self, at: Instant, count: i64) -> i64 {
-        if self.samples.back().is_some_and(|&(_, last)| count < last) {
+    /// Adds the sample read at `at`; returns how much the counter and the WAL position grew
+    /// over the samples of the last minute (zeros at the first sample; a reset counter or a
+    /// position that went back, a new cluster behind the same address, restarts the window).
+    pub fn add(&mut self, at: Instant, now: CheckpointSample) -> CheckpointSample {
+        if self
+            .samples
+            .back()
+            .is_some_and(|&(_, last)| now.requested < last.requested || now.wal < last.wal)
+        {
             self.samples.clear();
         }
-        self.samples.push_back((at, count));
+        self.samples.push_back((at, now));
         while self
             .samples
             .front()
@@ -324,8 +341,27 @@ impl Window {
         {
             self.samples.pop_front();
         }
-        count - self.samples.front().map_or(count, |&(_, c)| c)
+        let first = self.samples.front().map_or(now, |&(_, s)| s);
+        CheckpointSample {
+            requested: now.requested - first.requested,
+            wal: now.wal - first.wal,
+        }
     }
+}
+
+/// Of `grown.requested` checkpoints requested in a window, those the WAL written in it could
+/// have caused: the server requests one each time the WAL since the last one passes
+/// `distance` bytes (`max_wal_size / (1 + checkpoint_completion_target)`), so `grown.wal`
+/// bytes cause at most `ceil(grown.wal / distance)`. The others were asked for by a command
+/// (`CHECKPOINT`, `CREATE` or `DROP DATABASE`, a base backup), which says nothing of the load
+/// pgmend's batches put on the server.
+pub fn caused_by_wal(grown: CheckpointSample, distance: i64) -> i64 {
+    let by_wal = if distance <= 0 {
+        grown.requested
+    } else {
+        (grown.wal.max(0) + distance - 1) / distance
+    };
+    grown.requested.min(by_wal).max(0)
 }
 
 /// One window for the process: the counter is the server's, so every stream's samples count.
@@ -442,7 +478,7 @@ fn autovacuums(client: &mut postgres::Client, tables: &[String]) -> Result<Vec<A
         .query(
             "SELECT p.relid::regclass::text, a.query LIKE '%(to prevent wraparound)%'
                FROM pg_stat_progress_vacuum p JOIN pg_stat_activity a ON a.pid = p.pid
-              WHERE a.backend_type = 'autovacuum worker'
+              WHERE a.backend_type = 'autovacuum worker' AND a.datname = current_database()
                 AND p.relid IN (SELECT to_regclass(t) FROM unnest($1::text[]) t)",
             &[&tables],
         )
@@ -456,21 +492,37 @@ fn autovacuums(client: &mut postgres::Client, tables: &[String]) -> Result<Vec<A
         .collect())
 }
 
-fn checkpoints_requested(client: &mut postgres::Client) -> Result<i64> {
+/// The requested-checkpoints counter, the WAL position, and the WAL that makes the server
+/// request a checkpoint (see [`caused_by_wal`]).
+fn checkpoints_requested(client: &mut postgres::Client) -> Result<(CheckpointSample, i64)> {
     let version: i32 = client
         .query_one("SELECT current_setting('server_version_num')::int", &[])
         .doing("reading the server's version")?
         .get(0);
     // PostgreSQL 17 moved the checkpointer's counters out of pg_stat_bgwriter.
-    let sql = if version >= 170_000 {
-        "SELECT num_requested FROM pg_stat_checkpointer"
+    let counter = if version >= 170_000 {
+        "(SELECT num_requested FROM pg_stat_checkpointer)"
     } else {
-        "SELECT checkpoints_req FROM pg_stat_bgwriter"
+        "(SELECT checkpoints_req FROM pg_stat_bgwriter)"
     };
-    Ok(client
-        .query_one(sql, &[])
-        .doing("reading the requested checkpoints")?
-        .get(0))
+    let row = client
+        .query_one(
+            &format!(
+                "SELECT {counter},
+                        pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint,
+                        (pg_size_bytes(current_setting('max_wal_size'))
+                         / (1 + current_setting('checkpoint_completion_target')::float8))::bigint"
+            ),
+            &[],
+        )
+        .doing("reading the requested checkpoints")?;
+    Ok((
+        CheckpointSample {
+            requested: row.get(0),
+            wal: row.get(1),
+        },
+        row.get(2),
+    ))
 }
 
 fn lock_waits(client: &mut postgres::Client) -> Result<Option<LockWaits>> {
@@ -480,7 +532,7 @@ fn lock_waits(client: &mut postgres::Client) -> Result<Option<LockWaits>> {
                     (extract(epoch FROM max(now() - l.waitstart)) * 1000)::bigint
                FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
               WHERE NOT l.granted AND l.locktype NOT IN ('advisory', 'virtualxid')
-                AND l.pid <> pg_backend_pid()
+                AND l.pid <> pg_backend_pid() AND a.datname = current_database()
                 AND a.application_name IS DISTINCT FROM current_setting('application_name')",
             &[],
         )
@@ -513,9 +565,10 @@ pub fn readings(
         r.archive_backlog = archive(client)?;
     }
     if health.requested_checkpoints.limit.is_some() {
-        let count = checkpoints_requested(client)?;
+        let (sample, distance) = checkpoints_requested(client)?;
         let mut window = CHECKPOINTS.lock().unwrap_or_else(|e| e.into_inner());
-        r.requested_checkpoints = Some(window.add(Instant::now(), count));
+        let grown = window.add(Instant::now(), sample);
+        r.requested_checkpoints = Some(caused_by_wal(grown, distance));
     }
     if health.lock_wait.limit.is_some() {
         r.lock_waits = lock_waits(client)?;
@@ -877,16 +930,39 @@ mod tests {
     #[test]
     fn requested_checkpoints_are_counted_over_the_last_minute() {
         let t0 = Instant::now();
+        let at = |requested, wal| CheckpointSample { requested, wal };
         let mut w = Window::default();
-        assert_eq!(w.add(t0, 100), 0, "one reading counts nothing");
-        assert_eq!(w.add(t0 + s(10), 101), 1);
-        assert_eq!(w.add(t0 + s(50), 103), 3);
+        assert_eq!(
+            w.add(t0, at(100, 1000)),
+            at(0, 0),
+            "one reading counts nothing"
+        );
+        assert_eq!(w.add(t0 + s(10), at(101, 1500)), at(1, 500));
+        assert_eq!(w.add(t0 + s(50), at(103, 4000)), at(3, 3000));
         // The sample at 0 s is more than a minute old at 65 s: counted from the one at 10 s.
-        assert_eq!(w.add(t0 + s(65), 104), 3);
-        assert_eq!(w.add(t0 + s(200), 104), 0);
-        // A reset of the statistics restarts the window.
-        assert_eq!(w.add(t0 + s(201), 2), 0);
-        assert_eq!(w.add(t0 + s(202), 5), 3);
+        assert_eq!(w.add(t0 + s(65), at(104, 4500)), at(3, 3000));
+        assert_eq!(w.add(t0 + s(200), at(104, 4500)), at(0, 0));
+        // A reset of the statistics restarts the window, and so does a WAL position that went
+        // back (another cluster behind the same address).
+        assert_eq!(w.add(t0 + s(201), at(2, 4600)), at(0, 0));
+        assert_eq!(w.add(t0 + s(202), at(5, 4700)), at(3, 100));
+        assert_eq!(w.add(t0 + s(203), at(6, 10)), at(0, 0));
+    }
+
+    #[test]
+    fn only_the_checkpoints_the_wal_could_cause_count() {
+        let grown = |requested, wal| CheckpointSample { requested, wal };
+        // 1 GB of max_wal_size at 0.9: a checkpoint every 565 MB or so.
+        let distance = 1024 * 1024 * 1024 * 10 / 19;
+        // Five DROP DATABASEs and little WAL: none of them is the batches' doing.
+        assert_eq!(caused_by_wal(grown(5, 0), distance), 0);
+        assert_eq!(caused_by_wal(grown(5, 16 * 1024 * 1024), distance), 1);
+        // 2 GB of WAL in a minute: up to four checkpoints are the WAL's.
+        assert_eq!(caused_by_wal(grown(3, 2 * 1024 * 1024 * 1024), distance), 3);
+        assert_eq!(caused_by_wal(grown(9, 2 * 1024 * 1024 * 1024), distance), 4);
+        assert_eq!(caused_by_wal(grown(0, 2 * 1024 * 1024 * 1024), distance), 0);
+        // A setting that reads as nothing leaves the counter as it is.
+        assert_eq!(caused_by_wal(grown(3, 0), 0), 3);
     }
 
     #[test]
