@@ -494,6 +494,73 @@ impl Rng {
     }
 }
 
+/// How a [`kill_then_finish`] went.
+pub struct Killed {
+    /// Runs SIGKILLed.
+    pub kills: usize,
+    /// Whether the last run finished (with exit 0: one that exits otherwise is an error).
+    pub completed: bool,
+}
+
+/// The tests' small campaign: starts `command` (stdout and stderr are set here) up to
+/// `attempts` times, SIGKILLs each of the first `kills` runs at a random moment `window_ms`
+/// after its start, unless it ends first, and leaves the next one 600 s to finish. A run
+/// that ends by itself must exit 0: otherwise the error holds its stderr.
+pub fn kill_then_finish(
+    mut command: impl FnMut() -> Command,
+    rng: &mut Rng,
+    attempts: usize,
+    kills: usize,
+    window_ms: (u64, u64),
+) -> Result<Killed> {
+    let dir = tempfile::tempdir()?;
+    let mut killed = Killed {
+        kills: 0,
+        completed: false,
+    };
+    for attempt in 0..attempts {
+        let err_path = dir.path().join(format!("stderr-{attempt}"));
+        let mut child = command()
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&err_path)?)
+            .spawn()
+            .context("starting pgmend")?;
+        let delay = if killed.kills < kills {
+            Duration::from_millis(rng.between(window_ms.0, window_ms.1))
+        } else {
+            Duration::from_secs(600)
+        };
+        let started = Instant::now();
+        let mut finished = None;
+        while started.elapsed() < delay {
+            if let Some(status) = child.try_wait()? {
+                finished = Some(status);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        match finished {
+            Some(status) => {
+                if status.code() != Some(0) {
+                    bail!(
+                        "attempt {attempt} exited {:?}: {}",
+                        status.code(),
+                        std::fs::read_to_string(&err_path).unwrap_or_default()
+                    );
+                }
+                killed.completed = true;
+                break;
+            }
+            None => {
+                child.kill()?; // SIGKILL
+                child.wait()?;
+                killed.kills += 1;
+            }
+        }
+    }
+    Ok(killed)
+}
+
 /// What a campaign counted.
 #[derive(Debug, Default, Clone)]
 pub struct Tally {

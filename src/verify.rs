@@ -29,6 +29,7 @@ use anyhow::Result;
 use postgres::GenericClient;
 use serde::Serialize;
 
+use crate::db::sql_text::names;
 use crate::error::PgContext;
 use crate::online::catalog;
 use crate::online::census::{Census, Guard};
@@ -391,21 +392,13 @@ fn from_repair(client: &mut impl GenericClient, repair: &str, spec: &Spec) -> Re
             &format!(
                 "every row of {} with ({}) set refers to a row of {}",
                 o.table.as_str(),
-                o.columns
-                    .iter()
-                    .map(|c| c.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
+                names(&o.columns, ", "),
                 o.references.table.as_str()
             ),
             &format!(
                 "rows of {} whose ({}) refers to no row of {}: {fix}",
                 o.table.as_str(),
-                o.columns
-                    .iter()
-                    .map(|c| c.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
+                names(&o.columns, ", "),
                 o.references.table.as_str()
             ),
         ),

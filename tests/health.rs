@@ -357,10 +357,7 @@ fn every_signal_reads_on_this_server_and_only_checkpoints_the_wal_causes_pause_t
             handle.join().unwrap();
         }
     };
-    let commanded = common::copy_of(&db);
-    let requested_before = requested_checkpoints(&db);
-    let stop = storm("CHECKPOINT");
-    let r = commanded.run(&[
+    let watched = [
         "repair",
         "apply",
         "void-duplicate-coupons",
@@ -373,7 +370,11 @@ fn every_signal_reads_on_this_server_and_only_checkpoints_the_wal_causes_pause_t
         "1",
         "--health-pause-limit",
         "2s",
-    ]);
+    ];
+    let commanded = common::copy_of(&db);
+    let requested_before = requested_checkpoints(&db);
+    let stop = storm("CHECKPOINT");
+    let r = commanded.run(&watched);
     stop();
     assert!(
         requested_checkpoints(&db) - requested_before > 1,
@@ -391,20 +392,7 @@ fn every_signal_reads_on_this_server_and_only_checkpoints_the_wal_causes_pause_t
         .batch_execute("CREATE TABLE wal_storm (n int)")
         .unwrap();
     let stop = storm("INSERT INTO wal_storm VALUES (1); SELECT pg_switch_wal()");
-    let r = db.run(&[
-        "repair",
-        "apply",
-        "void-duplicate-coupons",
-        "--yes",
-        "--batch-target",
-        "5ms",
-        "--pause",
-        "300ms",
-        "--max-requested-checkpoints",
-        "1",
-        "--health-pause-limit",
-        "2s",
-    ]);
+    let r = db.run(&watched);
     stop();
     assert_eq!(r.code, 1, "{}", r.both());
     assert!(

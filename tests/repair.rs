@@ -1377,12 +1377,15 @@ fn killed_at_random_the_release_resumes_to_the_same_state_and_ledger() {
     let seed = kill_campaign::seed_from_env().unwrap();
     eprintln!("kill seed {seed}; replay with PGMEND_KILL_SEED={seed}");
     let mut rng = kill_campaign::Rng::new(seed);
-    let mut kills = 0;
-    let mut completed = false;
-    for attempt in 0..60 {
-        let mut child = db
-            .pgmend()
-            .args([
+    // Eight kills at random moments, then a run left to finish: on a loaded machine a run may
+    // never get through in the random window, and the point is the resume. The window is
+    // short: a killed pgmend's lease ends with its process, so the next run starts at once
+    // (it used to wait about a second for the killed session's lock), and with up to 430 ms a
+    // run could finish the release after two kills.
+    let kill_campaign::Killed { kills, completed } = kill_campaign::kill_then_finish(
+        || {
+            let mut c = db.pgmend();
+            c.args([
                 "apply",
                 "--yes",
                 "--confirm",
@@ -1391,49 +1394,15 @@ fn killed_at_random_the_release_resumes_to_the_same_state_and_ledger() {
                 "2ms",
                 "--runner-wait",
                 "30s",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        // Eight kills at random moments, then a run left to finish: on a loaded machine a
-        // run may never get through in the random window, and the point is the resume. The
-        // window is short: a killed pgmend's lease ends with its process, so the next run
-        // starts at once (it used to wait about a second for the killed session's lock), and
-        // with up to 430 ms a run could finish the release after two kills.
-        let delay = if kills < 8 {
-            Duration::from_millis(rng.between(30, 230))
-        } else {
-            Duration::from_secs(600)
-        };
-        let started = Instant::now();
-        let mut finished = None;
-        while started.elapsed() < delay {
-            if let Some(status) = child.try_wait().unwrap() {
-                finished = Some(status);
-                break;
-            }
-            thread::sleep(Duration::from_millis(5));
-        }
-        match finished {
-            Some(status) => {
-                let mut err = String::new();
-                std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
-                assert_eq!(
-                    status.code(),
-                    Some(0),
-                    "attempt {attempt} (seed {seed}): {err}"
-                );
-                completed = true;
-                break;
-            }
-            None => {
-                child.kill().unwrap();
-                child.wait().unwrap();
-                kills += 1;
-            }
-        }
-    }
+            ]);
+            c
+        },
+        &mut rng,
+        60,
+        8,
+        (30, 230),
+    )
+    .unwrap_or_else(|e| panic!("seed {seed}: {e:#}"));
     assert!(
         kills >= 3,
         "the run was interrupted only {kills} times (seed {seed}; replay with PGMEND_KILL_SEED={seed})"

@@ -12,8 +12,7 @@ mod common;
 mod kill_campaign;
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
@@ -647,64 +646,85 @@ fn an_expression_that_raises_on_a_row_stops_the_run_naming_the_row_and_its_sqlst
 }
 
 #[test]
+fn a_value_the_table_refuses_as_it_is_written_stops_the_run_naming_the_row_and_its_sqlstate() {
+    let db = shop_at_v2();
+    // The quantities first: V2's CHECK on them (NOT VALID) refuses any write of a line whose
+    // quantity is not positive yet.
+    let r = db.run(&[
+        "repair",
+        "apply",
+        "normalise-quantities",
+        "--yes",
+        "--release",
+        &shop_arg(),
+    ]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    // Every total computes; the table refuses one of them when the batch writes it.
+    db.client()
+        .batch_execute(
+            "ALTER TABLE order_lines ADD CONSTRAINT no_total_for_7777
+               CHECK (line_id <> 7777 OR total_cents IS NULL) NOT VALID",
+        )
+        .unwrap();
+    let r = db.run(&[
+        "repair",
+        "apply",
+        "backfill-line-totals",
+        "--yes",
+        "--release",
+        &shop_arg(),
+        "--batch-target",
+        "2ms",
+    ]);
+    assert_eq!(r.code, 1, "{}", r.both());
+    assert!(
+        r.stderr
+            .contains("set.total_cents raised on the row line_id = 7777")
+            && r.stderr.contains("23514")
+            && r.stderr.contains("no_total_for_7777"),
+        "{}",
+        r.stderr
+    );
+    // The search wrote nothing: the row untouched, one record per changed row.
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) FROM order_lines WHERE line_id = 7777 AND total_cents IS NULL"
+        ),
+        1
+    );
+    let changed = db.scalar_i64("SELECT count(*) FROM order_lines WHERE total_cents IS NOT NULL");
+    assert_eq!(records(&db, "backfill-line-totals"), changed);
+}
+
+#[test]
 fn killed_at_random_the_shop_release_resumes_to_the_same_state_and_ledger() {
     let db = shop_db();
     remember_expected(&db);
     let seed = kill_campaign::seed_from_env().unwrap();
     eprintln!("kill seed {seed}; replay with PGMEND_KILL_SEED={seed}");
     let mut rng = kill_campaign::Rng::new(seed);
-    let mut kills = 0;
-    let mut completed = false;
-    for attempt in 0..40 {
-        let mut child = db
-            .pgmend()
-            .args([
+    let shop = shop_arg();
+    let kill_campaign::Killed { kills, completed } = kill_campaign::kill_then_finish(
+        || {
+            let mut c = db.pgmend();
+            c.args([
                 "apply",
                 "--yes",
                 "--release",
-                &shop_arg(),
+                &shop,
                 "--batch-target",
                 "2ms",
                 "--runner-wait",
                 "30s",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let delay = if kills < 6 {
-            Duration::from_millis(rng.between(30, 400))
-        } else {
-            Duration::from_secs(600)
-        };
-        let started = Instant::now();
-        let mut finished = None;
-        while started.elapsed() < delay {
-            if let Some(status) = child.try_wait().unwrap() {
-                finished = Some(status);
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        match finished {
-            Some(status) => {
-                let mut err = String::new();
-                std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
-                assert_eq!(
-                    status.code(),
-                    Some(0),
-                    "attempt {attempt} (seed {seed}): {err}"
-                );
-                completed = true;
-                break;
-            }
-            None => {
-                child.kill().unwrap();
-                child.wait().unwrap();
-                kills += 1;
-            }
-        }
-    }
+            ]);
+            c
+        },
+        &mut rng,
+        40,
+        6,
+        (30, 400),
+    )
+    .unwrap_or_else(|e| panic!("seed {seed}: {e:#}"));
     assert!(kills >= 2, "interrupted only {kills} times (seed {seed})");
     assert!(completed, "no run finished (seed {seed})");
     assert_eq!(differences(&db), 0, "seed {seed}");

@@ -358,6 +358,16 @@ fn quote_identifier(name: &str) -> String {
     postgres_protocol::escape::escape_identifier(name)
 }
 
+/// `x, y`: the columns' names as written, unquoted, joined by `sep`, for a message or a
+/// reason (never for SQL text: [`column_list`] quotes them).
+pub fn names(columns: &[Ident], sep: &str) -> String {
+    columns
+        .iter()
+        .map(Ident::as_str)
+        .collect::<Vec<_>>()
+        .join(sep)
+}
+
 /// `a."x", a."y"` (or `"x", "y"` when `alias` is empty).
 pub fn column_list(alias: &str, columns: &[Ident]) -> String {
     columns

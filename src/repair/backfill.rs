@@ -16,9 +16,9 @@
 
 use anyhow::Result;
 
-use super::catalog::column_types;
+use super::catalog::column_type;
 use super::definition::BackfillSpec;
-use crate::db::sql_text::{Binds, BoundSql, Ident, KeyRange, Param, TypeName};
+use crate::db::sql_text::{Binds, BoundSql, Ident, KeyRange, TypeName};
 use crate::error::PgContext;
 use crate::store;
 
@@ -38,8 +38,7 @@ impl BackfillEngine {
         client: &mut impl postgres::GenericClient,
         spec: &BackfillSpec,
     ) -> Result<BackfillEngine> {
-        let key_type =
-            column_types(client, &spec.table, std::slice::from_ref(&spec.row_key))?.remove(0);
+        let key_type = column_type(client, &spec.table, &spec.row_key)?;
         let mut set = Vec::new();
         for (column, expression) in &spec.set {
             let ty = TypeName::compared_of_column(client, &spec.table, column)
@@ -85,17 +84,7 @@ impl BackfillEngine {
     /// The range freeze: ranges of `row_key` (see [`store::runs::range_targets_sql`]). The
     /// caller binds the run.
     pub fn freeze_ranges_sql(&self, sample: store::runs::RangeSample) -> String {
-        let [run] = Param::ordered();
-        store::runs::range_targets_sql(
-            &format!(
-                "SELECT t.{key} AS k FROM {table} t {sampled} WHERE t.{key} IS NOT NULL",
-                key = &self.spec.row_key,
-                table = self.table(),
-                sampled = sample.clause(),
-            ),
-            run,
-            sample,
-        )
+        store::runs::column_range_targets_sql(self.table(), &self.spec.row_key, sample)
     }
 
     /// Each row's values before (`b0`...) and as the expressions make them (`a0`...), over
@@ -274,7 +263,8 @@ impl BackfillEngine {
 
     /// After a batch over `(after, up_to]` failed with a data error: the first row whose
     /// `where` or expression raises, with what raised, as `(key, key of the definition, error)`.
-    /// Read in a `READ ONLY` transaction, halving the range's keys.
+    /// Read in a `READ ONLY` transaction, halving the range's keys; when every value computes,
+    /// the row whose write the table refuses ([`Self::find_refused_write`]).
     pub fn find_failing_row(
         &self,
         client: &mut postgres::Client,
@@ -304,7 +294,8 @@ impl BackfillEngine {
         };
         let mut slice: &[String] = &keys;
         if fails(&mut tx, Probe::All, slice)?.is_none() {
-            return Ok(None);
+            let _ = tx.rollback();
+            return self.find_refused_write(client, &keys);
         }
         while slice.len() > 1 {
             let (left, right) = slice.split_at(slice.len() / 2);
@@ -328,6 +319,93 @@ impl BackfillEngine {
         let _ = tx.rollback();
         Ok(found.map(|(key, e)| (slice[0].clone(), key, e)))
     }
+}
+
+impl BackfillEngine {
+    /// When every value computes but the table refuses one as it is written (too long for
+    /// its column, a `CHECK`, `NOT NULL` or foreign key, a trigger that raises): the row, found
+    /// by writing halves of `keys` as a batch would, each in a savepoint, in a transaction
+    /// rolled back at the end (nothing stays written; the session's lock timeout bounds the
+    /// waits), and the `set` column that alone makes it fail (`set` when only their
+    /// combination does). None when no half fails alone (two rows that clash only together).
+    fn find_refused_write(
+        &self,
+        client: &mut postgres::Client,
+        keys: &[String],
+    ) -> Result<Option<(String, String, String)>> {
+        let mut tx = client
+            .transaction()
+            .doing("opening a transaction to find the refused row")?;
+        tx.batch_execute("SET LOCAL lock_timeout = '5s'")
+            .doing("bounding the lock waits of the search")?;
+        let fails = |tx: &mut postgres::Transaction<'_>,
+                     columns: &[usize],
+                     keys: &[String]|
+         -> Result<Option<String>> {
+            let mut sp = tx.transaction().doing("opening a savepoint")?;
+            let out = match sp.execute(&self.write_probe_sql(columns), &[&keys]) {
+                Ok(_) => None,
+                // A lock timeout, a lost session: no row's doing, so no row is named.
+                Err(e) if !e.code().is_some_and(|c| raised_by_a_row(c.code())) => {
+                    return Err(e)
+                        .doing("writing the failed batch's rows again to find the refused one")
+                }
+                Err(e) => Some(crate::error::describe(&e).to_string()),
+            };
+            sp.rollback().doing("closing a savepoint")?;
+            Ok(out)
+        };
+        let every: Vec<usize> = (0..self.set.len()).collect();
+        let mut slice = keys;
+        let Some(mut raised) = fails(&mut tx, &every, slice)? else {
+            return Ok(None);
+        };
+        while slice.len() > 1 {
+            let (left, right) = slice.split_at(slice.len() / 2);
+            if let Some(e) = fails(&mut tx, &every, left)? {
+                (slice, raised) = (left, e);
+            } else if let Some(e) = fails(&mut tx, &every, right)? {
+                (slice, raised) = (right, e);
+            } else {
+                return Ok(None);
+            }
+        }
+        let mut part = "set".to_string();
+        for (i, (column, _, _)) in self.set.iter().enumerate() {
+            if let Some(e) = fails(&mut tx, &[i], slice)? {
+                (part, raised) = (format!("set.{}", column.as_str()), e);
+                break;
+            }
+        }
+        let _ = tx.rollback();
+        Ok(Some((slice[0].clone(), part, raised)))
+    }
+
+    /// The batch's write of the `set` columns numbered `columns`, on rows `$1` (keys as text)
+    /// where `where` holds.
+    fn write_probe_sql(&self, columns: &[usize]) -> String {
+        let key = self.col(&self.spec.row_key);
+        let sets = columns
+            .iter()
+            .map(|&i| {
+                let (column, expression, ty) = &self.set[i];
+                format!("{column} = (({expression}))::{ty}")
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!(
+            "UPDATE {table} SET {sets} WHERE {key} = ANY ($1::text[]::{kt}[]) AND ({predicate})",
+            table = self.table(),
+            kt = self.key_type,
+            predicate = self.spec.predicate,
+        )
+    }
+}
+
+/// Whether an error of SQLSTATE `state` comes of what a row holds: a data exception, an
+/// integrity violation, an error raised by a function (classes 22, 23, 2F, 38, 39 and P0).
+pub fn raised_by_a_row(state: &str) -> bool {
+    ["22", "23", "2F", "38", "39", "P0"].contains(&state.get(..2).unwrap_or(""))
 }
 
 #[derive(Clone, Copy)]

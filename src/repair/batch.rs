@@ -257,7 +257,7 @@ fn on_a_row(
     }) else {
         return error;
     };
-    if !["22", "23", "2F", "38", "39", "P0"].contains(&&state[..2]) {
+    if !super::backfill::raised_by_a_row(&state) {
         return error;
     }
     let found = store::runs::range_bounds(client, run_id, targets.lo, targets.hi)

@@ -24,3 +24,12 @@ pub fn column_types(
     }
     Ok(types)
 }
+
+/// The SQL type of `table.column` ([`column_types`] of one column).
+pub fn column_type(
+    client: &mut impl GenericClient,
+    table: &Ident,
+    column: &Ident,
+) -> Result<TypeName> {
+    Ok(column_types(client, table, std::slice::from_ref(column))?.remove(0))
+}

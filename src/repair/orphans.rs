@@ -21,10 +21,10 @@
 
 use anyhow::Result;
 
-use super::catalog::column_types;
+use super::catalog::{column_type, column_types};
 use super::definition::{MatchRule, OrphanAction, OrphansSpec};
 use crate::db::sql_text::{
-    all_not_null, column_list, Binds, BoundSql, Ident, KeyRange, Literal, Param, TypeName,
+    all_not_null, column_list, names, Binds, BoundSql, Ident, KeyRange, Literal, TypeName,
 };
 use crate::error::PgContext;
 use crate::store;
@@ -44,8 +44,7 @@ impl OrphansEngine {
         client: &mut impl postgres::GenericClient,
         spec: &OrphansSpec,
     ) -> Result<OrphansEngine> {
-        let key_type =
-            column_types(client, &spec.table, std::slice::from_ref(&spec.row_key))?.remove(0);
+        let key_type = column_type(client, &spec.table, &spec.row_key)?;
         column_types(client, &spec.table, &spec.columns)?;
         column_types(client, &spec.references.table, &spec.references.columns)?;
         let quarantine = match spec.quarantine() {
@@ -111,17 +110,7 @@ impl OrphansEngine {
 
     /// The range freeze: ranges of `row_key`. The caller binds the run.
     pub fn freeze_ranges_sql(&self, sample: store::runs::RangeSample) -> String {
-        let [run] = Param::ordered();
-        store::runs::range_targets_sql(
-            &format!(
-                "SELECT t.{key} AS k FROM {table} t {sampled} WHERE t.{key} IS NOT NULL",
-                key = &self.spec.row_key,
-                table = &self.spec.table,
-                sampled = sample.clause(),
-            ),
-            run,
-            sample,
-        )
+        store::runs::column_range_targets_sql(&self.spec.table, &self.spec.row_key, sample)
     }
 
     /// Creates the quarantine table when it is missing (in the transaction that freezes the
@@ -177,12 +166,7 @@ impl OrphansEngine {
             "format('no row of %s has (%s) = (%s)', {parent}, {parent_cols}, concat_ws(', ', {values}))",
             parent = s.references.table.literal(),
             parent_cols = Literal::new(
-                s.references
-                    .columns
-                    .iter()
-                    .map(Ident::as_str)
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                names(&s.references.columns, ", ")
             ),
             values = column_list(alias, &s.columns),
         )
@@ -262,12 +246,7 @@ impl OrphansEngine {
             reason: format!(
                 "no row of {} has ({}) = (%s): set to NULL",
                 s.references.table.as_str(),
-                s.references
-                    .columns
-                    .iter()
-                    .map(Ident::as_str)
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                names(&s.references.columns, ", ")
             ),
         }]
     }

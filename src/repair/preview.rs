@@ -26,7 +26,7 @@ use super::counter::CounterEngine;
 use super::definition::{BackfillSpec, Kind, OrphansSpec, Repair, Spec};
 use super::orphans::OrphansEngine;
 use super::void::VoidEngine;
-use crate::db::sql_text::{Ident, TypeName};
+use crate::db::sql_text::{names, Ident, TypeName};
 use crate::error::{DbFailure, PgContext};
 use crate::human;
 use crate::online::census::{with_predicted, AddedColumn, Predicted};
@@ -88,21 +88,18 @@ pub fn preview_predicted(
     let mut savepoint = tx
         .transaction()
         .doing("opening a savepoint for the preview")?;
+    let basis = Basis { shadows, predicted };
     let result = match &repair.spec {
         Spec::VoidDuplicates(spec) => {
-            let basis = Basis { shadows, predicted };
             preview_void(&mut savepoint, spec, repair, &basis, sample, sink, &mut p)
         }
         Spec::RebuildCounter(spec) => {
-            let basis = Basis { shadows, predicted };
             preview_counter(&mut savepoint, spec, repair, &basis, sample, sink, &mut p)
         }
         Spec::Backfill(spec) => {
-            let basis = Basis { shadows, predicted };
             preview_backfill(&mut savepoint, spec, repair, &basis, sample, sink, &mut p)
         }
         Spec::Orphans(spec) => {
-            let basis = Basis { shadows, predicted };
             preview_orphans(&mut savepoint, spec, repair, &basis, sample, sink, &mut p)
         }
     };
@@ -138,6 +135,34 @@ fn table_exists(tx: &mut postgres::Transaction<'_>, table: &str) -> Result<bool>
         .get(0))
 }
 
+/// Whether one of `tables` does not exist yet (an earlier pending migration creates it): says
+/// so in `p`, and the preview has nothing more to show.
+fn not_yet(tx: &mut postgres::Transaction<'_>, tables: &[&Ident], p: &mut Preview) -> Result<bool> {
+    for t in tables {
+        if !table_exists(tx, t.as_str())? {
+            p.not_yet = Some(format!("{} does not exist yet", t.as_str()));
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Runs a preview's query, calling `each` on its rows in order.
+fn each_row(
+    tx: &mut postgres::Transaction<'_>,
+    sql: &str,
+    repair: &Repair,
+    mut each: impl FnMut(&postgres::Row) -> Result<()>,
+) -> Result<()> {
+    let params: Vec<&(dyn postgres::types::ToSql + Sync)> = Vec::new();
+    let doing = previewing(repair);
+    let mut rows = tx.query_raw(sql, params).doing(&doing)?;
+    while let Some(row) = rows.next().doing(&doing)? {
+        each(&row)?;
+    }
+    Ok(())
+}
+
 fn preview_void(
     tx: &mut postgres::Transaction<'_>,
     spec: &super::definition::VoidSpec,
@@ -147,17 +172,13 @@ fn preview_void(
     sink: &mut dyn FnMut(&Change) -> Result<()>,
     p: &mut Preview,
 ) -> Result<()> {
-    if !table_exists(tx, spec.table.as_str())? {
-        p.not_yet = Some(format!("{} does not exist yet", spec.table.as_str()));
+    if not_yet(tx, &[&spec.table], p)? {
         return Ok(());
     }
     let engine = VoidEngine::preview_only(spec.clone());
     let active = missing_shadows(tx, basis.shadows)?;
     let sql = with_predicted(&engine.preview_sql(), &active, basis.predicted);
-    let params: Vec<&(dyn postgres::types::ToSql + Sync)> = Vec::new();
-    let doing = previewing(repair);
-    let mut rows = tx.query_raw(&sql, params).doing(&doing)?;
-    while let Some(row) = rows.next().doing(&doing)? {
+    each_row(tx, &sql, repair, |row| {
         let (key, grp): (String, String) = (row.get(0), row.get(1));
         let (before_mark, before_void, voids): (bool, Option<String>, bool) =
             (row.get(2), row.get(3), row.get(4));
@@ -203,8 +224,8 @@ fn preview_void(
             };
             sink(&change)?;
         }
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 fn preview_counter(
@@ -224,10 +245,7 @@ fn preview_counter(
         &active,
         basis.predicted,
     );
-    let params: Vec<&(dyn postgres::types::ToSql + Sync)> = Vec::new();
-    let doing = previewing(repair);
-    let mut rows = tx.query_raw(&sql, params).doing(&doing)?;
-    while let Some(row) = rows.next().doing(&doing)? {
+    each_row(tx, &sql, repair, |row| {
         let (key, now, truth): (String, Option<i64>, i64) = (row.get(0), row.get(1), row.get(2));
         p.changes += 1;
         if now.is_none() {
@@ -239,14 +257,7 @@ fn preview_counter(
         if sample.is_none_or(|n| (p.changes as usize) <= n) {
             sink(&Change {
                 table: spec.counter_table.as_str().to_string(),
-                key: format!(
-                    "{} = {key}",
-                    spec.key
-                        .iter()
-                        .map(Ident::as_str)
-                        .collect::<Vec<_>>()
-                        .join("/")
-                ),
+                key: format!("{} = {key}", names(&spec.key, "/")),
                 before: match now {
                     Some(v) => BTreeMap::from([(spec.counter.as_str().to_string(), v.to_string())]),
                     None => BTreeMap::new(),
@@ -259,8 +270,8 @@ fn preview_counter(
                 },
             })?;
         }
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 /// A backfill engine for a preview: each `set` column's type from the catalog, or from the
@@ -305,8 +316,7 @@ fn preview_backfill(
     sink: &mut dyn FnMut(&Change) -> Result<()>,
     p: &mut Preview,
 ) -> Result<()> {
-    if !table_exists(tx, spec.table.as_str())? {
-        p.not_yet = Some(format!("{} does not exist yet", spec.table.as_str()));
+    if not_yet(tx, &[&spec.table], p)? {
         return Ok(());
     }
     let active = missing_shadows(tx, basis.shadows)?;
@@ -314,10 +324,7 @@ fn preview_backfill(
     let sql = with_predicted(&engine.preview_sql(), &active, basis.predicted);
     let columns: Vec<&Ident> = spec.set.keys().collect();
     let n = columns.len();
-    let params: Vec<&(dyn postgres::types::ToSql + Sync)> = Vec::new();
-    let doing = previewing(repair);
-    let mut rows = tx.query_raw(&sql, params).doing(&doing)?;
-    while let Some(row) = rows.next().doing(&doing)? {
+    each_row(tx, &sql, repair, |row| {
         p.changes += 1;
         if sample.is_none_or(|s| (p.changes as usize) <= s) {
             let value = |i: usize| {
@@ -341,8 +348,8 @@ fn preview_backfill(
                 ),
             })?;
         }
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 fn preview_orphans(
@@ -354,20 +361,14 @@ fn preview_orphans(
     sink: &mut dyn FnMut(&Change) -> Result<()>,
     p: &mut Preview,
 ) -> Result<()> {
-    for t in [&spec.table, &spec.references.table] {
-        if !table_exists(tx, t.as_str())? {
-            p.not_yet = Some(format!("{} does not exist yet", t.as_str()));
-            return Ok(());
-        }
+    if not_yet(tx, &[&spec.table, &spec.references.table], p)? {
+        return Ok(());
     }
     let active = missing_shadows(tx, basis.shadows)?;
     let engine = OrphansEngine::preview_only(spec);
     let sql = with_predicted(&engine.preview_sql(), &active, basis.predicted);
-    let params: Vec<&(dyn postgres::types::ToSql + Sync)> = Vec::new();
-    let doing = previewing(repair);
-    let mut rows = tx.query_raw(&sql, params).doing(&doing)?;
     let quarantine = spec.quarantine();
-    while let Some(row) = rows.next().doing(&doing)? {
+    each_row(tx, &sql, repair, |row| {
         p.changes += 1;
         if quarantine.is_some() {
             p.voided_or_created += 1;
@@ -405,17 +406,12 @@ fn preview_orphans(
                 reason: format!(
                     "no row of {} has ({}) = ({refers}): {what}",
                     spec.references.table.as_str(),
-                    spec.references
-                        .columns
-                        .iter()
-                        .map(Ident::as_str)
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    names(&spec.references.columns, ", ")
                 ),
             })?;
         }
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 /// What a preview reads instead of the tables as they are now.

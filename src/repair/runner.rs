@@ -40,7 +40,7 @@ use super::options::{RunOptions, Workers};
 use super::split_freeze;
 use super::workers;
 use crate::db::retry::{with_lock_retry, LockPolicy};
-use crate::db::sql_text::Ident;
+use crate::db::sql_text::names;
 use crate::error::{PgContext, Stopped};
 use crate::human;
 use crate::store::runs::RangeSample;
@@ -148,7 +148,7 @@ pub fn apply(
                 "run {} of {} walks the groups in ranges of an index on ({}), and no valid index on those columns exists now; nothing was changed. Build the index again (pgmend migrate status lists INVALID ones), or abandon the run: pgmend repair abandon {} --yes",
                 run.run_id,
                 repair.name,
-                e.spec.group_by.iter().map(Ident::as_str).collect::<Vec<_>>().join(", "),
+                names(&e.spec.group_by, ", "),
                 run.run_id
             )));
         }

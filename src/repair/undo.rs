@@ -20,7 +20,7 @@
 use anyhow::{bail, Result};
 use serde::Serialize;
 
-use super::catalog::column_types;
+use super::catalog::{column_type, column_types};
 use super::definition::{Repair, Spec};
 use crate::db::retry::{with_lock_retry, LockPolicy};
 use crate::db::sql_text::{column_list, key_match, CheckBody, Ident, Literal, TypeName};
@@ -107,7 +107,7 @@ fn shape(client: &mut postgres::Client, repair: &Repair) -> Result<Shape> {
                 table: b.table.clone(),
                 keys: vec![(
                     b.row_key.clone(),
-                    column_types(client, &b.table, std::slice::from_ref(&b.row_key))?.remove(0),
+                    column_type(client, &b.table, &b.row_key)?,
                 )],
                 compare: restore.clone(),
                 restore,
@@ -184,7 +184,7 @@ fn shape(client: &mut postgres::Client, repair: &Repair) -> Result<Shape> {
                 .collect();
             let restore: Vec<(Ident, TypeName)> = vec![(
                 c.counter.clone(),
-                column_types(client, &c.counter_table, std::slice::from_ref(&c.counter))?.remove(0),
+                column_type(client, &c.counter_table, &c.counter)?,
             )];
             Ok(Shape {
                 table: c.counter_table.clone(),

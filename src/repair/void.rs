@@ -81,16 +81,7 @@ impl VoidEngine {
             .range_by
             .as_ref()
             .expect("a run in ranges has a range column");
-        let [run] = Param::ordered();
-        store::runs::range_targets_sql(
-            &format!(
-                "SELECT t.{column} AS k FROM {table} t {sampled} WHERE t.{column} IS NOT NULL",
-                table = &self.spec.table,
-                sampled = sample.clause(),
-            ),
-            run,
-            sample,
-        )
+        store::runs::column_range_targets_sql(&self.spec.table, column, sample)
     }
 
     /// The table a run in ranges cuts its ranges of.

@@ -478,6 +478,20 @@ pub fn range_targets_sql(rows: &str, run: Param, sample: RangeSample) -> String 
     )
 }
 
+/// [`range_targets_sql`] over the values of `table.column` that are not NULL, for the run
+/// given as the statement's first parameter.
+pub fn column_range_targets_sql(table: &Ident, column: &Ident, sample: RangeSample) -> String {
+    let [run] = Param::ordered();
+    range_targets_sql(
+        &format!(
+            "SELECT t.{column} AS k FROM {table} t {sampled} WHERE t.{column} IS NOT NULL",
+            sampled = sample.clause(),
+        ),
+        run,
+        sample,
+    )
+}
+
 /// The keys of run `run`'s frozen targets in `range` (`seq`), cast back from text to the
 /// types of `columns`.
 pub fn frozen_keys_sql(
