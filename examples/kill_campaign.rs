@@ -495,6 +495,7 @@ impl Rng {
 }
 
 /// How a [`kill_then_finish`] went.
+#[allow(dead_code)] // the tests' (tests/repair.rs, tests/repair_kinds.rs), not this example's
 pub struct Killed {
     /// Runs SIGKILLed.
     pub kills: usize,
@@ -506,6 +507,7 @@ pub struct Killed {
 /// `attempts` times, SIGKILLs each of the first `kills` runs at a random moment `window_ms`
 /// after its start, unless it ends first, and leaves the next one 600 s to finish. A run
 /// that ends by itself must exit 0: otherwise the error holds its stderr.
+#[allow(dead_code)] // the tests' (tests/repair.rs, tests/repair_kinds.rs), not this example's
 pub fn kill_then_finish(
     mut command: impl FnMut() -> Command,
     rng: &mut Rng,

@@ -387,13 +387,14 @@ fn every_signal_reads_on_this_server_and_only_checkpoints_the_wal_causes_pause_t
     // Checkpoints the WAL makes the server request do: a small max_wal_size, and a segment
     // switched every 100 ms, pause the batches past --max-requested-checkpoints 1, and the
     // limit stops the run.
-    let _small = SmallMaxWalSize::set(&db);
+    let small = SmallMaxWalSize::set(&db);
     db.client()
         .batch_execute("CREATE TABLE wal_storm (n int)")
         .unwrap();
     let stop = storm("INSERT INTO wal_storm VALUES (1); SELECT pg_switch_wal()");
     let r = db.run(&watched);
     stop();
+    drop(small);
     assert_eq!(r.code, 1, "{}", r.both());
     assert!(
         r.stderr.contains("pausing: the server requested ")

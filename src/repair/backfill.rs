@@ -18,6 +18,7 @@ use anyhow::Result;
 
 use super::catalog::column_type;
 use super::definition::BackfillSpec;
+use crate::db::retry::LockPolicy;
 use crate::db::sql_text::{Binds, BoundSql, Ident, KeyRange, TypeName};
 use crate::error::PgContext;
 use crate::store;
@@ -268,6 +269,7 @@ impl BackfillEngine {
     pub fn find_failing_row(
         &self,
         client: &mut postgres::Client,
+        policy: &LockPolicy,
         after: Option<&str>,
         up_to: Option<&str>,
     ) -> Result<Option<(String, String, String)>> {
@@ -295,7 +297,7 @@ impl BackfillEngine {
         let mut slice: &[String] = &keys;
         if fails(&mut tx, Probe::All, slice)?.is_none() {
             let _ = tx.rollback();
-            return self.find_refused_write(client, &keys);
+            return self.find_refused_write(client, policy, &keys);
         }
         while slice.len() > 1 {
             let (left, right) = slice.split_at(slice.len() / 2);
@@ -324,24 +326,27 @@ impl BackfillEngine {
 impl BackfillEngine {
     /// When every value computes but the table refuses one as it is written (too long for
     /// its column, a `CHECK`, `NOT NULL` or foreign key, a trigger that raises): the row, found
-    /// by writing halves of `keys` as a batch would, each in a savepoint, in a transaction
-    /// rolled back at the end (nothing stays written; the session's lock timeout bounds the
-    /// waits), and the `set` column that alone makes it fail (`set` when only their
-    /// combination does). None when no half fails alone (two rows that clash only together).
+    /// by writing halves of `keys` as a batch would (the rows whose values differ), each in a
+    /// savepoint, in a transaction under the run's `policy` (its lock and statement timeouts,
+    /// fenced like a batch) that is rolled back at the end, so nothing stays written; and the
+    /// `set` column that alone fails the same way (`set` when only their combination does).
+    /// None when no half fails alone (two rows that clash only together), or a deferred
+    /// constraint (checked at a commit the search never reaches).
     fn find_refused_write(
         &self,
         client: &mut postgres::Client,
+        policy: &LockPolicy,
         keys: &[String],
     ) -> Result<Option<(String, String, String)>> {
         let mut tx = client
             .transaction()
             .doing("opening a transaction to find the refused row")?;
-        tx.batch_execute("SET LOCAL lock_timeout = '5s'")
-            .doing("bounding the lock waits of the search")?;
+        tx.batch_execute(&policy.set_local_sql())
+            .doing("setting the search's timeouts")?;
         let fails = |tx: &mut postgres::Transaction<'_>,
                      columns: &[usize],
                      keys: &[String]|
-         -> Result<Option<String>> {
+         -> Result<Option<Refused>> {
             let mut sp = tx.transaction().doing("opening a savepoint")?;
             let out = match sp.execute(&self.write_probe_sql(columns), &[&keys]) {
                 Ok(_) => None,
@@ -350,7 +355,15 @@ impl BackfillEngine {
                     return Err(e)
                         .doing("writing the failed batch's rows again to find the refused one")
                 }
-                Err(e) => Some(crate::error::describe(&e).to_string()),
+                Err(e) => Some(Refused {
+                    same: e.as_db_error().map(|d| {
+                        (
+                            d.code().code().to_string(),
+                            d.constraint().map(String::from),
+                        )
+                    }),
+                    words: crate::error::describe(&e).to_string(),
+                }),
             };
             sp.rollback().doing("closing a savepoint")?;
             Ok(out)
@@ -362,44 +375,56 @@ impl BackfillEngine {
         };
         while slice.len() > 1 {
             let (left, right) = slice.split_at(slice.len() / 2);
-            if let Some(e) = fails(&mut tx, &every, left)? {
-                (slice, raised) = (left, e);
-            } else if let Some(e) = fails(&mut tx, &every, right)? {
-                (slice, raised) = (right, e);
+            if let Some(r) = fails(&mut tx, &every, left)? {
+                (slice, raised) = (left, r);
+            } else if let Some(r) = fails(&mut tx, &every, right)? {
+                (slice, raised) = (right, r);
             } else {
                 return Ok(None);
             }
         }
         let mut part = "set".to_string();
-        for (i, (column, _, _)) in self.set.iter().enumerate() {
-            if let Some(e) = fails(&mut tx, &[i], slice)? {
-                (part, raised) = (format!("set.{}", column.as_str()), e);
-                break;
+        if self.set.len() > 1 {
+            for (i, (column, _, _)) in self.set.iter().enumerate() {
+                // A column alone names the part only when it fails as the whole write did
+                // (the same SQLSTATE and constraint): `CHECK (a <= b)` over two columns
+                // fails with one of them alone for another reason.
+                if let Some(r) = fails(&mut tx, &[i], slice)? {
+                    if r.same == raised.same {
+                        part = format!("set.{}", column.as_str());
+                        break;
+                    }
+                }
             }
+        } else if let Some((column, _, _)) = self.set.first() {
+            part = format!("set.{}", column.as_str());
         }
         let _ = tx.rollback();
-        Ok(Some((slice[0].clone(), part, raised)))
+        Ok(Some((slice[0].clone(), part, raised.words)))
     }
 
-    /// The batch's write of the `set` columns numbered `columns`, on rows `$1` (keys as text)
-    /// where `where` holds.
+    /// The batch's write (without its ledger) of the `set` columns numbered `columns`, on rows
+    /// `$1` (keys as text) where `where` holds and a value differs, as `range_batch` writes.
     fn write_probe_sql(&self, columns: &[usize]) -> String {
         let key = self.col(&self.spec.row_key);
         let sets = columns
             .iter()
-            .map(|&i| {
-                let (column, expression, ty) = &self.set[i];
-                format!("{column} = (({expression}))::{ty}")
-            })
+            .map(|&i| format!("{} = l.a{i}", self.set[i].0))
             .collect::<Vec<_>>()
             .join(", ");
         format!(
-            "UPDATE {table} SET {sets} WHERE {key} = ANY ($1::text[]::{kt}[]) AND ({predicate})",
+            "UPDATE {table} SET {sets} FROM ({values}) l WHERE {key} = l.k AND ({differs})",
             table = self.table(),
-            kt = self.key_type,
-            predicate = self.spec.predicate,
+            values = self.values(&format!("{key} = ANY ($1::text[]::{}[])", self.key_type)),
+            differs = self.differs("l"),
         )
     }
+}
+
+/// A write the table refused: its SQLSTATE and constraint, and the server's words.
+struct Refused {
+    same: Option<(String, Option<String>)>,
+    words: String,
 }
 
 /// Whether an error of SQLSTATE `state` comes of what a row holds: a data exception, an

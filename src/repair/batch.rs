@@ -148,7 +148,7 @@ pub(super) fn run(
     });
     let (result, in_transaction, waiting) = match attempt {
         Ok(done) => done,
-        Err(e) => return Err(on_a_row(client, engine, run_id, targets, &who, e)),
+        Err(e) => return Err(on_a_row(client, engine, options, run_id, targets, &who, e)),
     };
     Ok(Done {
         result,
@@ -238,6 +238,7 @@ fn statement_timeout(error: &anyhow::Error) -> bool {
 fn on_a_row(
     client: &mut postgres::Client,
     engine: &Engine,
+    options: &RunOptions,
     run_id: i64,
     targets: Targets,
     who: &str,
@@ -263,7 +264,7 @@ fn on_a_row(
     let found = store::runs::range_bounds(client, run_id, targets.lo, targets.hi)
         .map_err(anyhow::Error::from)
         .and_then(|(after, up_to)| {
-            backfill.find_failing_row(client, after.as_deref(), up_to.as_deref())
+            backfill.find_failing_row(client, &options.policy, after.as_deref(), up_to.as_deref())
         });
     let resume = "Fix the row (or the definition: abandon the run first, `pgmend repair status` names it), then rerun: the run resumes from its checkpoint";
     match found {

@@ -6,7 +6,7 @@
 //! | replica lag (`--max-replica-lag`) | the largest `replay_lag` in `pg_stat_replication` | 30s |
 //! | archive backlog (`--max-archive-backlog`) | `pg_stat_archiver` against `pg_current_wal_lsn()`, when `archive_mode` is on | 42 segments |
 //! | autovacuum (`--autovacuum-pause`) | `pg_stat_progress_vacuum` joined to `pg_stat_activity`, on the repaired tables | `wraparound` |
-//! | requested checkpoints (`--max-requested-checkpoints`) | `pg_stat_bgwriter.checkpoints_req` (`pg_stat_checkpointer.num_requested` from 17), counted over the last minute, only as many as the WAL written could cause | 2 |
+//! | requested checkpoints (`--max-requested-checkpoints`) | `pg_stat_bgwriter.checkpoints_req` (`pg_stat_checkpointer.num_requested` from 17), counted over the last minute, only as many as the WAL written could cause ([`caused_by_wal`]) | 2 |
 //! | lock waits (`--max-lock-wait`) | `pg_locks.waitstart` of sessions that are not pgmend's | 1s |
 //!
 //! Why these defaults: 30 s of replay lag is past what a hot standby's readers tolerate and far
@@ -350,18 +350,34 @@ impl Window {
 }
 
 /// Of `grown.requested` checkpoints requested in a window, those the WAL written in it could
-/// have caused: the server requests one each time the WAL since the last one passes
-/// `distance` bytes (`max_wal_size / (1 + checkpoint_completion_target)`), so `grown.wal`
-/// bytes cause at most `ceil(grown.wal / distance)`. The others were asked for by a command
-/// (`CHECKPOINT`, `CREATE` or `DROP DATABASE`, a base backup), which says nothing of the load
-/// pgmend's batches put on the server.
+/// have caused. The server requests one when a finished segment is `N - 1` segments past the
+/// last checkpoint's start, `N` being `max_wal_size` in segments divided by `1 +
+/// checkpoint_completion_target`, rounded down, at least 1 (`CalculateCheckpointSegments`,
+/// `XLogCheckpointNeeded`): so every `distance` bytes (`max(N - 1, 1)` segments, see
+/// [`checkpoint_distance`]) at most, and `grown.wal` bytes cause at most
+/// `grown.wal / distance + 1`. The others were asked for by a command (`CHECKPOINT`, `CREATE`
+/// or `DROP DATABASE`, a base backup), which says nothing of the load pgmend's batches put on
+/// the server.
 pub fn caused_by_wal(grown: CheckpointSample, distance: i64) -> i64 {
     let by_wal = if distance <= 0 {
         grown.requested
+    } else if grown.wal <= 0 {
+        0
     } else {
-        (grown.wal.max(0) + distance - 1) / distance
+        grown.wal / distance + 1
     };
     grown.requested.min(by_wal).max(0)
+}
+
+/// The fewest bytes of WAL between two checkpoints the WAL makes the server request (see
+/// [`caused_by_wal`]), from `max_wal_size` and `wal_segment_size` in bytes and
+/// `checkpoint_completion_target`.
+pub fn checkpoint_distance(max_wal_size: i64, segment_size: i64, completion_target: f64) -> i64 {
+    if segment_size <= 0 {
+        return 0;
+    }
+    let segments = ((max_wal_size / segment_size) as f64 / (1.0 + completion_target)) as i64;
+    (segments.max(1) - 1).max(1) * segment_size
 }
 
 /// One window for the process: the counter is the server's, so every stream's samples count.
@@ -505,13 +521,16 @@ fn checkpoints_requested(client: &mut postgres::Client) -> Result<(CheckpointSam
     } else {
         "(SELECT checkpoints_req FROM pg_stat_bgwriter)"
     };
+    // On a standby (where no batch runs) the position is the replayed one.
     let row = client
         .query_one(
             &format!(
                 "SELECT {counter},
-                        pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint,
-                        (pg_size_bytes(current_setting('max_wal_size'))
-                         / (1 + current_setting('checkpoint_completion_target')::float8))::bigint"
+                        pg_wal_lsn_diff(CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
+                                             ELSE pg_current_wal_lsn() END, '0/0')::bigint,
+                        pg_size_bytes(current_setting('max_wal_size')),
+                        pg_size_bytes(current_setting('wal_segment_size')),
+                        current_setting('checkpoint_completion_target')::float8"
             ),
             &[],
         )
@@ -519,9 +538,9 @@ fn checkpoints_requested(client: &mut postgres::Client) -> Result<(CheckpointSam
     Ok((
         CheckpointSample {
             requested: row.get(0),
-            wal: row.get(1),
+            wal: row.get::<_, Option<i64>>(1).unwrap_or(0),
         },
-        row.get(2),
+        checkpoint_distance(row.get(2), row.get(3), row.get(4)),
     ))
 }
 
@@ -951,17 +970,25 @@ mod tests {
 
     #[test]
     fn only_the_checkpoints_the_wal_could_cause_count() {
+        let mb = 1024 * 1024;
         let grown = |requested, wal| CheckpointSample { requested, wal };
-        // 1 GB of max_wal_size at 0.9: a checkpoint every 565 MB or so.
-        let distance = 1024 * 1024 * 1024 * 10 / 19;
-        // Five DROP DATABASEs and little WAL: none of them is the batches' doing.
+        // 1 GB of max_wal_size at 0.9, 16 MB segments: N = 64 / 1.9 = 33, a request every
+        // 32 segments (512 MB) at the most.
+        let distance = checkpoint_distance(1024 * mb, 16 * mb, 0.9);
+        assert_eq!(distance, 512 * mb);
+        // Five DROP DATABASEs and no WAL: none of them is the batches' doing; with a little
+        // WAL, one may be.
         assert_eq!(caused_by_wal(grown(5, 0), distance), 0);
-        assert_eq!(caused_by_wal(grown(5, 16 * 1024 * 1024), distance), 1);
-        // 2 GB of WAL in a minute: up to four checkpoints are the WAL's.
-        assert_eq!(caused_by_wal(grown(3, 2 * 1024 * 1024 * 1024), distance), 3);
-        assert_eq!(caused_by_wal(grown(9, 2 * 1024 * 1024 * 1024), distance), 4);
-        assert_eq!(caused_by_wal(grown(0, 2 * 1024 * 1024 * 1024), distance), 0);
+        assert_eq!(caused_by_wal(grown(5, 16 * mb), distance), 1);
+        // 1.05 GB of WAL in a minute can cause three.
+        assert_eq!(caused_by_wal(grown(3, 1075 * mb), distance), 3);
+        assert_eq!(caused_by_wal(grown(9, 2048 * mb), distance), 5);
+        assert_eq!(caused_by_wal(grown(0, 2048 * mb), distance), 0);
+        // The least max_wal_size (two segments): N is 1, a request every segment.
+        assert_eq!(checkpoint_distance(32 * mb, 16 * mb, 0.9), 16 * mb);
+        assert_eq!(checkpoint_distance(96 * mb, 16 * mb, 0.9), 32 * mb);
         // A setting that reads as nothing leaves the counter as it is.
+        assert_eq!(checkpoint_distance(32 * mb, 0, 0.9), 0);
         assert_eq!(caused_by_wal(grown(3, 0), 0), 3);
     }
 
