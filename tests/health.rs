@@ -277,6 +277,15 @@ fn a_threshold_set_that_the_role_cannot_read_is_refused_before_any_change_and_a_
     );
     assert_eq!(r.code, 0, "{}", r.both());
     assert!(notes(&r).is_empty(), "{}", r.both());
+
+    // The rest of the release, four repair steps: the note once, not at every step.
+    let r = owner.run(
+        &db,
+        &["apply", "--yes", "--confirm", "deploy-new-application"],
+    );
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(r.stderr.matches("\n== step ").count() >= 4, "{}", r.both());
+    assert_eq!(notes(&r).len(), 1, "{}", r.both());
 }
 
 /// The server's requested-checkpoints counter.

@@ -82,6 +82,10 @@ pub struct RunReport {
     pub after_gate: bool,
 }
 
+/// The health notes said so far in this process.
+static SAID: std::sync::Mutex<std::collections::BTreeSet<String>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
 /// Runs (or resumes) `repair` to the end of its frozen targets.
 pub fn apply(
     client: &mut postgres::Client,
@@ -97,7 +101,14 @@ pub fn apply(
     // exists; one pgmend chose is a note, and is not read again.
     let notes = health::check_readable(client, &options.health, &repair.tables())?;
     for note in &notes {
-        progress(note);
+        // Said once a process: a release's every repair step reads the same signals.
+        let first = SAID
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(note.clone());
+        if first {
+            progress(note);
+        }
     }
     let options = &RunOptions {
         health: health::without_unreadable(&options.health, &notes),
