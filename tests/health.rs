@@ -5,6 +5,9 @@
 //! every signal reads on this server; checkpoints forced with `CHECKPOINT` do not pause the
 //! batches, and those that WAL written faster than `max_wal_size` causes do.
 //!
+//! The tests that wait for a signal by design run on one server version (the version
+//! matrix skips them: `slow_tests_skipped`); every signal is read on every version.
+//!
 //! The tests of this binary take turns: a checkpoint is the whole cluster's, and one test's
 //! forced checkpoints would pause the others' runs.
 
@@ -15,7 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{fresh_db, LoginRole, Run, TestDb};
+use common::{fresh_db, slow_tests_skipped, LoginRole, Run, TestDb};
 
 fn one_at_a_time() -> MutexGuard<'static, ()> {
     static TURN: Mutex<()> = Mutex::new(());
@@ -114,6 +117,12 @@ fn run_count(db: &TestDb) -> (i64, i64) {
 
 #[test]
 fn batches_pause_while_application_sessions_wait_for_a_lock_and_end_exact_once_they_stop() {
+    // It waits for the signal by design: one server version is enough.
+    if slow_tests_skipped(
+        "batches_pause_while_application_sessions_wait_for_a_lock_and_end_exact_once_they_stop",
+    ) {
+        return;
+    }
     let _turn = one_at_a_time();
     let db = fresh_db();
     at_v3(&db);
@@ -158,6 +167,12 @@ fn batches_pause_while_application_sessions_wait_for_a_lock_and_end_exact_once_t
 
 #[test]
 fn a_pause_past_the_limit_stops_with_exit_1_naming_the_signal_and_the_rerun_ends_exact() {
+    // It waits for the signal by design: one server version is enough.
+    if slow_tests_skipped(
+        "a_pause_past_the_limit_stops_with_exit_1_naming_the_signal_and_the_rerun_ends_exact",
+    ) {
+        return;
+    }
     let _turn = one_at_a_time();
     let db = fresh_db();
     at_v3(&db);
@@ -419,6 +434,12 @@ fn every_signal_reads_on_this_server_and_only_checkpoints_the_wal_causes_pause_t
 
 #[test]
 fn with_jobs_auto_a_signal_removes_workers_then_pauses_the_last_and_the_run_ends_exact() {
+    // It waits for the signal by design: one server version is enough.
+    if slow_tests_skipped(
+        "with_jobs_auto_a_signal_removes_workers_then_pauses_the_last_and_the_run_ends_exact",
+    ) {
+        return;
+    }
     let _turn = one_at_a_time();
     let db = fresh_db();
     at_v3(&db);
@@ -477,6 +498,12 @@ fn with_jobs_auto_a_signal_removes_workers_then_pauses_the_last_and_the_run_ends
 
 #[test]
 fn with_workers_a_run_paused_by_request_is_not_stopped_by_the_health_pause_limit() {
+    // It waits for the signal by design: one server version is enough.
+    if slow_tests_skipped(
+        "with_workers_a_run_paused_by_request_is_not_stopped_by_the_health_pause_limit",
+    ) {
+        return;
+    }
     let _turn = one_at_a_time();
     let db = fresh_db();
     at_v3(&db);
