@@ -104,7 +104,7 @@ pub fn fence_sql() -> String {
         return String::new();
     };
     format!(
-        "; SELECT pg_advisory_xact_lock_shared({FENCE_KEY}); DO $fence$ BEGIN IF NOT EXISTS (SELECT FROM pg_stat_get_activity({pid}) WHERE (extract(epoch FROM backend_start) * 1000000)::bigint = {started}) THEN RAISE EXCEPTION USING ERRCODE = 'PGM01', MESSAGE = 'this pgmend''s lease on the runner lock has expired (its session, backend pid {pid}, is gone: the server ended it after {lease} s without a heartbeat, or it was terminated)', HINT = 'nothing of this transaction was committed; another pgmend may hold the lock now. Check `pgmend repair status`, then rerun'; END IF; END $fence$",
+        "; SELECT pg_advisory_xact_lock_shared({FENCE_KEY}); DO $fence$ BEGIN IF NOT EXISTS (SELECT FROM pg_stat_get_activity({pid}) WHERE (extract(epoch FROM backend_start) * 1000000)::bigint = {started}) THEN RAISE EXCEPTION USING ERRCODE = 'PGM01', MESSAGE = 'this pgmend''s lease on the runner lock has expired (its session, backend pid {pid}, is gone: the server ended it after {lease} s without a heartbeat, it was terminated, or a connection pool in front of the server closed it)', HINT = 'nothing of this transaction was committed; another pgmend may hold the lock now. Check `pgmend repair status`, then rerun. Through a connection pool that does not keep sessions, pgmend''s runner lock may stay with a pooled server connection: restart the pool, and connect directly or through a pool in session mode'; END IF; END $fence$",
         lease = LEASE.as_secs()
     )
 }
