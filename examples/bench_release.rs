@@ -238,6 +238,10 @@ fn step_times(log: &str, doc: &serde_json::Value) -> Vec<String> {
         .collect()
 }
 
+/// The application operations over 2 ms: when each began, how long it took, whether it issued a
+/// coupon (else it redeemed one).
+static SLOW: std::sync::Mutex<Vec<(Instant, Duration, bool)>> = std::sync::Mutex::new(Vec::new());
+
 /// The legacy application under load: returns every operation's latency when `stop` is set.
 fn legacy_load(
     conninfo: String,
@@ -277,7 +281,11 @@ fn legacy_load(
                     .map(|_| ())
                 };
                 if result.is_ok() {
-                    lat.push(started.elapsed());
+                    let took = started.elapsed();
+                    if took > Duration::from_millis(2) {
+                        SLOW.lock().unwrap().push((started, took, x.is_multiple_of(2)));
+                    }
+                    lat.push(took);
                 } else {
                     let _ = c.batch_execute("ROLLBACK");
                 }
@@ -681,6 +689,16 @@ fn main() -> Result<()> {
             .status()?;
         anyhow::ensure!(status.success(), "baseline failed");
         let mut via = postgres::Client::connect(&pg.conninfo("viapgmend"), postgres::NoTls)?;
+        // PGMEND_BENCH_DBSET="name=value ...": settings of pgmend's database (its sessions').
+        for set in std::env::var("PGMEND_BENCH_DBSET")
+            .unwrap_or_default()
+            .split_whitespace()
+        {
+            let (name, value) = set
+                .split_once('=')
+                .context("PGMEND_BENCH_DBSET: name=value")?;
+            via.batch_execute(&format!("ALTER DATABASE viapgmend SET {name} = '{value}'"))?;
+        }
         let via_pid: i32 = via.query_one("SELECT pg_backend_pid()", &[])?.get(0);
         let backends_gone = || {
             support::wait_for_backends_to_exit(
@@ -721,6 +739,7 @@ fn main() -> Result<()> {
             (0, 0.0, 0.0)
         };
         let (stop, load_threads) = start_legacy_load(load, pg.conninfo("viapgmend"), members);
+        SLOW.lock().unwrap().clear();
         let t = Instant::now();
         // Under load the legacy application runs, so pgmend goes up to the deploy gate only.
         let args: &[&str] = if load {
@@ -780,6 +799,25 @@ fn main() -> Result<()> {
                 one_time.as_secs_f64(), one_load.0, one_load.1, one_load.2, via_time.as_secs_f64(), via_load.0, via_load.1,
                 via_load.1 / baseline.1.max(1e-3), via_load.2
             );
+            // PGMEND_BENCH_SLOW=1: the operations over 2 ms, by half second of pgmend's run.
+            if std::env::var("PGMEND_BENCH_SLOW").is_ok() {
+                let mut buckets = std::collections::BTreeMap::<u64, (u32, u32, f64)>::new();
+                for (at, took, issue) in SLOW.lock().unwrap().iter() {
+                    let Some(since) = at.checked_duration_since(t) else {
+                        continue;
+                    };
+                    let b = buckets.entry(since.as_millis() as u64 / 500).or_default();
+                    if *issue {
+                        b.0 += 1
+                    } else {
+                        b.1 += 1
+                    }
+                    b.2 = b.2.max(took.as_secs_f64() * 1000.0);
+                }
+                for (b, (issues, redeems, worst)) in buckets {
+                    eprintln!("slow ops at {:>5.1}s: {issues} issues, {redeems} redeems, worst {worst:.1} ms", b as f64 / 2.0);
+                }
+            }
             continue;
         }
         let via_wal = support::wal_lsn(&mut via)? - wal0;

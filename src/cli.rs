@@ -608,6 +608,11 @@ pub struct BatchArgs {
     /// 1s; off: not watched).
     #[arg(long, value_parser = parse_duration_threshold, value_name = "DURATION|off")]
     pub max_lock_wait: Option<Threshold<Duration>>,
+    /// With --jobs auto, while the application runs statements: remove a worker when a fixed
+    /// probe query runs this many times as long as before the batches, its CPUs full (default
+    /// 1.5; off: not watched).
+    #[arg(long, value_parser = crate::config::parse_ratio_threshold, value_name = "RATIO|off")]
+    pub max_cpu_slowdown: Option<Threshold<u32>>,
     /// Stop (exit 1) when a health signal has held the batches paused this long.
     #[arg(long, default_value = "10m", value_parser = parse_duration, value_name = "DURATION")]
     pub health_pause_limit: Duration,

@@ -3,6 +3,7 @@
 //! Values from the command line, checked before any work starts: `parse_duration` (the clap value
 //! parser for `500ms`, `30s`, `2m`, `1h`, `0`), `format_duration` (the same notation back, for
 //! messages), the health signals' thresholds (`parse_duration_threshold`, `parse_count_threshold`,
+//! `parse_ratio_threshold`,
 //! `parse_autovacuum_pause`: a value or `off`), and `check_lock_options`, which refuses `--lock-timeout 0`, `--statement-timeout
 //! 0` and `--validate-timeout 0`. This is where a fuller resolved configuration would go; today it is only these.
 
@@ -132,6 +133,23 @@ pub fn parse_count_threshold(text: &str) -> Result<Threshold<i64>, String> {
         Ok(n @ 1..=1_000_000) => Ok(Threshold::At(n)),
         _ => Err(format!(
             "{text:?} is not a count: write a whole number from 1 to 1000000, or off"
+        )),
+    }
+}
+
+/// Parses a slowdown threshold (`--max-cpu-slowdown`): a ratio above 1 and at most 100, with at
+/// most two decimals, kept in hundredths (`1.5` is 150), or `0`/`off` for no threshold. Used as
+/// a clap value parser.
+pub fn parse_ratio_threshold(text: &str) -> Result<Threshold<u32>, String> {
+    if is_off(text) {
+        return Ok(Threshold::Off);
+    }
+    let t = text.trim().trim_end_matches(['x', 'X']);
+    let two_decimals = t.split_once('.').is_none_or(|(_, d)| d.len() <= 2);
+    match t.parse::<f64>() {
+        Ok(r) if two_decimals && r > 1.0 && r <= 100.0 => Ok(Threshold::At((r * 100.0).round() as u32)),
+        _ => Err(format!(
+            "{text:?} is not a slowdown: write a ratio above 1 such as 1.5 (at most 100, two decimals), or off"
         )),
     }
 }
@@ -298,6 +316,15 @@ mod tests {
         for bad in ["", "-1", "2.5", "many", "1000001"] {
             assert!(
                 parse_count_threshold(bad).unwrap_err().contains("off"),
+                "{bad}"
+            );
+        }
+        assert_eq!(parse_ratio_threshold("1.5"), Ok(Threshold::At(150)));
+        assert_eq!(parse_ratio_threshold("2x"), Ok(Threshold::At(200)));
+        assert_eq!(parse_ratio_threshold("off"), Ok(Threshold::Off));
+        for bad in ["", "1", "0.5", "1.555", "fast", "101"] {
+            assert!(
+                parse_ratio_threshold(bad).unwrap_err().contains("off"),
                 "{bad}"
             );
         }

@@ -43,6 +43,18 @@ fn at_v3(db: &TestDb) {
         .unwrap();
 }
 
+/// For a test that waits for a signal by design: None where the version matrix skips it
+/// (`slow_tests_skipped`), else its turn and a database at V3 ([`at_v3`]).
+fn waiting_test_at_v3(name: &str) -> Option<(MutexGuard<'static, ()>, TestDb)> {
+    if slow_tests_skipped(name) {
+        return None;
+    }
+    let turn = one_at_a_time();
+    let db = fresh_db();
+    at_v3(&db);
+    Some((turn, db))
+}
+
 /// Coupons whose marks differ from the expected end state.
 fn differences(db: &TestDb) -> i64 {
     db.scalar_i64(
@@ -118,14 +130,11 @@ fn run_count(db: &TestDb) -> (i64, i64) {
 #[test]
 fn batches_pause_while_application_sessions_wait_for_a_lock_and_end_exact_once_they_stop() {
     // It waits for the signal by design: one server version is enough.
-    if slow_tests_skipped(
+    let Some((_turn, db)) = waiting_test_at_v3(
         "batches_pause_while_application_sessions_wait_for_a_lock_and_end_exact_once_they_stop",
-    ) {
+    ) else {
         return;
-    }
-    let _turn = one_at_a_time();
-    let db = fresh_db();
-    at_v3(&db);
+    };
     let queue = lock_queue(&db);
     let child = db
         .pgmend()
@@ -168,14 +177,11 @@ fn batches_pause_while_application_sessions_wait_for_a_lock_and_end_exact_once_t
 #[test]
 fn a_pause_past_the_limit_stops_with_exit_1_naming_the_signal_and_the_rerun_ends_exact() {
     // It waits for the signal by design: one server version is enough.
-    if slow_tests_skipped(
+    let Some((_turn, db)) = waiting_test_at_v3(
         "a_pause_past_the_limit_stops_with_exit_1_naming_the_signal_and_the_rerun_ends_exact",
-    ) {
+    ) else {
         return;
-    }
-    let _turn = one_at_a_time();
-    let db = fresh_db();
-    at_v3(&db);
+    };
     let queue = lock_queue(&db);
     let started = Instant::now();
     let r = db.run(&[
@@ -435,14 +441,11 @@ fn every_signal_reads_on_this_server_and_only_checkpoints_the_wal_causes_pause_t
 #[test]
 fn with_jobs_auto_a_signal_removes_workers_then_pauses_the_last_and_the_run_ends_exact() {
     // It waits for the signal by design: one server version is enough.
-    if slow_tests_skipped(
+    let Some((_turn, db)) = waiting_test_at_v3(
         "with_jobs_auto_a_signal_removes_workers_then_pauses_the_last_and_the_run_ends_exact",
-    ) {
+    ) else {
         return;
-    }
-    let _turn = one_at_a_time();
-    let db = fresh_db();
-    at_v3(&db);
+    };
     let queue = lock_queue(&db);
     // Slow batches (a pause after each), so that the run outlasts the controller's first
     // window; two workers to start with.
@@ -499,14 +502,11 @@ fn with_jobs_auto_a_signal_removes_workers_then_pauses_the_last_and_the_run_ends
 #[test]
 fn with_workers_a_run_paused_by_request_is_not_stopped_by_the_health_pause_limit() {
     // It waits for the signal by design: one server version is enough.
-    if slow_tests_skipped(
+    let Some((_turn, db)) = waiting_test_at_v3(
         "with_workers_a_run_paused_by_request_is_not_stopped_by_the_health_pause_limit",
-    ) {
+    ) else {
         return;
-    }
-    let _turn = one_at_a_time();
-    let db = fresh_db();
-    at_v3(&db);
+    };
     let mut child = db
         .pgmend()
         .args([
@@ -561,5 +561,81 @@ fn with_workers_a_run_paused_by_request_is_not_stopped_by_the_health_pause_limit
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(differences(&db), 0, "{stderr}");
+}
+
+#[test]
+fn with_jobs_auto_an_application_crowded_out_of_the_cpus_gets_a_worker_back_for_good() {
+    // It waits for the signal by design: one server version is enough.
+    let Some((_turn, db)) = waiting_test_at_v3(
+        "with_jobs_auto_an_application_crowded_out_of_the_cpus_gets_a_worker_back_for_good",
+    ) else {
+        return;
+    };
+    // Slow batches (one target each, a pause after each), so that the run outlasts the
+    // controller's first windows; two workers to start with, and no third. The threshold is
+    // low so that a machine whose scheduler lets most probes through still shows the crowd.
+    let child = db
+        .pgmend()
+        .env_remove("PGMEND_JOBS")
+        .args([
+            "repair",
+            "apply",
+            "void-duplicate-coupons",
+            "--yes",
+            "--max-jobs",
+            "2",
+            "--batch-target",
+            "1ms",
+            "--pause",
+            "1s",
+            "--max-cpu-slowdown",
+            "1.2",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while db.scalar_i64(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'pgmend' AND backend_type = 'client backend'",
+    ) < 3
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the workers never connected"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    // The probe's baseline is taken before the workers connect. Then the application fills
+    // the CPUs: six sessions adding numbers in a loop (pure CPU, no temporary files).
+    let stop = Arc::new(AtomicBool::new(false));
+    let burners: Vec<_> = (0..6)
+        .map(|_| {
+            let (mut c, stop) = (db.client(), stop.clone());
+            thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    c.batch_execute(
+                        "DO $$ DECLARE x bigint := 0; BEGIN FOR i IN 1..3000000 LOOP x := x + i; END LOOP; END $$",
+                    )
+                    .unwrap();
+                }
+            })
+        })
+        .collect();
+    let out = child.wait_with_output().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    for b in burners {
+        b.join().unwrap();
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains(
+            "void-duplicate-coupons: workers 2 -> 1: the application is at work and the server's CPUs are full (half of the last probes ran"
+        ),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("workers 1 -> 2"), "{stderr}");
     assert_eq!(differences(&db), 0, "{stderr}");
 }

@@ -664,4 +664,30 @@ fn a_build_asks_for_half_the_free_worker_processes_and_for_none_when_none_are_fr
     }
     assert!(index_is_valid(&db));
     assert_eq!(db.invalid_indexes(), 0);
+
+    // The application at work (a session running a statement, here one that sleeps): nothing
+    // spare is taken from it, the server's own settings build the index.
+    let db = at_v2();
+    let mut app = db.client();
+    let sleeping = thread::spawn(move || app.batch_execute("SELECT pg_sleep(3)").unwrap());
+    let started = Instant::now();
+    while db.scalar_i64(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query = 'SELECT pg_sleep(3)' AND state = 'active'",
+    ) == 0
+    {
+        assert!(started.elapsed() < Duration::from_secs(5), "the application never started");
+        thread::sleep(Duration::from_millis(20));
+    }
+    let run = db.run(&["migrate", "apply", "--yes", "--target", "4"]);
+    sleeping.join().unwrap();
+    assert_eq!(run.code, 0, "{}", run.both());
+    assert!(
+        run.stderr.contains(
+            "building one_coupon_per_member concurrently (attempt 1 of 3) with the server's own parallel settings: the application is at work (1 session of it seen), so no spare worker process is taken from it"
+        ),
+        "{}",
+        run.stderr
+    );
+    assert!(index_is_valid(&db));
+    assert_eq!(db.invalid_indexes(), 0);
 }

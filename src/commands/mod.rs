@@ -155,6 +155,7 @@ fn health(batch: &BatchArgs) -> Health {
             h::DEFAULT_REQUESTED_CHECKPOINTS,
         ),
         lock_wait: Setting::given(batch.max_lock_wait, h::DEFAULT_LOCK_WAIT),
+        cpu_slowdown: Setting::given(batch.max_cpu_slowdown, h::DEFAULT_CPU_SLOWDOWN),
         pause_limit: batch.health_pause_limit,
     }
 }

@@ -10,8 +10,9 @@
 //! (`same_definition` ignores schema `public.`, `USING btree`, parentheses, quotes, case and
 //! spaces) is adopted; any other is dropped first. Then a preflight (table size, up to five open
 //! transactions in the database) and up to `BUILD_ATTEMPTS` (3), each preceded by
-//! `evaluate::check_before`. With `census_alongside` (the release's) and no open transaction in
-//! the preflight, the first attempt instead takes `evaluate::check_during_build` on the main
+//! `evaluate::check_before`. With `census_alongside` (the release's), no open transaction in
+//! the preflight and no crowding of the application by pgmend's workers in this process
+//! (`repair::crowding::ceiling`), the first attempt instead takes `evaluate::check_during_build` on the main
 //! session once the build is sent, before the first look at it; a violator or an error cancels
 //! the build, whose INVALID index is dropped, and is returned. A build that fails with 23505,
 //! 40P01 or 55P03, or ends not valid, has its index dropped and is tried again; any other error
@@ -230,10 +231,12 @@ fn build_index(
     let quiet = preflight(main, table, progress)?;
     let leftover = format!("index {name}");
     // Alongside only while no transaction is open: a build the census cancels leaves an
-    // INVALID index, whose drop would wait for such a transaction to end.
+    // INVALID index, whose drop would wait for such a transaction to end. Nor once pgmend's
+    // workers crowded the application out of the CPUs: one backend of pgmend's at a time then.
+    let crowded = crate::repair::crowding::ceiling().is_some();
     let mut census_alongside = migration
         .census_alongside
-        .filter(|_| quiet && !migration.censuses.is_empty());
+        .filter(|_| quiet && !crowded && !migration.censuses.is_empty());
     for attempt in 1..=BUILD_ATTEMPTS {
         crate::signals::check(&format!("building {name} ({label})"))?;
         let alongside = census_alongside.take();
@@ -247,10 +250,14 @@ fn build_index(
                 evaluate::check_during_build(c, label, migration.censuses, lock_timeout)
             }
         });
-        // Unreadable, the server's own settings, as before.
-        let workers = parallel::capacity(main)
-            .map(BuildWorkers::choose)
-            .unwrap_or(BuildWorkers::NONE);
+        // Unreadable, the server's own settings, as before; while the application is at work
+        // too.
+        let workers = match crate::repair::crowding::app_at_work(main)? {
+            Some(seen) => BuildWorkers::app_at_work(seen.active + seen.hidden, crowded),
+            None => parallel::capacity(main)
+                .map(BuildWorkers::choose)
+                .unwrap_or(BuildWorkers::NONE),
+        };
         progress(&format!(
             "building {name} concurrently (attempt {attempt} of {BUILD_ATTEMPTS}) with {}",
             workers.describe()

@@ -15,6 +15,13 @@
 //! may still use fewer (a small table, `min_parallel_table_scan_size`, or workers taken by others
 //! meanwhile); a build without a worker free runs as before, on the leader alone.
 //!
+//! While the application is at work on the database (`repair::crowding::app_at_work`) the
+//! build takes nothing spare: it keeps the server's own settings, as the same statement run by
+//! hand would; and once pgmend's workers have crowded the application out of the CPUs in this
+//! process (`repair::crowding::ceiling`), it takes no parallel worker at all. On two cores the
+//! application's p99 under `bench_release --load` was 1.8x its baseline with builds on the
+//! leader alone and 3-6x with three workers (docs/benchmark.md).
+//!
 //! Measured on the 2-core machine (docs/benchmark.md): a build of 1.1 million rows takes about
 //! as long with 3 workers as with the default's 1 (0.56-0.60 s against 0.57 s; 0.67 s with
 //! none), as two cores run two participants at most; the gain is on servers with cores to spare.
@@ -65,6 +72,11 @@ pub struct BuildWorkers {
     pub free: i32,
     /// `maintenance_work_mem` for the build's session, in MB (the server's, or more).
     pub memory_mb: i64,
+    /// The application's sessions at work before the build (0: none seen), which leave the
+    /// server's settings as they are.
+    pub app_sessions: i64,
+    /// No parallel worker, whatever the server's setting.
+    pub alone: bool,
 }
 
 impl BuildWorkers {
@@ -73,6 +85,8 @@ impl BuildWorkers {
         workers: 0,
         free: -1,
         memory_mb: 0,
+        app_sessions: 0,
+        alone: false,
     };
 
     pub fn choose(c: Capacity) -> BuildWorkers {
@@ -93,12 +107,17 @@ impl BuildWorkers {
             } else {
                 c.maintenance_work_mem_mb
             },
+            app_sessions: 0,
+            alone: false,
         }
     }
 
     /// The settings for the build's own session: none without a worker to ask for (the
     /// server's own settings then, as before).
     pub fn settings_sql(&self) -> String {
+        if self.alone {
+            return "SET max_parallel_maintenance_workers = 0".into();
+        }
         if self.workers == 0 {
             return String::new();
         }
@@ -108,8 +127,30 @@ impl BuildWorkers {
         )
     }
 
+    /// While the application is at work (`repair::crowding::app_at_work`, `sessions` of it
+    /// seen running a statement, or whose state the role may not read): the server's own
+    /// settings, nothing raised.
+    /// With `crowded` (pgmend's workers crowded the application out of the CPUs earlier in this
+    /// process, `repair::crowding::ceiling`), no parallel worker at all: the build runs on its
+    /// own backend.
+    pub fn app_at_work(sessions: i64, crowded: bool) -> BuildWorkers {
+        BuildWorkers {
+            app_sessions: sessions.max(1),
+            alone: crowded,
+            ..BuildWorkers::NONE
+        }
+    }
+
     /// For the progress line before the build.
     pub fn describe(&self) -> String {
+        if self.app_sessions > 0 {
+            let seen = crate::human::count(self.app_sessions, "session");
+            return if self.alone {
+                format!("no parallel maintenance worker: the application is at work ({seen} of it seen) and pgmend's workers crowded it out of the CPUs earlier")
+            } else {
+                format!("the server's own parallel settings: the application is at work ({seen} of it seen), so no spare worker process is taken from it")
+            };
+        }
         match self.workers {
             0 if self.free < 0 => {
                 "the server's own parallel settings (its worker processes could not be read)".into()
@@ -184,7 +225,9 @@ mod tests {
             BuildWorkers {
                 workers: 3,
                 free: 7,
-                memory_mb: 128
+                memory_mb: 128,
+                app_sessions: 0,
+                alone: false
             }
         );
         assert_eq!(

@@ -437,7 +437,7 @@ impl Progress {
             human::count(changed, "row"),
             human::rate(rate),
             match self.workers {
-                Some(jobs) => format!(" over {jobs} workers"),
+                Some(jobs) => format!(" over {}", human::count(jobs as i64, "worker")),
                 None => String::new(),
             },
             human::duration(Duration::from_secs(eta)),

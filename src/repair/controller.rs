@@ -5,7 +5,9 @@
 //! The rules, in order, once per window (a window right after a change only warms up: its
 //! throughput is not counted, as new workers start with small batches):
 //! 1. A health signal (a session waited on a batch, or `repair::health` says slow down) removes
-//!    a worker, down to one, and no worker is added for [`COOLDOWN`] windows.
+//!    a worker, down to one, and no worker is added for [`COOLDOWN`] windows. The workers
+//!    crowding the application out of the CPUs (`repair::crowding`) removes one too, and that
+//!    number becomes the ceiling: it is not tried again.
 //! 2. A throughput below [`FALL`] of the best seen at this number of workers, two windows in
 //!    a row, removes a worker (the server is busier than it was), and every measure taken
 //!    before is forgotten (a slower server is measured again, so it does not make the number
@@ -38,6 +40,9 @@ pub struct Observation {
     pub throughput: f64,
     /// A reason to slow down, in words, if the server gave one.
     pub slow_down: Option<String>,
+    /// Why the workers crowd the application out of the CPUs, if they do
+    /// (`repair::crowding::crowded`).
+    pub crowded: Option<String>,
 }
 
 /// What the controller decided after a window: the number of workers to keep, and why it
@@ -67,15 +72,17 @@ pub struct Controller {
 }
 
 impl Controller {
-    /// Starts at `start` workers (at most `max`).
-    pub fn new(start: usize, max: usize) -> Controller {
+    /// Starts at `start` workers (at most `max`), below `ceiling` when one is given (a number
+    /// of workers that crowded the application out earlier in this process).
+    pub fn new(start: usize, max: usize, ceiling: Option<usize>) -> Controller {
         let max = max.max(1);
+        let ceiling = ceiling.map_or(max + 1, |c| c.clamp(2, max + 1));
         Controller {
             max,
-            workers: start.clamp(1, max),
+            workers: start.clamp(1, max).min(ceiling - 1),
             seen: BTreeMap::new(),
             best: BTreeMap::new(),
-            ceiling: max + 1,
+            ceiling,
             warming: true,
             cooldown: 0,
             falls: 0,
@@ -87,6 +94,11 @@ impl Controller {
         self.workers
     }
 
+    /// No number of workers at or above this is tried.
+    pub fn ceiling(&self) -> usize {
+        self.ceiling
+    }
+
     /// Takes one window's observation and returns the decision; the number of workers is
     /// changed by it ([`Self::workers`]).
     pub fn observe(&mut self, o: &Observation) -> Decision {
@@ -96,8 +108,21 @@ impl Controller {
         }
         // A window without progress and without a signal measured nothing (the run was paused
         // by a request, or every worker waited): it is not counted.
-        if o.throughput <= 0.0 && o.slow_down.is_none() {
+        if o.throughput <= 0.0 && o.slow_down.is_none() && o.crowded.is_none() {
             return Decision::Hold;
+        }
+        if o.slow_down.is_none() {
+            if let Some(why) = &o.crowded {
+                // Never back to this number in this run (nor, through
+                // `crowding::record_ceiling`, in the process's later runs).
+                self.ceiling = self.ceiling.min(n.max(2));
+                self.cooldown = COOLDOWN;
+                if n > 1 {
+                    return self
+                        .change(n - 1, Decision::Remove(format!("{why}: one worker fewer")));
+                }
+                return Decision::Hold;
+            }
         }
         if let Some(why) = &o.slow_down {
             self.cooldown = COOLDOWN;
@@ -193,6 +218,7 @@ mod tests {
         Observation {
             throughput,
             slow_down: None,
+            crowded: None,
         }
     }
 
@@ -222,7 +248,7 @@ mod tests {
     #[test]
     fn it_climbs_while_a_worker_pays_and_stays_where_the_next_one_does_not() {
         // Two cores: 2 workers twice as fast as one, 3 no faster than 2.
-        let mut c = Controller::new(2, 8);
+        let mut c = Controller::new(2, 8, None);
         let speed = |n: usize| match n {
             1 => 100.0,
             2 => 190.0,
@@ -239,7 +265,7 @@ mod tests {
 
     #[test]
     fn on_many_cores_it_climbs_to_the_best_number() {
-        let mut c = Controller::new(2, 16);
+        let mut c = Controller::new(2, 16, None);
         // Throughput grows to 8 workers, then falls.
         let speed = |n: usize| {
             if n <= 8 {
@@ -254,10 +280,10 @@ mod tests {
 
     #[test]
     fn never_above_the_maximum() {
-        let mut c = Controller::new(2, 3);
+        let mut c = Controller::new(2, 3, None);
         run(&mut c, 20, |n| 100.0 * n as f64);
         assert_eq!(c.workers(), 3);
-        let mut one = Controller::new(2, 1);
+        let mut one = Controller::new(2, 1, None);
         assert_eq!(one.workers(), 1);
         run(&mut one, 5, |_| 100.0);
         assert_eq!(one.workers(), 1);
@@ -265,16 +291,17 @@ mod tests {
 
     #[test]
     fn a_health_signal_removes_workers_down_to_one_and_holds_a_while() {
-        let mut c = Controller::new(4, 8);
+        let mut c = Controller::new(4, 8, None);
         let slow = Observation {
             throughput: 400.0,
             slow_down: Some("3 sessions waited on a batch".into()),
+            crowded: None,
         };
         for expect in [3, 2, 1, 1] {
             let d = c.observe(&slow);
             assert_eq!(c.workers(), expect, "{d:?}");
         }
-        if let Decision::Remove(why) = Controller::new(3, 8).observe(&slow) {
+        if let Decision::Remove(why) = Controller::new(3, 8, None).observe(&slow) {
             assert!(why.starts_with("3 sessions waited on a batch"), "{why}");
         } else {
             panic!("a signal removes a worker");
@@ -288,7 +315,7 @@ mod tests {
 
     #[test]
     fn a_server_that_got_slower_for_good_does_not_make_it_swing() {
-        let mut c = Controller::new(2, 4);
+        let mut c = Controller::new(2, 4, None);
         run(&mut c, 6, |n| 100.0 * n as f64);
         let top = c.workers();
         // From now on every number of workers gives half of what it did.
@@ -299,7 +326,7 @@ mod tests {
 
     #[test]
     fn windows_without_progress_are_not_counted() {
-        let mut c = Controller::new(2, 4);
+        let mut c = Controller::new(2, 4, None);
         run(&mut c, 2, |n| 100.0 * n as f64);
         let n = c.workers();
         for _ in 0..20 {
@@ -310,10 +337,11 @@ mod tests {
 
     #[test]
     fn it_stops_changing_after_the_most_changes() {
-        let mut c = Controller::new(2, 3);
+        let mut c = Controller::new(2, 3, None);
         let slow = Observation {
             throughput: 100.0,
             slow_down: Some("a signal".into()),
+            crowded: None,
         };
         let mut changes = 0;
         for i in 0..200 {
@@ -329,7 +357,7 @@ mod tests {
 
     #[test]
     fn a_throughput_that_falls_two_windows_in_a_row_removes_a_worker() {
-        let mut c = Controller::new(2, 2);
+        let mut c = Controller::new(2, 2, None);
         run(&mut c, 3, |_| 200.0);
         assert_eq!(
             c.observe(&at(100.0)),
@@ -338,5 +366,38 @@ mod tests {
         );
         assert_eq!(kind(&c.observe(&at(100.0))), "remove");
         assert_eq!(c.workers(), 1);
+    }
+
+    #[test]
+    fn crowding_the_application_out_removes_a_worker_for_good() {
+        // Two cores: 2 workers twice as fast as one; the application at work from window 3.
+        let mut c = Controller::new(2, 4, None);
+        let crowded = |n: usize| Observation {
+            throughput: 100.0 * n as f64,
+            slow_down: None,
+            crowded: Some("the application is at work and the server's CPUs are full".into()),
+        };
+        run(&mut c, 2, |n| 100.0 * n as f64);
+        let d = c.observe(&crowded(c.workers()));
+        assert_eq!(kind(&d), "remove", "{d:?}");
+        let at_most = c.workers();
+        assert_eq!(c.ceiling(), at_most + 1);
+        // The application gone, throughput alone would add the worker back: it is not.
+        let later = run(&mut c, 30, |n| 100.0 * n as f64);
+        assert!(later.iter().all(|(_, n)| *n <= at_most), "{later:?}");
+        // Crowded at one worker: nothing to remove, and no worker added.
+        let mut one = Controller::new(1, 4, None);
+        assert_eq!(one.observe(&crowded(1)), Decision::Hold);
+        run(&mut one, 20, |n| 100.0 * n as f64);
+        assert_eq!(one.workers(), 1);
+    }
+
+    #[test]
+    fn a_ceiling_from_an_earlier_run_caps_the_start() {
+        let mut c = Controller::new(2, 4, Some(2));
+        assert_eq!(c.workers(), 1);
+        run(&mut c, 20, |n| 100.0 * n as f64);
+        assert_eq!(c.workers(), 1);
+        assert_eq!(Controller::new(2, 8, Some(4)).workers(), 2);
     }
 }

@@ -9,6 +9,9 @@
 //! | requested checkpoints (`--max-requested-checkpoints`) | `pg_stat_bgwriter.checkpoints_req` (`pg_stat_checkpointer.num_requested` from 17), counted over the last minute, only as many as the WAL written could cause ([`caused_by_wal`]) | 2 |
 //! | lock waits (`--max-lock-wait`) | `pg_locks.waitstart` of sessions that are not pgmend's | 1s |
 //!
+//! The CPU, which none of these sees, is `repair::crowding`'s (`--max-cpu-slowdown`): it only
+//! removes workers under `--jobs auto`, never pauses.
+//!
 //! Why these defaults: 30 s of replay lag is past what a hot standby's readers tolerate and far
 //! from a failover-safe margin, while pgmend's own batches cause seconds at most; 42 segments
 //! (672 MiB of 16 MiB segments) is GitLab's bound for its batched migrations, a backlog that the
@@ -104,6 +107,9 @@ pub struct Health {
     pub requested_checkpoints: Setting<i64>,
     /// The longest another session may wait for a lock.
     pub lock_wait: Setting<Duration>,
+    /// With `--jobs auto`: the probe's slowdown, in hundredths, at which the workers crowd the
+    /// application out (`repair::crowding`). It removes workers and never pauses.
+    pub cpu_slowdown: Setting<u32>,
     pub pause_limit: Duration,
 }
 
@@ -111,6 +117,8 @@ pub const DEFAULT_REPLICA_LAG: Duration = Duration::from_secs(30);
 pub const DEFAULT_ARCHIVE_BACKLOG: i64 = 42;
 pub const DEFAULT_REQUESTED_CHECKPOINTS: i64 = 2;
 pub const DEFAULT_LOCK_WAIT: Duration = Duration::from_secs(1);
+/// `--max-cpu-slowdown`'s default, in hundredths (`repair::crowding::DEFAULT_MAX_SLOWDOWN`).
+pub const DEFAULT_CPU_SLOWDOWN: u32 = 150;
 pub const DEFAULT_PAUSE_LIMIT: Duration = Duration::from_secs(600);
 
 impl Default for Health {
@@ -121,6 +129,7 @@ impl Default for Health {
             autovacuum: Setting::default_at(AutovacuumPause::Wraparound),
             requested_checkpoints: Setting::default_at(DEFAULT_REQUESTED_CHECKPOINTS),
             lock_wait: Setting::default_at(DEFAULT_LOCK_WAIT),
+            cpu_slowdown: Setting::default_at(DEFAULT_CPU_SLOWDOWN),
             pause_limit: DEFAULT_PAUSE_LIMIT,
         }
     }
@@ -817,6 +826,7 @@ mod tests {
             autovacuum: Setting::given(Some(Threshold::Off), AutovacuumPause::Any),
             requested_checkpoints: Setting::given(Some(Threshold::Off), 1),
             lock_wait: Setting::given(Some(Threshold::Off), s(1)),
+            cpu_slowdown: Setting::given(Some(Threshold::Off), 150),
             pause_limit: s(1),
         };
         assert_eq!(verdict(&off, &loud), None);

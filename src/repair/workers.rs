@@ -51,14 +51,26 @@ pub(super) fn walk(
 ) -> Result<Tally> {
     let name = repair.name.as_str();
     let tables = repair.tables();
-    let mut controller = workers.auto.then(|| Controller::new(2, workers.jobs));
+    let mut controller = workers
+        .auto
+        .then(|| Controller::new(2, workers.jobs, super::crowding::ceiling()));
+    // With `--jobs auto`, whether the workers crowd the application out of the CPUs: the probe's
+    // baseline is measured before they start.
+    let mut cpu = match (&controller, options.health.cpu_slowdown.limit) {
+        (Some(_), Some(limit)) => Some(super::crowding::Watch::start(
+            main,
+            f64::from(limit) / 100.0,
+        )?),
+        _ => None,
+    };
+    let mut crowded: Option<String> = None;
     let start = controller
         .as_ref()
         .map_or(workers.jobs, Controller::workers);
     let sessions = connect(name, workers, start)?;
     progress(&format!(
-        "{name}: {} workers, each on its own connection, over ranges of the run's targets{}",
-        start,
+        "{name}: {}, each on its own connection, over ranges of the run's targets{}",
+        crate::human::count(start as i64, "worker"),
         if workers.auto {
             format!(" (--jobs auto: between 1 and {})", workers.jobs)
         } else {
@@ -154,6 +166,13 @@ pub(super) fn walk(
                     }
                     watch.look(main, &options.health, &tables, alone, progress)
                 });
+                let looked = looked.and_then(|pause| match cpu.as_mut() {
+                    Some(cpu) => cpu.look(main).map(|why| {
+                        crowded = why;
+                        pause
+                    }),
+                    None => Ok(pause),
+                });
                 match looked {
                     Ok(pause) => paused.store(pause, Ordering::Relaxed),
                     Err(e) => {
@@ -179,14 +198,19 @@ pub(super) fn walk(
                     (now_blocking > window.2).then(|| {
                         format!(
                             "{} made the application's sessions wait",
-                            crate::human::count((now_blocking - window.2) as i64, "batch")
+                            crate::human::count((now_blocking - window.2) as i64, "batch|batches")
                         )
                     })
                 }),
+                crowded: crowded.clone(),
             };
             window = (Instant::now(), now_done, now_blocking);
             let before = c.workers();
             let decision = c.observe(&observation);
+            if observation.crowded.is_some() {
+                // Later runs of this process start below it.
+                super::crowding::record_ceiling(before.max(2));
+            }
             active.store(c.workers(), Ordering::Relaxed);
             let why = match decision {
                 Decision::Hold => continue,
