@@ -608,9 +608,10 @@ fn with_jobs_auto_an_application_crowded_out_of_the_cpus_gets_a_worker_back_for_
         thread::sleep(Duration::from_millis(20));
     }
     // The probe's baseline is taken before the workers connect. Then the application fills
-    // the CPUs: six sessions adding numbers in a loop (pure CPU, no temporary files).
+    // the CPUs: three sessions a core adding numbers in a loop (pure CPU, no temporary files).
     let stop = Arc::new(AtomicBool::new(false));
-    let burners: Vec<_> = (0..6)
+    let cores = thread::available_parallelism().map_or(2, |n| n.get());
+    let burners: Vec<_> = (0..3 * cores)
         .map(|_| {
             let (mut c, stop) = (db.client(), stop.clone());
             thread::spawn(move || {

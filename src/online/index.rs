@@ -12,7 +12,7 @@
 //! transactions in the database) and up to `BUILD_ATTEMPTS` (3), each preceded by
 //! `evaluate::check_before`. With `census_alongside` (the release's), no open transaction in
 //! the preflight and no crowding of the application by pgmend's workers in this process
-//! (`repair::crowding::ceiling`), the first attempt instead takes `evaluate::check_during_build` on the main
+//! (`db::crowding::ceiling`), the first attempt instead takes `evaluate::check_during_build` on the main
 //! session once the build is sent, before the first look at it; a violator or an error cancels
 //! the build, whose INVALID index is dropped, and is returned. A build that fails with 23505,
 //! 40P01 or 55P03, or ends not valid, has its index dropped and is tried again; any other error
@@ -233,7 +233,7 @@ fn build_index(
     // Alongside only while no transaction is open: a build the census cancels leaves an
     // INVALID index, whose drop would wait for such a transaction to end. Nor once pgmend's
     // workers crowded the application out of the CPUs: one backend of pgmend's at a time then.
-    let crowded = crate::repair::crowding::ceiling().is_some();
+    let crowded = crate::db::crowding::ceiling().is_some();
     let mut census_alongside = migration
         .census_alongside
         .filter(|_| quiet && !crowded && !migration.censuses.is_empty());
@@ -251,9 +251,9 @@ fn build_index(
             }
         });
         // Unreadable, the server's own settings, as before; while the application is at work
-        // too.
-        let workers = match crate::repair::crowding::app_at_work(main)? {
-            Some(seen) => BuildWorkers::app_at_work(seen.active + seen.hidden, crowded),
+        // too (an unreadable pg_stat_activity counts as no application: the build goes on).
+        let workers = match crate::db::crowding::app_at_work(main).unwrap_or(None) {
+            Some(seen) => BuildWorkers::app_at_work(seen, crowded),
             None => parallel::capacity(main)
                 .map(BuildWorkers::choose)
                 .unwrap_or(BuildWorkers::NONE),

@@ -15,10 +15,10 @@
 //! may still use fewer (a small table, `min_parallel_table_scan_size`, or workers taken by others
 //! meanwhile); a build without a worker free runs as before, on the leader alone.
 //!
-//! While the application is at work on the database (`repair::crowding::app_at_work`) the
+//! While the application is at work on the database (`db::crowding::app_at_work`) the
 //! build takes nothing spare: it keeps the server's own settings, as the same statement run by
-//! hand would; and once pgmend's workers have crowded the application out of the CPUs in this
-//! process (`repair::crowding::ceiling`), it takes no parallel worker at all. On two cores the
+//! hand would, or no parallel worker at all when pgmend's workers crowded the application out
+//! of the CPUs earlier in this process (`db::crowding::ceiling`). On two cores the
 //! application's p99 under `bench_release --load` was 1.8x its baseline with builds on the
 //! leader alone and 3-6x with three workers (docs/benchmark.md).
 //!
@@ -127,11 +127,10 @@ impl BuildWorkers {
         )
     }
 
-    /// While the application is at work (`repair::crowding::app_at_work`, `sessions` of it
-    /// seen running a statement, or whose state the role may not read): the server's own
-    /// settings, nothing raised.
+    /// While the application is at work (`db::crowding::app_at_work`, `sessions` of it seen
+    /// running a statement): the server's own settings, nothing raised.
     /// With `crowded` (pgmend's workers crowded the application out of the CPUs earlier in this
-    /// process, `repair::crowding::ceiling`), no parallel worker at all: the build runs on its
+    /// process, `db::crowding::ceiling`), no parallel worker at all: the build runs on its
     /// own backend.
     pub fn app_at_work(sessions: i64, crowded: bool) -> BuildWorkers {
         BuildWorkers {

@@ -6,7 +6,7 @@
 //! throughput is not counted, as new workers start with small batches):
 //! 1. A health signal (a session waited on a batch, or `repair::health` says slow down) removes
 //!    a worker, down to one, and no worker is added for [`COOLDOWN`] windows. The workers
-//!    crowding the application out of the CPUs (`repair::crowding`) removes one too, and that
+//!    crowding the application out of the CPUs (`db::crowding`) removes one too, and that
 //!    number becomes the ceiling: it is not tried again.
 //! 2. A throughput below [`FALL`] of the best seen at this number of workers, two windows in
 //!    a row, removes a worker (the server is busier than it was), and every measure taken
@@ -41,7 +41,7 @@ pub struct Observation {
     /// A reason to slow down, in words, if the server gave one.
     pub slow_down: Option<String>,
     /// Why the workers crowd the application out of the CPUs, if they do
-    /// (`repair::crowding::crowded`).
+    /// (`db::crowding::crowded`).
     pub crowded: Option<String>,
 }
 
@@ -108,21 +108,20 @@ impl Controller {
         }
         // A window without progress and without a signal measured nothing (the run was paused
         // by a request, or every worker waited): it is not counted.
-        if o.throughput <= 0.0 && o.slow_down.is_none() && o.crowded.is_none() {
+        if o.throughput <= 0.0 && o.slow_down.is_none() {
             return Decision::Hold;
         }
-        if o.slow_down.is_none() {
-            if let Some(why) = &o.crowded {
-                // Never back to this number in this run (nor, through
-                // `crowding::record_ceiling`, in the process's later runs).
-                self.ceiling = self.ceiling.min(n.max(2));
-                self.cooldown = COOLDOWN;
-                if n > 1 {
-                    return self
-                        .change(n - 1, Decision::Remove(format!("{why}: one worker fewer")));
-                }
-                return Decision::Hold;
+        if o.crowded.is_some() {
+            // Never back to this number in this run (nor, through
+            // `db::crowding::record_ceiling`, in the process's later runs).
+            self.ceiling = self.ceiling.min(n.max(2));
+        }
+        if let (None, Some(why)) = (&o.slow_down, &o.crowded) {
+            self.cooldown = COOLDOWN;
+            if n > 1 {
+                return self.change(n - 1, Decision::Remove(format!("{why}: one worker fewer")));
             }
+            return Decision::Hold;
         }
         if let Some(why) = &o.slow_down {
             self.cooldown = COOLDOWN;
@@ -385,6 +384,18 @@ mod tests {
         // The application gone, throughput alone would add the worker back: it is not.
         let later = run(&mut c, 30, |n| 100.0 * n as f64);
         assert!(later.iter().all(|(_, n)| *n <= at_most), "{later:?}");
+        // A health signal in the same window removes the worker in its own words, and the
+        // crowd still sets the ceiling.
+        let mut both = Controller::new(3, 4, None);
+        let d = both.observe(&Observation {
+            slow_down: Some("2 batches made the application's sessions wait".into()),
+            ..crowded(3)
+        });
+        assert!(
+            matches!(&d, Decision::Remove(why) if why.starts_with("2 batches")),
+            "{d:?}"
+        );
+        assert_eq!(both.ceiling(), 3);
         // Crowded at one worker: nothing to remove, and no worker added.
         let mut one = Controller::new(1, 4, None);
         assert_eq!(one.observe(&crowded(1)), Decision::Hold);

@@ -9,7 +9,7 @@
 //! | requested checkpoints (`--max-requested-checkpoints`) | `pg_stat_bgwriter.checkpoints_req` (`pg_stat_checkpointer.num_requested` from 17), counted over the last minute, only as many as the WAL written could cause ([`caused_by_wal`]) | 2 |
 //! | lock waits (`--max-lock-wait`) | `pg_locks.waitstart` of sessions that are not pgmend's | 1s |
 //!
-//! The CPU, which none of these sees, is `repair::crowding`'s (`--max-cpu-slowdown`): it only
+//! The CPU, which none of these sees, is `db::crowding`'s (`--max-cpu-slowdown`): it only
 //! removes workers under `--jobs auto`, never pauses.
 //!
 //! Why these defaults: 30 s of replay lag is past what a hot standby's readers tolerate and far
@@ -108,7 +108,7 @@ pub struct Health {
     /// The longest another session may wait for a lock.
     pub lock_wait: Setting<Duration>,
     /// With `--jobs auto`: the probe's slowdown, in hundredths, at which the workers crowd the
-    /// application out (`repair::crowding`). It removes workers and never pauses.
+    /// application out (`db::crowding`). It removes workers and never pauses.
     pub cpu_slowdown: Setting<u32>,
     pub pause_limit: Duration,
 }
@@ -117,7 +117,7 @@ pub const DEFAULT_REPLICA_LAG: Duration = Duration::from_secs(30);
 pub const DEFAULT_ARCHIVE_BACKLOG: i64 = 42;
 pub const DEFAULT_REQUESTED_CHECKPOINTS: i64 = 2;
 pub const DEFAULT_LOCK_WAIT: Duration = Duration::from_secs(1);
-/// `--max-cpu-slowdown`'s default, in hundredths (`repair::crowding::DEFAULT_MAX_SLOWDOWN`).
+/// `--max-cpu-slowdown`'s default, in hundredths (1.5: `db::crowding`).
 pub const DEFAULT_CPU_SLOWDOWN: u32 = 150;
 pub const DEFAULT_PAUSE_LIMIT: Duration = Duration::from_secs(600);
 

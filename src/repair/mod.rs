@@ -13,7 +13,7 @@
 //! passes after the gate); `split_freeze.rs`: a counter's freeze after the gate compared in ranges
 //! on several sessions when the run has workers. `workers.rs`: `--jobs N`, and
 //! `--jobs auto` with the decisions of `controller.rs` (pure: observations in, decisions out)
-//! and `crowding.rs` (the application at work and a CPU probe: workers and index builds leave
+//! and `db::crowding` (the application at work and a CPU probe: workers and index builds leave
 //! it its cores). `neighbour.rs`: `--pause`, `--duty-cycle`,
 //! the throttle on batches others wait for. `health.rs`: the server's health signals (replica lag,
 //! WAL waiting to be archived, autovacuum, requested checkpoints, the application's lock waits)
@@ -35,7 +35,6 @@ pub mod batch;
 pub mod catalog;
 pub mod controller;
 pub mod counter;
-pub mod crowding;
 pub mod definition;
 pub mod engine;
 pub mod expression;

@@ -53,14 +53,20 @@ pub(super) fn walk(
     let tables = repair.tables();
     let mut controller = workers
         .auto
-        .then(|| Controller::new(2, workers.jobs, super::crowding::ceiling()));
+        .then(|| Controller::new(2, workers.jobs, crate::db::crowding::ceiling()));
     // With `--jobs auto`, whether the workers crowd the application out of the CPUs: the probe's
     // baseline is measured before they start.
+    // It is advice: a probe that fails leaves the CPU unwatched, with a line.
     let mut cpu = match (&controller, options.health.cpu_slowdown.limit) {
-        (Some(_), Some(limit)) => Some(super::crowding::Watch::start(
-            main,
-            f64::from(limit) / 100.0,
-        )?),
+        (Some(_), Some(limit)) => {
+            match crate::db::crowding::Watch::start(main, f64::from(limit) / 100.0) {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    progress(&unwatched_cpu(&e));
+                    None
+                }
+            }
+        }
         _ => None,
     };
     let mut crowded: Option<String> = None;
@@ -158,21 +164,27 @@ pub(super) fn walk(
             // fixed number), up to the pause limit.
             if watch.due() && stopped_by_health.is_none() && !stop.load(Ordering::Relaxed) {
                 let alone = controller.as_ref().is_none_or(|c| c.workers() == 1);
+                let mut by_request = false;
                 let looked = crate::store::runs::steering(main, run.run_id).and_then(|asked| {
                     if asked.paused.is_some() {
                         // Paused by a request: the pause is the user's, not the server's.
                         watch.rest();
+                        by_request = true;
                         return Ok(false);
                     }
                     watch.look(main, &options.health, &tables, alone, progress)
                 });
-                let looked = looked.and_then(|pause| match cpu.as_mut() {
-                    Some(cpu) => cpu.look(main).map(|why| {
-                        crowded = why;
-                        pause
-                    }),
-                    None => Ok(pause),
-                });
+                // The CPU while the workers work (not while a request pauses them).
+                crowded = None;
+                if let (Some(w), false, true) = (cpu.as_mut(), by_request, looked.is_ok()) {
+                    match w.look(main) {
+                        Ok(why) => crowded = why,
+                        Err(e) => {
+                            progress(&unwatched_cpu(&e));
+                            cpu = None;
+                        }
+                    }
+                }
                 match looked {
                     Ok(pause) => paused.store(pause, Ordering::Relaxed),
                     Err(e) => {
@@ -207,15 +219,19 @@ pub(super) fn walk(
             window = (Instant::now(), now_done, now_blocking);
             let before = c.workers();
             let decision = c.observe(&observation);
-            if observation.crowded.is_some() {
+            if observation.crowded.is_some() && c.ceiling() <= workers.jobs {
                 // Later runs of this process start below it.
-                super::crowding::record_ceiling(before.max(2));
+                crate::db::crowding::record_ceiling(c.ceiling());
             }
             active.store(c.workers(), Ordering::Relaxed);
             let why = match decision {
                 Decision::Hold => continue,
                 Decision::Add(why) | Decision::Remove(why) => why,
             };
+            // The next window's probes are the new number's.
+            if let Some(w) = cpu.as_mut() {
+                w.forget();
+            }
             shown.set_workers(c.workers());
             let line = format!("{name}: workers {before} -> {}: {why}", c.workers());
             progress(&line);
@@ -249,6 +265,11 @@ pub(super) fn walk(
         blocking: blocking.into_inner(),
         decisions,
     })
+}
+
+/// The line for a CPU probe that failed: the run goes on without that watch.
+fn unwatched_cpu(e: &anyhow::Error) -> String {
+    format!("note: the application's CPU is not watched in this run (--max-cpu-slowdown): {e:#}")
 }
 
 /// Nothing is left to walk: the queue is empty and no worker holds a slice (read under the

@@ -28,9 +28,9 @@
 //!
 //! An index build asks for parallel maintenance workers only while no application session is
 //! at work ([`app_at_work`]: in three readings over 20 ms before the build, or seen by a walk
-//! or an earlier build in the last [`APP_RECENT`]): otherwise it runs with the server's own settings, as the
-//! same statement run by hand would, and with no parallel worker once the workers crowded the
-//! application out in this process (`online::parallel`).
+//! or an earlier build in the last [`APP_RECENT`]): otherwise it runs with the server's own
+//! settings, as the same statement run by hand would, or with no parallel worker at all when
+//! the workers crowded the application out earlier in this process (`online::parallel`).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -84,31 +84,25 @@ pub fn app_sessions(client: &mut postgres::Client) -> Result<AppSessions> {
     })
 }
 
-/// Whether the application is at work: seen so by [`app_sessions`] in three readings 10 ms
-/// apart (four sessions each busy a tenth of the time are missed by all three about one time
-/// in four; the wait is the release's, before each build), or by a walk's watch or an earlier
-/// build in the last [`APP_RECENT`].
-pub fn app_at_work(client: &mut postgres::Client) -> Result<Option<AppSessions>> {
-    let mut seen: Option<AppSessions> = None;
+/// Whether the application is at work, for an index build: the most of its sessions that
+/// [`app_sessions`] saw running a statement in three readings 10 ms apart (four sessions each
+/// busy a tenth of the time are missed by all three about one time in four; the wait is the
+/// release's, before each build), or 1 when a walk's watch or an earlier build saw it in the
+/// last [`APP_RECENT`]. Sessions whose state is hidden do not count here: a build by a role
+/// without `pg_read_all_stats` takes the spare worker processes as before.
+pub fn app_at_work(client: &mut postgres::Client) -> Result<Option<i64>> {
+    let mut seen = 0;
     for i in 0..3 {
         if i > 0 {
             std::thread::sleep(Duration::from_millis(10));
         }
-        let now = app_sessions(client)?;
-        if now.maybe_active() && seen.is_none_or(|s| now.active > s.active) {
-            seen = Some(now);
-        }
+        seen = seen.max(app_sessions(client)?.active);
     }
-    if seen.is_none() && app_seen_recently() {
-        seen = Some(AppSessions {
-            active: 1,
-            hidden: 0,
-        });
-    }
-    if seen.is_some() {
+    if seen > 0 {
         note_app_seen();
+        return Ok(Some(seen));
     }
-    Ok(seen)
+    Ok(app_seen_recently().then_some(1))
 }
 
 /// When this process last saw the application at work.
@@ -184,6 +178,12 @@ impl Watch {
             recent: VecDeque::new(),
             app_seen: None,
         })
+    }
+
+    /// Forgets the probes taken before the number of workers changed (the next window is
+    /// measured afresh).
+    pub fn forget(&mut self) {
+        self.recent.clear();
     }
 
     /// One reading (every half second): the application's sessions and the probe. Returns why
