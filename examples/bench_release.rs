@@ -738,6 +738,12 @@ fn main() -> Result<()> {
         } else {
             (0, 0.0, 0.0)
         };
+        if !load {
+            // The example's own sessions on pgmend's database (`via`) finished a statement a
+            // moment ago: a second idle, so that pgmend does not count them as the application
+            // at work (`db::crowding`: done with a statement less than a second ago).
+            std::thread::sleep(Duration::from_millis(1100));
+        }
         let (stop, load_threads) = start_legacy_load(load, pg.conninfo("viapgmend"), members);
         SLOW.lock().unwrap().clear();
         let t = Instant::now();

@@ -6,7 +6,8 @@
 //! has, so pgmend measures two things on its main session:
 //!
 //! - **the application at work**: client backends of the run's database that are not pgmend's
-//!   (another `application_name`) running a statement now (`pg_stat_activity.state = 'active'`);
+//!   (another `application_name`) running a statement now (`pg_stat_activity.state = 'active'`)
+//!   or done with one less than a second ago (`state_change`);
 //!   a role without `pg_read_all_stats` sees other roles' sessions without their state, and such a
 //!   session counts as possibly at work ([`AppSessions::maybe_active`]);
 //! - **the probe**: the server's own execution time of a fixed statement that is pure CPU in one
@@ -27,8 +28,8 @@
 //! probe is not consulted, so workers that fill an idle server's cores are kept.
 //!
 //! An index build asks for parallel maintenance workers only while no application session is
-//! at work ([`app_at_work`]: in three readings over 20 ms before the build, or seen by a walk
-//! or an earlier build in the last [`APP_RECENT`]): otherwise it runs with the server's own
+//! at work ([`app_at_work`]: seen so right before the build, or by a walk or an earlier build
+//! in the last [`APP_RECENT`]): otherwise it runs with the server's own
 //! settings, as the same statement run by hand would, or with no parallel worker at all when
 //! the workers crowded the application out earlier in this process (`online::parallel`).
 
@@ -53,7 +54,9 @@ const PROBE_SQL: &str =
 /// The application's sessions of this database, as one reading saw them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AppSessions {
-    /// Running a statement now.
+    /// Running a statement now, or done with one less than a second ago (`state_change`: a
+    /// session busy a tenth of the time is seen by one reading, where the state alone would
+    /// miss it nine times in ten).
     pub active: i64,
     /// Sessions of other roles whose state this role may not read.
     pub hidden: i64,
@@ -70,7 +73,8 @@ impl AppSessions {
 pub fn app_sessions(client: &mut postgres::Client) -> Result<AppSessions> {
     let row = client
         .query_one(
-            "SELECT count(*) FILTER (WHERE state = 'active'), count(*) FILTER (WHERE state IS NULL)
+            "SELECT count(*) FILTER (WHERE state = 'active' OR state_change > clock_timestamp() - interval '1 second'),
+                    count(*) FILTER (WHERE state IS NULL)
                FROM pg_stat_activity
               WHERE datname = current_database() AND backend_type = 'client backend'
                 AND pid <> pg_backend_pid()
@@ -84,20 +88,12 @@ pub fn app_sessions(client: &mut postgres::Client) -> Result<AppSessions> {
     })
 }
 
-/// Whether the application is at work, for an index build: the most of its sessions that
-/// [`app_sessions`] saw running a statement in three readings 10 ms apart (four sessions each
-/// busy a tenth of the time are missed by all three about one time in four; the wait is the
-/// release's, before each build), or 1 when a walk's watch or an earlier build saw it in the
+/// Whether the application is at work, for an index build: its sessions that
+/// [`app_sessions`] sees at work, or 1 when a walk's watch or an earlier build saw it in the
 /// last [`APP_RECENT`]. Sessions whose state is hidden do not count here: a build by a role
 /// without `pg_read_all_stats` takes the spare worker processes as before.
 pub fn app_at_work(client: &mut postgres::Client) -> Result<Option<i64>> {
-    let mut seen = 0;
-    for i in 0..3 {
-        if i > 0 {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        seen = seen.max(app_sessions(client)?.active);
-    }
+    let seen = app_sessions(client)?.active;
     if seen > 0 {
         note_app_seen();
         return Ok(Some(seen));
