@@ -512,6 +512,19 @@ fn after_gate(pg: &LocalPg, exe: &std::path::Path, members: i32) -> Result<()> {
     Ok(())
 }
 
+/// The legacy application alone for five seconds: its operations, p99 and worst in ms.
+fn app_alone(conninfo: String, members: i32) -> (usize, f64, f64) {
+    let (stop, threads) = start_legacy_load(true, conninfo, members);
+    std::thread::sleep(Duration::from_secs(5));
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    percentiles(
+        threads
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect(),
+    )
+}
+
 fn percentiles(mut lat: Vec<Duration>) -> (usize, f64, f64) {
     lat.sort_unstable();
     let p99 = lat
@@ -726,15 +739,7 @@ fn main() -> Result<()> {
         // Under load, the application alone for five seconds first: the baseline its p99 and
         // worst wait while pgmend runs are compared with.
         let baseline = if load {
-            let (stop, threads) = start_legacy_load(true, pg.conninfo("viapgmend"), members);
-            std::thread::sleep(Duration::from_secs(5));
-            stop.store(true, std::sync::atomic::Ordering::SeqCst);
-            percentiles(
-                threads
-                    .into_iter()
-                    .flat_map(|h| h.join().unwrap())
-                    .collect(),
-            )
+            app_alone(pg.conninfo("viapgmend"), members)
         } else {
             (0, 0.0, 0.0)
         };
@@ -799,11 +804,14 @@ fn main() -> Result<()> {
                     })
                 })
                 .unwrap_or(0);
+            // The application alone again on the schema pgmend left at the gate (V3's index
+            // and V4's unique index to maintain): what its operations cost without pgmend.
+            let after = app_alone(pg.conninfo("viapgmend"), members);
             println!(
-                "| {members} under load | app alone 5 s: {} ops, p99 {:.1} ms, max {:.0} ms | one-shot {:.1}s: {} app ops, p99 {:.0} ms, max {:.0} ms | pgmend to the gate {:.1}s: {} app ops, p99 {:.1} ms ({:.1}x the baseline's), max {:.0} ms, {blocking} batches waited for |",
+                "| {members} under load | app alone 5 s: {} ops, p99 {:.1} ms, max {:.0} ms | one-shot {:.1}s: {} app ops, p99 {:.0} ms, max {:.0} ms | pgmend to the gate {:.1}s: {} app ops, p99 {:.1} ms ({:.1}x the baseline's), max {:.0} ms, {blocking} batches waited for | app alone after, 5 s: {} ops, p99 {:.1} ms, max {:.0} ms |",
                 baseline.0, baseline.1, baseline.2,
                 one_time.as_secs_f64(), one_load.0, one_load.1, one_load.2, via_time.as_secs_f64(), via_load.0, via_load.1,
-                via_load.1 / baseline.1.max(1e-3), via_load.2
+                via_load.1 / baseline.1.max(1e-3), via_load.2, after.0, after.1, after.2
             );
             // PGMEND_BENCH_SLOW=1: the operations over 2 ms, by half second of pgmend's run.
             if std::env::var("PGMEND_BENCH_SLOW").is_ok() {

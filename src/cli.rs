@@ -617,8 +617,8 @@ pub struct BatchArgs {
     #[arg(long, default_value = "10m", value_parser = parse_duration, value_name = "DURATION")]
     pub health_pause_limit: Duration,
     /// Batch workers for a run whose targets are ranges of keys, each on its own connection.
-    /// `auto` (the default) starts with two and adds one while the throughput grows enough for
-    /// it, removes one when it falls or the server's health says so, up to --max-jobs and a
+    /// `auto` (the default) starts with two (one while the application is at work) and adds
+    /// one while the throughput grows enough for it, removes one when it falls or the server's health says so, up to --max-jobs and a
     /// quarter of the free connection slots; a number keeps that many (N + 2 connections in
     /// all; 1 walks the batches on the main session).
     #[arg(long, default_value = "auto", value_parser = crate::config::parse_jobs, value_name = "N|auto", env = "PGMEND_JOBS")]

@@ -448,7 +448,8 @@ fn with_jobs_auto_a_signal_removes_workers_then_pauses_the_last_and_the_run_ends
     };
     let queue = lock_queue(&db);
     // Slow batches (a pause after each), so that the run outlasts the controller's first
-    // window; two workers to start with.
+    // window; two workers to start with (the CPU unwatched: watched, the waiting application
+    // would start the run with one).
     let child = db
         .pgmend()
         .env_remove("PGMEND_JOBS")
@@ -461,6 +462,8 @@ fn with_jobs_auto_a_signal_removes_workers_then_pauses_the_last_and_the_run_ends
             "3",
             "--pause",
             "500ms",
+            "--max-cpu-slowdown",
+            "off",
         ])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -565,6 +568,47 @@ fn with_workers_a_run_paused_by_request_is_not_stopped_by_the_health_pause_limit
 }
 
 #[test]
+fn with_jobs_auto_and_the_application_at_work_a_run_starts_with_one_worker() {
+    let Some((_turn, db)) = waiting_test_at_v3(
+        "with_jobs_auto_and_the_application_at_work_a_run_starts_with_one_worker",
+    ) else {
+        return;
+    };
+    // The application: a session running a statement nearly all the time.
+    let stop = Arc::new(AtomicBool::new(false));
+    let app = {
+        let (mut c, stop) = (db.client(), stop.clone());
+        thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                c.batch_execute("SELECT pg_sleep(0.05)").unwrap();
+            }
+        })
+    };
+    thread::sleep(Duration::from_millis(200));
+    let r = db.run(&[
+        "repair",
+        "apply",
+        "void-duplicate-coupons",
+        "--yes",
+        "--jobs",
+        "auto",
+        "--max-jobs",
+        "2",
+    ]);
+    stop.store(true, Ordering::Relaxed);
+    app.join().unwrap();
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(
+        r.stderr.contains(
+            "void-duplicate-coupons: 1 worker, each on its own connection, over ranges of the run's targets (--jobs auto: between 1 and 2), one to start with while the application is at work"
+        ),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(differences(&db), 0, "{}", r.stderr);
+}
+
+#[test]
 fn with_jobs_auto_an_application_crowded_out_of_the_cpus_gets_a_worker_back_for_good() {
     // It waits for the signal by design: one server version is enough.
     let Some((_turn, db)) = waiting_test_at_v3(
@@ -596,10 +640,19 @@ fn with_jobs_auto_an_application_crowded_out_of_the_cpus_gets_a_worker_back_for_
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    // Watched from another database: a session of the run's database busy a moment ago would
+    // be the application at work as the run starts, which starts it with one worker.
+    let mut watcher =
+        postgres::Client::connect(&common::conninfo_for("postgres"), postgres::NoTls).unwrap();
     let started = Instant::now();
-    while db.scalar_i64(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'pgmend' AND backend_type = 'client backend'",
-    ) < 3
+    while watcher
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND application_name = 'pgmend' AND backend_type = 'client backend'",
+            &[&db.name],
+        )
+        .unwrap()
+        .get::<_, i64>(0)
+        < 3
     {
         assert!(
             started.elapsed() < Duration::from_secs(30),

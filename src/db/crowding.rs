@@ -25,7 +25,11 @@
 //! and nothing changes; on one whose cores the workers fill it does, and one worker fewer gives
 //! the application a core back. It never pauses a run: one worker leaves the other cores free.
 //! Without the application at work (a maintenance window, the benchmark without `--load`) the
-//! probe is not consulted, so workers that fill an idle server's cores are kept.
+//! probe is not consulted, so workers that fill an idle server's cores are kept. With the
+//! application at work as a walk starts ([`Watch::app_at_start`]), `--jobs auto` starts with
+//! one worker instead of two, and adds the second only when the probes show room for it (two
+//! workers for the first window crowded out as many of the application's statements as the
+//! rest of the void, `docs/benchmark.md`).
 //!
 //! An index build asks for parallel maintenance workers only while no application session is
 //! at work ([`app_at_work`]: seen so right before the build, or by a walk or an earlier build
@@ -159,11 +163,17 @@ pub struct Watch {
     baseline: f64,
     recent: VecDeque<f64>,
     app_seen: Option<Instant>,
+    app_at_start: bool,
 }
 
 impl Watch {
-    /// Measures the baseline (the least of five probes) before the workers start.
+    /// Measures the baseline (the least of five probes) before the workers start, and whether
+    /// the application is at work then.
     pub fn start(client: &mut postgres::Client, limit: f64) -> Result<Watch> {
+        let app_at_start = app_sessions(client)?.maybe_active();
+        if app_at_start {
+            note_app_seen();
+        }
         let mut baseline = f64::MAX;
         for _ in 0..5 {
             baseline = baseline.min(probe_ms(client)?);
@@ -172,8 +182,14 @@ impl Watch {
             limit,
             baseline,
             recent: VecDeque::new(),
-            app_seen: None,
+            app_seen: app_at_start.then(Instant::now),
+            app_at_start,
         })
+    }
+
+    /// Whether the application was at work as the watch started.
+    pub fn app_at_start(&self) -> bool {
+        self.app_at_start
     }
 
     /// Forgets the probes taken before the number of workers changed (the next window is

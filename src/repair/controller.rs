@@ -404,6 +404,26 @@ mod tests {
     }
 
     #[test]
+    fn started_at_one_worker_it_grows_only_where_the_cpus_have_room() {
+        // The application at work as the run starts: one worker. Probes that show room (no
+        // crowd) let throughput add workers as from two.
+        let mut roomy = Controller::new(1, 4, None);
+        run(&mut roomy, 12, |n| 100.0 * n as f64);
+        assert_eq!(roomy.workers(), 4);
+        // Probes that show the CPUs full at one worker: it stays at one, never tries two.
+        let mut full = Controller::new(1, 4, None);
+        let crowded = Observation {
+            throughput: 100.0,
+            slow_down: None,
+            crowded: Some("the application is at work and the server's CPUs are full".into()),
+        };
+        assert_eq!(full.observe(&crowded), Decision::Hold);
+        assert_eq!(full.ceiling(), 2);
+        let later = run(&mut full, 20, |n| 100.0 * n as f64);
+        assert!(later.iter().all(|(_, n)| *n == 1), "{later:?}");
+    }
+
+    #[test]
     fn a_ceiling_from_an_earlier_run_caps_the_start() {
         let mut c = Controller::new(2, 4, Some(2));
         assert_eq!(c.workers(), 1);

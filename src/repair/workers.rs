@@ -51,14 +51,11 @@ pub(super) fn walk(
 ) -> Result<Tally> {
     let name = repair.name.as_str();
     let tables = repair.tables();
-    let mut controller = workers
-        .auto
-        .then(|| Controller::new(2, workers.jobs, crate::db::crowding::ceiling()));
     // With `--jobs auto`, whether the workers crowd the application out of the CPUs: the probe's
     // baseline is measured before they start.
     // It is advice: a probe that fails leaves the CPU unwatched, with a line.
-    let mut cpu = match (&controller, options.health.cpu_slowdown.limit) {
-        (Some(_), Some(limit)) => {
+    let mut cpu = match (workers.auto, options.health.cpu_slowdown.limit) {
+        (true, Some(limit)) => {
             match crate::db::crowding::Watch::start(main, f64::from(limit) / 100.0) {
                 Ok(w) => Some(w),
                 Err(e) => {
@@ -69,6 +66,19 @@ pub(super) fn walk(
         }
         _ => None,
     };
+    // With the application at work, one worker to start with: a second one is added only when
+    // the probes show the CPUs have room for it (a crowd at one worker sets the ceiling at
+    // one), instead of crowding the application out for a window first.
+    let app_at_start = cpu
+        .as_ref()
+        .is_some_and(crate::db::crowding::Watch::app_at_start);
+    let mut controller = workers.auto.then(|| {
+        Controller::new(
+            if app_at_start { 1 } else { 2 },
+            workers.jobs,
+            crate::db::crowding::ceiling(),
+        )
+    });
     let mut crowded: Option<String> = None;
     let start = controller
         .as_ref()
@@ -78,7 +88,15 @@ pub(super) fn walk(
         "{name}: {}, each on its own connection, over ranges of the run's targets{}",
         crate::human::count(start as i64, "worker"),
         if workers.auto {
-            format!(" (--jobs auto: between 1 and {})", workers.jobs)
+            format!(
+                " (--jobs auto: between 1 and {}){}",
+                workers.jobs,
+                if app_at_start && workers.jobs > 1 {
+                    ", one to start with while the application is at work"
+                } else {
+                    ""
+                }
+            )
         } else {
             String::new()
         }
