@@ -155,6 +155,65 @@ pub fn with_lock_retry<T>(
     }
 }
 
+/// Another session's transaction open longer than this, holding a lock on a table that a
+/// statement needs `ACCESS EXCLUSIVE` on, is a long holder ([`wait_for_long_holders`]): an
+/// application's statements are shorter.
+pub const LONG_HOLDER: Duration = Duration::from_millis(100);
+
+/// How often [`wait_for_long_holders`] reads the locks again.
+const GAP_POLL: Duration = Duration::from_millis(50);
+
+/// Waits, without queueing for any lock, while a long holder ([`LONG_HOLDER`]) holds a lock on
+/// one of `tables`, up to `until`; says once whom it waits for. A request for `ACCESS EXCLUSIVE`
+/// queued behind such a transaction would make every later query on the table queue behind it
+/// in turn, for up to `--lock-timeout` an attempt: waiting for the gap first, the request
+/// waits only for the application's short statements. Past `until` it returns, and the attempt
+/// queues as before. A role without `pg_read_all_stats` does not see other roles' transaction
+/// starts, and their locks do not count. Stops (the signal's `Stopped`) when one is requested.
+pub fn wait_for_long_holders(
+    client: &mut Client,
+    tables: &[String],
+    until: Instant,
+    what: &str,
+    progress: &mut dyn FnMut(&str),
+) -> Result<()> {
+    let mut said = false;
+    loop {
+        crate::signals::check(what)?;
+        let holder = client
+            .query_opt(
+                "SELECT a.pid, coalesce(a.application_name, ''),
+                        extract(epoch FROM clock_timestamp() - a.xact_start)::float8,
+                        left(regexp_replace(coalesce(a.query, ''), '\\s+', ' ', 'g'), 80)
+                   FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+                  WHERE l.granted AND l.pid <> pg_backend_pid()
+                    AND l.relation = ANY (SELECT to_regclass(t)::oid FROM unnest($1::text[]) t)
+                    AND a.xact_start < clock_timestamp() - make_interval(secs => $2)
+                  ORDER BY a.xact_start LIMIT 1",
+                &[&tables, &LONG_HOLDER.as_secs_f64()],
+            )
+            .doing("reading which sessions hold locks on the tables (pg_locks)")?;
+        let Some(row) = holder else {
+            return Ok(());
+        };
+        if Instant::now() + GAP_POLL > until {
+            return Ok(());
+        }
+        if !said {
+            said = true;
+            progress(&format!(
+                "{what}: waiting for pid {} ({:?}, transaction open {:.1}s: {}) to end before asking for ACCESS EXCLUSIVE on {}: a request queued behind it would hold up every query on the table",
+                row.get::<_, i32>(0),
+                row.get::<_, String>(1),
+                row.get::<_, f64>(2),
+                row.get::<_, String>(3),
+                tables.join(", ")
+            ));
+        }
+        std::thread::sleep(GAP_POLL);
+    }
+}
+
 /// The server's SQLSTATE somewhere in `error`'s chain: a `postgres::Error` an attempt passed
 /// on with `?`, or one already rendered as a [`DbFailure`].
 fn sqlstate_in(error: &anyhow::Error) -> Option<String> {

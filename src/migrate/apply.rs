@@ -20,9 +20,10 @@ use super::history;
 use super::plan::Plan;
 use super::source::{by_version, Mode};
 use crate::db::conninfo::ConnParams;
-use crate::db::retry::{with_lock_retry, LockPolicy};
+use crate::db::retry::{wait_for_long_holders, with_lock_retry, LockPolicy};
 use crate::error::PgContext;
 use crate::online::{evaluate, index, validate};
+use crate::statements::LockMode;
 
 #[derive(Debug, Serialize)]
 pub struct AppliedMigration {
@@ -118,7 +119,28 @@ pub fn execute(
             } else {
                 *policy
             };
+            // The tables whose every query the migration holds up while it waits: it waits for
+            // their long transactions to end before each attempt, within the retry budget.
+            let mut exclusive: Vec<String> = planned
+                .statements
+                .iter()
+                .flat_map(|s| s.locks.iter())
+                .filter(|l| l.mode == LockMode::AccessExclusive)
+                .map(|l| l.relation.clone())
+                .collect();
+            exclusive.sort();
+            exclusive.dedup();
+            let gap_until = started + policy.retry_for.saturating_sub(policy.lock_timeout);
             with_lock_retry(client, &bound, &format!("applying {label}"), &tables, |c| {
+                if !exclusive.is_empty() {
+                    wait_for_long_holders(
+                        c,
+                        &exclusive,
+                        gap_until,
+                        &format!("applying {label}"),
+                        progress,
+                    )?;
+                }
                 let mut tx = c.transaction()?;
                 tx.batch_execute(&policy.set_local_sql())?;
                 if validates.iter().all(Option::is_none) {
