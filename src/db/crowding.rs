@@ -168,9 +168,10 @@ pub struct Watch {
 
 impl Watch {
     /// Measures the baseline (the least of five probes) before the workers start, and whether
-    /// the application is at work then.
+    /// the application is at work then (sessions seen at work: one whose state this role may
+    /// not read, an idle pool's as likely as not, does not count here).
     pub fn start(client: &mut postgres::Client, limit: f64) -> Result<Watch> {
-        let app_at_start = app_sessions(client)?.maybe_active();
+        let app_at_start = app_sessions(client)?.active > 0;
         if app_at_start {
             note_app_seen();
         }

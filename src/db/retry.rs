@@ -9,7 +9,8 @@
 //! it sleeps a full-jitter exponential backoff (100 ms base, 5 s cap) and tries again, logging each
 //! retry to stderr; when the pause plus one more full lock wait would go past the budget it returns
 //! `Stopped`, naming the sessions that hold locks on the tables involved. Any other error is
-//! returned at once.
+//! returned at once. A transactional migration that needs `ACCESS EXCLUSIVE` first waits out,
+//! queued nowhere, the long transactions holding locks on its tables ([`wait_for_long_holders`]).
 
 use std::time::{Duration, Instant};
 
@@ -163,13 +164,34 @@ pub const LONG_HOLDER: Duration = Duration::from_millis(100);
 /// How often [`wait_for_long_holders`] reads the locks again.
 const GAP_POLL: Duration = Duration::from_millis(50);
 
-/// Waits, without queueing for any lock, while a long holder ([`LONG_HOLDER`]) holds a lock on
-/// one of `tables`, up to `until`; says once whom it waits for. A request for `ACCESS EXCLUSIVE`
-/// queued behind such a transaction would make every later query on the table queue behind it
-/// in turn, for up to `--lock-timeout` an attempt: waiting for the gap first, the request
-/// waits only for the application's short statements. Past `until` it returns, and the attempt
-/// queues as before. A role without `pg_read_all_stats` does not see other roles' transaction
-/// starts, and their locks do not count. Stops (the signal's `Stopped`) when one is requested.
+/// The long holders of locks on `tables` (as the statement parser spells them: `schema.table`
+/// or a bare name found on the search path, never an error for an odd name) in this database:
+/// client backends other than this one whose transaction has been open longer than
+/// [`LONG_HOLDER`], as (pid, transaction start in µs since the epoch, application, seconds
+/// open, query), the oldest first.
+const LONG_HOLDERS_SQL: &str = "
+SELECT DISTINCT a.pid, (extract(epoch FROM a.xact_start) * 1000000)::bigint, coalesce(a.application_name, ''),
+       extract(epoch FROM clock_timestamp() - a.xact_start)::float8,
+       left(regexp_replace(coalesce(a.query, ''), '\\s+', ' ', 'g'), 80)
+  FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+ WHERE l.granted AND l.pid <> pg_backend_pid() AND a.backend_type = 'client backend'
+   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+   AND l.relation IN (SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                       WHERE n.nspname || '.' || c.relname = ANY ($1)
+                          OR (c.relname = ANY ($1) AND pg_table_is_visible(c.oid)))
+   AND a.xact_start < clock_timestamp() - make_interval(secs => $2)
+ ORDER BY 2";
+
+/// Waits, without queueing for any lock, until the long holders ([`LONG_HOLDER`]) of locks on
+/// `tables` seen at its first reading have ended their transactions, up to `until`; says once
+/// whom it waits for. A request for `ACCESS EXCLUSIVE` queued behind such a transaction would
+/// make every later query on the table queue behind it in turn, for up to `--lock-timeout` an
+/// attempt: asked for once they are gone, it waits only for the application's short
+/// statements. Transactions that began after the first reading are not waited for (an
+/// application whose transactions overlap would leave no gap), nor are autovacuum's (a queued
+/// request makes it give way, as before). Past `until` it returns, and the attempt queues as
+/// before. A role without `pg_read_all_stats` does not see other roles' transaction starts, and
+/// their locks do not count. Stops (the signal's `Stopped`) when one is requested.
 pub fn wait_for_long_holders(
     client: &mut Client,
     tables: &[String],
@@ -177,38 +199,41 @@ pub fn wait_for_long_holders(
     what: &str,
     progress: &mut dyn FnMut(&str),
 ) -> Result<()> {
-    let mut said = false;
+    let mut first: Option<Vec<(i32, i64)>> = None;
     loop {
         crate::signals::check(what)?;
-        let holder = client
-            .query_opt(
-                "SELECT a.pid, coalesce(a.application_name, ''),
-                        extract(epoch FROM clock_timestamp() - a.xact_start)::float8,
-                        left(regexp_replace(coalesce(a.query, ''), '\\s+', ' ', 'g'), 80)
-                   FROM pg_locks l JOIN pg_stat_activity a USING (pid)
-                  WHERE l.granted AND l.pid <> pg_backend_pid()
-                    AND l.relation = ANY (SELECT to_regclass(t)::oid FROM unnest($1::text[]) t)
-                    AND a.xact_start < clock_timestamp() - make_interval(secs => $2)
-                  ORDER BY a.xact_start LIMIT 1",
-                &[&tables, &LONG_HOLDER.as_secs_f64()],
-            )
+        let rows = client
+            .query(LONG_HOLDERS_SQL, &[&tables, &LONG_HOLDER.as_secs_f64()])
             .doing("reading which sessions hold locks on the tables (pg_locks)")?;
-        let Some(row) = holder else {
-            return Ok(());
-        };
-        if Instant::now() + GAP_POLL > until {
-            return Ok(());
-        }
-        if !said {
-            said = true;
-            progress(&format!(
-                "{what}: waiting for pid {} ({:?}, transaction open {:.1}s: {}) to end before asking for ACCESS EXCLUSIVE on {}: a request queued behind it would hold up every query on the table",
-                row.get::<_, i32>(0),
-                row.get::<_, String>(1),
-                row.get::<_, f64>(2),
-                row.get::<_, String>(3),
-                tables.join(", ")
-            ));
+        let now: Vec<(i32, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        let out_of_time = Instant::now() + GAP_POLL > until;
+        match &first {
+            None => {
+                let Some(row) = rows.first() else {
+                    return Ok(());
+                };
+                if out_of_time {
+                    return Ok(());
+                }
+                progress(&format!(
+                    "{what}: waiting for pid {} ({:?}, transaction open {:.1}s: {}){} to end before asking for ACCESS EXCLUSIVE on {}: a request queued behind it would hold up every query on the table",
+                    row.get::<_, i32>(0),
+                    row.get::<_, String>(2),
+                    row.get::<_, f64>(3),
+                    row.get::<_, String>(4),
+                    match now.len() {
+                        1 => String::new(),
+                        n => format!(" and {} more", n - 1),
+                    },
+                    tables.join(", ")
+                ));
+                first = Some(now);
+            }
+            Some(initial) => {
+                if out_of_time || !now.iter().any(|h| initial.contains(h)) {
+                    return Ok(());
+                }
+            }
         }
         std::thread::sleep(GAP_POLL);
     }

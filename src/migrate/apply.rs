@@ -130,7 +130,8 @@ pub fn execute(
                 .collect();
             exclusive.sort();
             exclusive.dedup();
-            let gap_until = started + policy.retry_for.saturating_sub(policy.lock_timeout);
+            // At most half the retry budget: the rest is for attempts.
+            let gap_until = started + policy.retry_for.saturating_sub(policy.lock_timeout) / 2;
             with_lock_retry(client, &bound, &format!("applying {label}"), &tables, |c| {
                 if !exclusive.is_empty() {
                     wait_for_long_holders(
