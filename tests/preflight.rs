@@ -152,6 +152,107 @@ fn a_role_that_bypasses_row_security_releases_to_the_exact_state() {
 }
 
 // ---------------------------------------------------------------------------------------
+// Temporary tables
+
+/// The legacy counter recorded at the deploy gate against the test's own figures over every
+/// coupon (the release voids coupons but deletes none, and no coupon was issued after the
+/// gate): (campaigns recorded, campaigns whose record differs).
+fn legacy_counter_checked(db: &TestDb) -> (i64, i64) {
+    let row = db
+        .client()
+        .query_one(
+            "SELECT count(*), count(*) FILTER (WHERE r.legacy_counter_yen::bigint IS DISTINCT FROM c.issued_yen::bigint
+                       OR r.old_system_issued_yen::bigint IS DISTINCT FROM coalesce(s.yen, 0)
+                       OR r.old_system_coupons::bigint IS DISTINCT FROM coalesce(s.coupons, 0))
+               FROM pgmend.legacy_counter_at_deploy r
+               LEFT JOIN campaigns c USING (campaign_id)
+               LEFT JOIN (SELECT campaign_id, sum(amount_yen)::bigint AS yen, count(*) AS coupons
+                            FROM issued_coupons GROUP BY 1) s USING (campaign_id)",
+            &[],
+        )
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+/// The whole-table sums that the server may run in parallel are read into a temporary table
+/// first (`db::staged`, counted here by an event trigger on `CREATE TABLE AS`); a role without
+/// the TEMPORARY privilege, or a server that refuses the table (an event trigger that forbids
+/// DDL), sums inside the statement that writes, as before. Either way the release ends exact:
+/// the counters, including those the old application moved between the release's first walk
+/// and the gate (which the rebuilds after the gate freeze and correct), and the legacy counter
+/// recorded at the gate.
+#[test]
+fn with_or_without_temporary_tables_the_release_ends_exact() {
+    for case in [
+        "staged",
+        "no TEMPORARY privilege",
+        "refused by an event trigger",
+    ] {
+        let db = legacy();
+        let owner = owner(&db);
+        db.client()
+            .batch_execute(
+                "CREATE SCHEMA probe;
+                 CREATE TABLE probe.staged (n int);
+                 CREATE FUNCTION probe.seen() RETURNS event_trigger LANGUAGE plpgsql SECURITY DEFINER
+                   SET search_path = pg_catalog AS $$ BEGIN INSERT INTO probe.staged VALUES (1); END $$;
+                 CREATE EVENT TRIGGER probe_staged ON ddl_command_end WHEN TAG IN ('CREATE TABLE AS')
+                   EXECUTE FUNCTION probe.seen();",
+            )
+            .unwrap();
+        match case {
+            "no TEMPORARY privilege" => db
+                .client()
+                .batch_execute(&format!(
+                    "REVOKE TEMPORARY ON DATABASE {} FROM PUBLIC",
+                    db.name
+                ))
+                .unwrap(),
+            "refused by an event trigger" => db
+                .client()
+                .batch_execute(
+                    "CREATE FUNCTION probe.refuse() RETURNS event_trigger LANGUAGE plpgsql AS
+                       $$ BEGIN RAISE EXCEPTION 'no DDL outside a deploy window'; END $$;
+                     CREATE EVENT TRIGGER probe_refuse ON ddl_command_start WHEN TAG IN ('CREATE TABLE AS')
+                       EXECUTE FUNCTION probe.refuse();",
+                )
+                .unwrap(),
+            _ => {}
+        }
+        let to_gate = owner.run(&db, &["apply", "--yes"]);
+        assert_eq!(to_gate.code, 0, "{case}: {}", to_gate.both());
+        // The old application, still running until the deploy, moves counters wrongly.
+        db.client()
+            .batch_execute(
+                "UPDATE campaign_budgets SET issued_yen = issued_yen + 500
+                  WHERE campaign_id = (SELECT min(campaign_id) FROM campaign_budgets);
+                 UPDATE member_monthly_usage SET used_yen = used_yen + 100
+                  WHERE (member_id, month) IN (SELECT member_id, month FROM member_monthly_usage
+                                                ORDER BY 1, 2 LIMIT 3)",
+            )
+            .unwrap();
+        assert_eq!(wrong_counters(&db, "public"), (1, 3));
+        let r = owner.run(&db, &CONFIRM);
+        assert_eq!(r.code, 0, "{case}: {}", r.both());
+        assert_eq!(wrong_counters(&db, "public"), (0, 0), "{case}");
+        assert_eq!(duplicates_left(&db, "public"), 0);
+        let campaigns = db.scalar_i64("SELECT count(*) FROM campaigns");
+        assert_eq!(legacy_counter_checked(&db), (campaigns, 0), "{case}");
+        let staged = db.scalar_i64("SELECT count(*) FROM probe.staged");
+        let refusals = format!("{}{}", to_gate.stderr, r.stderr)
+            .matches("the server refused a temporary table")
+            .count();
+        match case {
+            // The batches before the gate; the legacy counter and the freezes after it.
+            "staged" => assert!(staged >= 3 && refusals == 0, "{staged}, {refusals}"),
+            "no TEMPORARY privilege" => assert_eq!((staged, refusals), (0, 0)),
+            // Said once a process, and not tried again in it.
+            _ => assert_eq!((staged, refusals), (0, 2), "{}{}", to_gate.stderr, r.stderr),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
 // PgBouncer
 
 /// A PgBouncer in front of the test server, in `mode`, stopped when dropped.

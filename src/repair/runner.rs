@@ -418,6 +418,11 @@ fn freeze(
         }
         _ => None,
     };
+    // On one session, a key set of few rows (the campaigns'): its sums read apart, in parallel.
+    let few_keys = match (engine, &split, ranges) {
+        (Engine::Counter(e), None, false) => split_freeze::few_keys(client, e)?,
+        _ => false,
+    };
     let run_id = with_lock_retry(
         client,
         &freeze_policy,
@@ -437,8 +442,11 @@ fn freeze(
                 &repair.checksum,
                 ranges,
             )?;
-            let targets = match (&mut split, engine) {
-                (Some(split), Engine::Counter(e)) => split.freeze(&mut tx, e, run_id, progress)?,
+            let targets = match (&mut split, engine, sample) {
+                (Some(split), Engine::Counter(e), _) => {
+                    split.freeze(&mut tx, e, run_id, progress)?
+                }
+                (None, Engine::Counter(e), None) => e.freeze(&mut tx, run_id, few_keys)?,
                 _ => tx.execute(&engine.freeze_sql(sample), &[&run_id])? as i64,
             };
             store::runs::set_targets(&mut tx, run_id, targets)?;

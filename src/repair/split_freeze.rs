@@ -36,7 +36,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use postgres::Transaction;
+use postgres::{GenericClient, Transaction};
 
 use super::counter::CounterEngine;
 use crate::db::conninfo::ConnParams;
@@ -88,17 +88,7 @@ pub fn start(
     policy: &LockPolicy,
 ) -> Result<Option<Split>> {
     let table = engine.range_table().to_string();
-    let (rows, first_not_null): (f64, bool) = {
-        let row = client
-            .query_one(
-                "SELECT coalesce((SELECT reltuples::float8 FROM pg_class WHERE oid = to_regclass($1)), 0),
-                        coalesce((SELECT attnotnull FROM pg_attribute
-                                   WHERE attrelid = to_regclass($2) AND attname = $3 AND NOT attisdropped), false)",
-                &[&table, &engine.spec.counter_table.to_string(), &engine.spec.key[0].as_str()],
-            )
-            .doing("reading the key set's size for the freeze")?;
-        (row.get(0), row.get(1))
-    };
+    let (rows, first_not_null) = key_set(client, engine)?;
     // A small key set (the campaigns' three) is compared in less time than the sessions take to
     // open, and every range reads the whole source for its part.
     if rows < SPLIT_FROM_ROWS || !first_not_null {
@@ -141,6 +131,32 @@ pub fn start(
         first_up_to: points[0].clone(),
         ranges,
     }))
+}
+
+/// The key set's rows by its table's statistics (0 when unknown, -1 when never counted), and
+/// whether the counter table's key's first column is NOT NULL.
+fn key_set(client: &mut impl GenericClient, engine: &CounterEngine) -> Result<(f64, bool)> {
+    let row = client
+        .query_one(
+            "SELECT coalesce((SELECT reltuples::float8 FROM pg_class WHERE oid = to_regclass($1)), 0),
+                    coalesce((SELECT attnotnull FROM pg_attribute
+                               WHERE attrelid = to_regclass($2) AND attname = $3 AND NOT attisdropped), false)",
+            &[
+                &engine.range_table().to_string(),
+                &engine.spec.counter_table.to_string(),
+                &engine.spec.key[0].as_str(),
+            ],
+        )
+        .doing("reading the key set's size for the freeze")?;
+    Ok((row.get(0), row.get(1)))
+}
+
+/// Whether the key set is one a freeze is not split for by its size (fewer than
+/// [`SPLIT_FROM_ROWS`] rows by its statistics, the campaigns' three): its sums are few groups,
+/// which the server runs in parallel when the freeze reads them apart
+/// (`CounterEngine::freeze`).
+pub fn few_keys(client: &mut impl GenericClient, engine: &CounterEngine) -> Result<bool> {
+    Ok(key_set(client, engine)?.0 < SPLIT_FROM_ROWS)
 }
 
 /// Lists one range's differing keys on a session of its own, into a temporary file.

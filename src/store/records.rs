@@ -155,16 +155,41 @@ pub fn released_schema(client: &mut impl GenericClient) -> Result<Option<String>
 /// (`source` is the SELECT of campaign_id, legacy counter, issued yen, coupons). Returns how
 /// many campaigns were recorded (0 when already recorded).
 pub fn record_legacy_counter(client: &mut impl GenericClient, source: &str) -> Result<u64> {
-    client
+    let recorded: bool = client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pgmend.legacy_counter_at_deploy)",
+            &[],
+        )
+        .doing("reading whether the legacy counter was recorded at the deploy gate")?
+        .get(0);
+    if recorded {
+        return Ok(0);
+    }
+    let mut tx = client
+        .transaction()
+        .doing("opening the transaction that records the legacy counter")?;
+    // The sums over every coupon, read apart where the role may: the server's parallel
+    // workers sum them, which they never do inside an INSERT (`crate::db::staged`).
+    let named = format!(
+        "SELECT * FROM ({source}) AS s (campaign_id, legacy_counter_yen, old_system_issued_yen, old_system_coupons)"
+    );
+    let from = crate::db::staged::stage(&mut tx, "pgmend_legacy_counter", &named)
+        .doing("summing the coupons per campaign for the legacy counter")?
+        .map(|table| format!("SELECT * FROM {table}"))
+        .unwrap_or_else(|| source.to_string());
+    let rows = tx
         .execute(
             &format!(
                 "INSERT INTO pgmend.legacy_counter_at_deploy (campaign_id, legacy_counter_yen, old_system_issued_yen, old_system_coupons)
-                 {source}
+                 {from}
                   WHERE NOT EXISTS (SELECT 1 FROM pgmend.legacy_counter_at_deploy)"
             ),
             &[],
         )
-        .doing("recording the legacy counter at the deploy gate")
+        .doing("recording the legacy counter at the deploy gate")?;
+    tx.commit()
+        .doing("committing the legacy counter recorded at the deploy gate")?;
+    Ok(rows)
 }
 
 /// The recorded legacy counter: campaign, legacy counter, issued yen, recorded at (µs since

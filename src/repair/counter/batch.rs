@@ -11,7 +11,11 @@
 //!    `write_sql`), and the keys they did not write are reported.
 //!
 //! Before the gate `batch_range` runs a range's whole batch as one statement
-//! (`batch_range_sql`); the keys it could not write come back and are explained as above.
+//! (`batch_range_sql`); the keys it could not write come back and are explained as above. A
+//! batch over the whole key set (the campaigns' budgets: a few keys summing every coupon) reads
+//! the drift into a temporary table first, which the server may sum in parallel
+//! (`crate::db::staged`), and the statement writes from it. After the gate, `freeze` reads the
+//! differing keys the same way before it numbers them.
 
 use postgres::error::SqlState;
 
@@ -124,6 +128,29 @@ impl CounterEngine {
         Ok(result)
     }
 
+    /// Freezes every key whose counter differs now as run `run_id`'s targets, numbered in key
+    /// order (after the gate, on one session); returns how many. With `few_keys` (a key set of
+    /// few rows summing its source, the campaigns' budgets) the keys are read apart first
+    /// (`crate::db::staged`): the server's parallel workers then sum the source, which no
+    /// `INSERT ... SELECT` gets (a key set of many rows gets no parallel plan for its sums).
+    pub fn freeze(
+        &self,
+        tx: &mut postgres::Transaction<'_>,
+        run_id: i64,
+        few_keys: bool,
+    ) -> Result<i64, postgres::Error> {
+        let differing = self.differing_sql(true);
+        let staged = if few_keys {
+            crate::db::staged::stage(tx, "pgmend_differing", &differing)?
+        } else {
+            None
+        };
+        let from = staged
+            .map(|table| table.to_string())
+            .unwrap_or_else(|| format!("({differing})"));
+        Ok(tx.execute(&self.freeze_from_sql(&from), &[&run_id])? as i64)
+    }
+
     /// One batch of a run in ranges (the first pass, before the deploy gate, where nearly
     /// every key differs): the keys whose first column is after `after` (from the first when
     /// None) and up to `up_to` (to the last when None), read and written by ONE statement on
@@ -148,7 +175,17 @@ impl CounterEngine {
         // M5 against M4). A row another session created since (the new application deployed
         // early) fails the plain insert; the batch then runs again, from a savepoint, in
         // READ COMMITTED's next snapshot, merging through `ON CONFLICT` as before.
-        let plain_sql = self.batch_range_sql(run_id, after, up_to, false);
+        // Over the whole key set no bound is bound, so the drift can be read apart (staged)
+        // with the server's parallel workers; the statement then adds what was read.
+        let staged = match (after, up_to) {
+            (None, None) => {
+                crate::db::staged::stage(tx, "pgmend_drift", &self.drift_of_range_sql())?
+                    .map(|table| table.to_string())
+            }
+            _ => None,
+        };
+        let staged = staged.as_deref();
+        let plain_sql = self.batch_range_sql(run_id, after, up_to, false, staged);
         let mut plain = tx.savepoint("plain_insert")?;
         let row = match plain.query_one(&plain_sql.sql, &plain_sql.binds.params()) {
             Ok(row) => {
@@ -157,7 +194,7 @@ impl CounterEngine {
             }
             Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => {
                 plain.rollback()?;
-                let upsert = self.batch_range_sql(run_id, after, up_to, true);
+                let upsert = self.batch_range_sql(run_id, after, up_to, true, staged);
                 tx.query_one(&upsert.sql, &upsert.binds.params())?
             }
             Err(e) => return Err(e),

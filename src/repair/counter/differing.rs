@@ -48,7 +48,7 @@ impl CounterEngine {
     /// the true value and whether the key has source rows. The keys are those of `keys_from`
     /// (or of the source) and those already counted. `counter_exists` is false on a database
     /// where the counter table is still to be created (a dry run).
-    fn differing_sql(&self, counter_exists: bool) -> String {
+    pub(super) fn differing_sql(&self, counter_exists: bool) -> String {
         self.differing_sql_in(counter_exists, KeyRange::ALL)
     }
 
@@ -127,14 +127,19 @@ impl CounterEngine {
     /// order (so that a batch's keys are a narrow range of the source's leading key column).
     /// The caller binds the run.
     pub fn freeze_sql(&self) -> String {
+        self.freeze_from_sql(&format!("({})", self.differing_sql(true)))
+    }
+
+    /// [`Self::freeze_sql`] from `from`: the differing keys as a subquery, or a table holding
+    /// what [`Self::differing_sql`] read (`CounterEngine::freeze`).
+    pub(super) fn freeze_from_sql(&self, from: &str) -> String {
         let [run] = Param::ordered();
         format!(
             "{targets_insert}
-             SELECT {run}, row_number() OVER (ORDER BY {dk}), {dt} FROM ({differing}) d",
+             SELECT {run}, row_number() OVER (ORDER BY {dk}), {dt} FROM {from} d",
             targets_insert = store::targets_insert(),
             dk = self.cols("d"),
             dt = self.keys_text("d"),
-            differing = self.differing_sql(true),
         )
     }
 
@@ -406,6 +411,16 @@ mod tests {
     fn freeze_numbers_the_differing_keys_in_key_order() {
         let sql = flat(&monthly().freeze_sql());
         assert!(sql.starts_with("INSERT INTO \"pgmend\".\"repair_targets\" (run_id, seq, key) SELECT $1, row_number() OVER (ORDER BY d.\"member_id\", d.\"month\"), ARRAY[d.\"member_id\"::text, d.\"month\"::text] FROM (SELECT coalesce("), "{sql}");
+    }
+
+    #[test]
+    fn a_staged_freeze_numbers_the_keys_read_apart() {
+        let e = monthly();
+        assert_eq!(
+            flat(&e.freeze_from_sql("pg_temp.pgmend_differing")),
+            "INSERT INTO \"pgmend\".\"repair_targets\" (run_id, seq, key) SELECT $1, row_number() OVER (ORDER BY d.\"member_id\", d.\"month\"), ARRAY[d.\"member_id\"::text, d.\"month\"::text] FROM pg_temp.pgmend_differing d"
+        );
+        assert!(!e.differing_sql(true).contains('$'));
     }
 
     #[test]

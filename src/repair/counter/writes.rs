@@ -77,11 +77,16 @@ impl CounterEngine {
         after: Option<&str>,
         up_to: Option<&str>,
         upsert: bool,
+        staged: Option<&str>,
     ) -> BoundSql {
         let s = &self.spec;
         let mut binds = Binds::new();
         let run = binds.push(run_id);
         let range = KeyRange::push(&mut binds, after, up_to);
+        let drift = match staged {
+            Some(table) => format!("SELECT * FROM {table}"),
+            None => self.drift_in_range_sql(range),
+        };
         let keep = if s.when_no_source == WhenNoSource::Keep {
             " AND d.has_source"
         } else {
@@ -109,7 +114,7 @@ impl CounterEngine {
             },
         );
         let sql = format!(
-            "WITH d AS MATERIALIZED (SELECT x.*, count(*) OVER () AS whole FROM ({differing}) x),
+            "WITH d AS MATERIALIZED ({drift}),
                   {write},
                   {create}
              SELECT (SELECT count(*) FROM upd) + (SELECT count(*) FROM l2 WHERE l2.created OR l2.added <> 0),
@@ -120,7 +125,6 @@ impl CounterEngine {
                     (SELECT array_agg(array_to_string(ARRAY[{okt}], chr(31))) AS keys,
                             array_agg(ok.value::bigint) AS values
                        FROM ok WHERE NOT ok.ok AND ok.value <> 0) r",
-            differing = self.differing_sql_in(true, range),
             write = self.write_ctes(&updates, run, false, true),
             create = self.create_ctes(&creates, run, false, true, upsert),
             ut = (0..s.key.len())
@@ -130,6 +134,22 @@ impl CounterEngine {
             okt = self.keys_text_list("ok"),
         );
         BoundSql { sql, binds }
+    }
+
+    /// The drift a range batch writes: every key in `range` whose counter differs, with how
+    /// many keys differ in it (`pgmend_whole`, which makes the CTE whole before the first write;
+    /// named apart from any key column, since a staged table needs distinct names).
+    fn drift_in_range_sql(&self, range: KeyRange) -> String {
+        format!(
+            "SELECT x.*, count(*) OVER () AS pgmend_whole FROM ({differing}) x",
+            differing = self.differing_sql_in(true, range),
+        )
+    }
+
+    /// [`Self::drift_in_range_sql`] over every key, with no parameter: what a batch over the
+    /// whole key set stages (`batch_range`).
+    pub(super) fn drift_of_range_sql(&self) -> String {
+        self.drift_in_range_sql(KeyRange::ALL)
     }
 
     /// The CTEs that add each key's drift to its counter row (see [`Self::write_sql`]) from
@@ -405,9 +425,9 @@ mod tests {
     #[test]
     fn a_range_batch_reads_its_range_and_writes_compact_records_in_one_statement() {
         let e = monthly();
-        let st = e.batch_range_sql(7, Some("m1"), None, false);
+        let st = e.batch_range_sql(7, Some("m1"), None, false, None);
         let sql = flat(&st.sql);
-        assert!(sql.starts_with("WITH d AS MATERIALIZED (SELECT x.*, count(*) OVER () AS whole FROM (SELECT coalesce("), "{sql}");
+        assert!(sql.starts_with("WITH d AS MATERIALIZED (SELECT x.*, count(*) OVER () AS pgmend_whole FROM (SELECT coalesce("), "{sql}");
         assert!(sql.contains("s.\"member_id\" > $2::text::text"), "{sql}");
         assert!(!sql.contains("$3"), "{sql}");
         assert!(sql.contains(
@@ -431,7 +451,7 @@ mod tests {
             "{sql}"
         );
         assert_eq!(st.binds.shown(), ["7", "\"m1\""]);
-        let upsert = flat(&e.batch_range_sql(7, None, Some("m9"), true).sql);
+        let upsert = flat(&e.batch_range_sql(7, None, Some("m9"), true, None).sql);
         assert!(upsert.contains("ON CONFLICT (\"member_id\", \"month\") DO UPDATE SET \"used_yen\" = t.\"used_yen\" + excluded.\"used_yen\" RETURNING t.*, t.xmax = 0 AS created)"), "{upsert}");
         assert!(
             upsert.contains("s.\"member_id\" <= $2::text::text"),
@@ -440,10 +460,33 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_over_the_whole_key_set_stages_its_drift_with_no_parameter_and_writes_from_it() {
+        let e = budgets();
+        let staged = e.drift_of_range_sql();
+        assert!(!staged.contains('$'), "{staged}");
+        assert!(
+            flat(&staged)
+                .starts_with("SELECT x.*, count(*) OVER () AS pgmend_whole FROM (SELECT coalesce("),
+            "{staged}"
+        );
+        let st = e.batch_range_sql(7, None, None, false, Some("pg_temp.pgmend_drift"));
+        let sql = flat(&st.sql);
+        assert!(
+            sql.starts_with("WITH d AS MATERIALIZED (SELECT * FROM pg_temp.pgmend_drift), "),
+            "{sql}"
+        );
+        assert!(
+            !sql.contains("issued_coupons"),
+            "the drift is read once, staged: {sql}"
+        );
+        assert_eq!(st.binds.shown(), ["7"]);
+    }
+
+    #[test]
     fn keep_leaves_keys_without_a_counter_row_or_source_alone_in_a_range_batch() {
         let mut e = monthly();
         e.spec.when_no_source = crate::repair::definition::WhenNoSource::Keep;
-        let sql = flat(&e.batch_range_sql(7, None, None, false).sql);
+        let sql = flat(&e.batch_range_sql(7, None, None, false, None).sql);
         assert!(
             sql.contains("FROM d WHERE d.now IS NOT NULL AND d.has_source) u)"),
             "{sql}"
