@@ -84,6 +84,54 @@ fn apply_stops_with_exit_1_when_the_retry_budget_is_shorter_than_the_blocker() {
     assert_eq!(db.history().len(), 1);
 }
 
+/// When the lock budget runs out, the message names the sessions that hold locks on the
+/// migration's tables, odd names too: a blank, a capital, a dot inside a name (a lookup by
+/// `to_regclass` failed on the first and missed the others, saying "could not list them").
+#[test]
+fn a_lock_budget_spent_names_the_holders_of_oddly_named_tables() {
+    let db = legacy_baselined();
+    db.client()
+        .batch_execute(
+            r#"CREATE SCHEMA "Odd S"; CREATE TABLE "Odd S"."My T" (x int); CREATE TABLE "odd.t" (x int);"#,
+        )
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let v1 = "V1__legacy_baseline.sql";
+    std::fs::copy(repo().join("migrations").join(v1), dir.path().join(v1)).unwrap();
+    std::fs::write(
+        dir.path().join("V2__odd_names.sql"),
+        r#"ALTER TABLE "Odd S"."My T" ADD COLUMN y int; ALTER TABLE "odd.t" ADD COLUMN y int;"#,
+    )
+    .unwrap();
+    let m = dir_arg(dir.path());
+    let args = [
+        "migrate",
+        "apply",
+        "--yes",
+        "--migrations-dir",
+        &m,
+        "--lock-timeout",
+        "200ms",
+        "--lock-retry-for",
+        "2s",
+    ];
+    // Held past the budget, by a transaction that read the table with the blank in its name.
+    let hold = r#"SELECT count(*) FROM "Odd S"."My T""#;
+    let (run, _, _) = run_while_held(&db, hold, Duration::from_secs(5), "SELECT 1", &args);
+    assert_eq!(run.code, 1, "{}", run.both());
+    assert!(
+        run.stderr
+            .contains("Sessions holding locks on Odd S.My T, odd.t: pid ")
+            && run.stderr.contains(&format!("query: {hold}")),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM information_schema.columns WHERE column_name = 'y'"),
+        0
+    );
+}
+
 #[test]
 fn a_migration_waits_out_the_long_holders_of_oddly_named_tables_too() {
     let db = legacy_baselined();

@@ -164,23 +164,31 @@ pub const LONG_HOLDER: Duration = Duration::from_millis(100);
 /// How often [`wait_for_long_holders`] reads the locks again.
 const GAP_POLL: Duration = Duration::from_millis(50);
 
-/// The long holders of locks on `tables` (as the statement parser spells them: `schema.table`
-/// or a bare name found on the search path, never an error for an odd name) in this database:
-/// client backends other than this one whose transaction has been open longer than
-/// [`LONG_HOLDER`], as (pid, transaction start in µs since the epoch, application, seconds
-/// open, query), the oldest first.
-const LONG_HOLDERS_SQL: &str = "
-SELECT DISTINCT a.pid, (extract(epoch FROM a.xact_start) * 1000000)::bigint, coalesce(a.application_name, ''),
-       extract(epoch FROM clock_timestamp() - a.xact_start)::float8,
-       left(regexp_replace(coalesce(a.query, ''), '\\s+', ' ', 'g'), 80)
-  FROM pg_locks l JOIN pg_stat_activity a USING (pid)
- WHERE l.granted AND l.pid <> pg_backend_pid() AND a.backend_type = 'client backend'
+/// Granted locks `l` of other sessions on the tables `$1` in this database, the tables as the
+/// statement parser spells them (`schema.table`, or a bare name found on the search path) and
+/// matched by name, never an error for an odd name (`to_regclass` would fail on a blank or a
+/// dot inside a name, and fold a capital).
+const LOCKS_ON_TABLES: &str = "
+   l.granted AND l.pid <> pg_backend_pid()
    AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
    AND l.relation IN (SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                        WHERE n.nspname || '.' || c.relname = ANY ($1)
-                          OR (c.relname = ANY ($1) AND pg_table_is_visible(c.oid)))
-   AND a.xact_start < clock_timestamp() - make_interval(secs => $2)
- ORDER BY 2";
+                          OR (c.relname = ANY ($1) AND pg_table_is_visible(c.oid)))";
+
+/// The long holders of locks on `tables` ([`LOCKS_ON_TABLES`]): client backends whose
+/// transaction has been open longer than [`LONG_HOLDER`] (`$2`), as (pid, transaction start in
+/// µs since the epoch, application, seconds open, query), the oldest first.
+fn long_holders_sql() -> String {
+    format!(
+        "SELECT DISTINCT a.pid, (extract(epoch FROM a.xact_start) * 1000000)::bigint, coalesce(a.application_name, ''),
+                extract(epoch FROM clock_timestamp() - a.xact_start)::float8,
+                left(regexp_replace(coalesce(a.query, ''), '\\s+', ' ', 'g'), 80)
+           FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+          WHERE {LOCKS_ON_TABLES} AND a.backend_type = 'client backend'
+            AND a.xact_start < clock_timestamp() - make_interval(secs => $2)
+          ORDER BY 2"
+    )
+}
 
 /// Waits, without queueing for any lock, until the long holders ([`LONG_HOLDER`]) of locks on
 /// `tables` seen at its first reading have ended their transactions, up to `until`; says once
@@ -203,7 +211,7 @@ pub fn wait_for_long_holders(
     loop {
         crate::signals::check(what)?;
         let rows = client
-            .query(LONG_HOLDERS_SQL, &[&tables, &LONG_HOLDER.as_secs_f64()])
+            .query(&long_holders_sql(), &[&tables, &LONG_HOLDER.as_secs_f64()])
             .doing("reading which sessions hold locks on the tables (pg_locks)")?;
         let now: Vec<(i32, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
         let out_of_time = Instant::now() + GAP_POLL > until;
@@ -261,17 +269,18 @@ fn rendered(error: &anyhow::Error) -> String {
     }
 }
 
-/// The other sessions holding granted locks on `tables`, one line each.
+/// The other sessions holding granted locks on `tables` ([`LOCKS_ON_TABLES`]), one line each.
 fn lock_holders(client: &mut Client, tables: &[String]) -> Result<String> {
     let rows = client
         .query(
-            "SELECT DISTINCT a.pid, coalesce(a.application_name, ''), coalesce(a.state, ''),
+            &format!(
+                "SELECT DISTINCT a.pid, coalesce(a.application_name, ''), coalesce(a.state, ''),
                     coalesce(extract(epoch FROM now() - a.xact_start)::int, 0),
                     left(regexp_replace(coalesce(a.query, ''), '\\s+', ' ', 'g'), 80)
                FROM pg_locks l JOIN pg_stat_activity a USING (pid)
-              WHERE l.granted AND l.pid <> pg_backend_pid()
-                AND l.relation = ANY (SELECT to_regclass(t)::oid FROM unnest($1::text[]) t)
-              ORDER BY 1",
+              WHERE {LOCKS_ON_TABLES}
+              ORDER BY 1"
+            ),
             &[&tables],
         )
         .doing("listing the sessions that hold the locks")?;
