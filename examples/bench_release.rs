@@ -307,6 +307,38 @@ fn legacy_load(
     threads
 }
 
+/// Every 50 ms until `stop`: the application's statements active for over 100 ms (not its
+/// two-second read, nor pgmend's), each as its wait event and the sessions blocking it
+/// (application name and query), with when it was seen.
+fn sample_waits(
+    conninfo: String,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<Vec<(Instant, String)>> {
+    std::thread::spawn(move || {
+        let mut c = postgres::Client::connect(&conninfo, postgres::NoTls).expect("sampler");
+        let mut seen = Vec::new();
+        while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+            let at = Instant::now();
+            if let Ok(rows) = c.query(
+                "SELECT coalesce(a.wait_event_type || ':' || a.wait_event, 'CPU') || ' behind [' ||
+                        coalesce((SELECT string_agg(DISTINCT b.application_name || ': ' ||
+                                          left(regexp_replace(b.query, '\\s+', ' ', 'g'), 70), '; ')
+                                    FROM pg_stat_activity b WHERE b.pid = ANY (pg_blocking_pids(a.pid))), '') || ']'
+                   FROM pg_stat_activity a
+                  WHERE a.datname = current_database() AND a.backend_type = 'client backend'
+                    AND a.state = 'active' AND a.pid <> pg_backend_pid()
+                    AND a.application_name NOT LIKE 'pgmend%' AND a.query NOT LIKE '%pg_sleep%'
+                    AND clock_timestamp() - a.query_start > interval '100 ms'",
+                &[],
+            ) {
+                seen.extend(rows.iter().map(|r| (at, r.get::<_, String>(0))));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        seen
+    })
+}
+
 /// With `load`, the legacy application under load (see [`legacy_load`]), given a second to
 /// get going; otherwise nothing. Set the flag to stop it.
 #[allow(clippy::type_complexity)]
@@ -752,6 +784,9 @@ fn main() -> Result<()> {
         let (stop, load_threads) = start_legacy_load(load, pg.conninfo("viapgmend"), members);
         SLOW.lock().unwrap().clear();
         let t = Instant::now();
+        // PGMEND_BENCH_SLOW=1 under load: what the application's statements wait on.
+        let waits = (load && std::env::var("PGMEND_BENCH_SLOW").is_ok())
+            .then(|| sample_waits(pg.conninfo("viapgmend"), stop.clone()));
         // Under load the legacy application runs, so pgmend goes up to the deploy gate only.
         let args: &[&str] = if load {
             &["apply", "--yes", "--format", "json"]
@@ -830,6 +865,18 @@ fn main() -> Result<()> {
                 }
                 for (b, (issues, redeems, worst)) in buckets {
                     eprintln!("slow ops at {:>5.1}s: {issues} issues, {redeems} redeems, worst {worst:.1} ms", b as f64 / 2.0);
+                }
+                // Each wait seen (an application statement active over 100 ms), by half second.
+                let mut seen = std::collections::BTreeMap::<(u64, String), u32>::new();
+                for (at, what) in waits.map(|h| h.join().unwrap()).unwrap_or_default() {
+                    if let Some(since) = at.checked_duration_since(t) {
+                        *seen
+                            .entry((since.as_millis() as u64 / 500, what))
+                            .or_default() += 1;
+                    }
+                }
+                for ((b, what), n) in seen {
+                    eprintln!("waits at {:>5.1}s: {n} x {what}", b as f64 / 2.0);
                 }
             }
             continue;

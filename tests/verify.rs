@@ -100,6 +100,48 @@ fn verify_runs_on_a_read_only_connection() {
     assert_eq!(r.code, 0, "{}", r.both());
 }
 
+/// Dropping a guard asks for ACCESS EXCLUSIVE on the table: queued behind the application's
+/// long read, it would hold up every later query for up to --lock-timeout an attempt. It
+/// waits, queued nowhere, for the read to end, and the application's queries keep answering.
+#[test]
+fn a_guard_is_dropped_in_a_gap_between_the_applications_long_reads() {
+    let db = released();
+    db.client()
+        .batch_execute(
+            "CREATE FUNCTION pgmend.\"pgmend guard: void-duplicate-coupons\"() RETURNS trigger
+               LANGUAGE plpgsql AS 'BEGIN NEW.legacy_duplicate := true; RETURN NEW; END';
+             CREATE TRIGGER \"pgmend guard: void-duplicate-coupons\" BEFORE INSERT ON issued_coupons
+               FOR EACH ROW EXECUTE FUNCTION pgmend.\"pgmend guard: void-duplicate-coupons\"();",
+        )
+        .unwrap();
+    let read = "SELECT count(*) FROM issued_coupons";
+    let (r, _, longest) = run_while_held(
+        &db,
+        read,
+        std::time::Duration::from_secs(3),
+        read,
+        &["apply", "--yes", "--lock-timeout", "500ms"],
+    );
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(
+        r.stderr
+            .contains("dropping the guard on issued_coupons: waiting for pid ")
+            && r.stderr
+                .contains("to end before asking for ACCESS EXCLUSIVE on issued_coupons")
+            && !r.stderr.contains("retrying in"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        longest < std::time::Duration::from_millis(400),
+        "the application's read waited {longest:?}"
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'pgmend guard%'"),
+        0
+    );
+}
+
 #[test]
 fn a_guard_trigger_left_behind_fails_verify_and_the_next_apply_drops_it() {
     let db = released();

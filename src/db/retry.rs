@@ -90,6 +90,34 @@ pub fn execute_with_lock_retry(
     })
 }
 
+/// [`execute_with_lock_retry`] for a statement that asks for `asking` on `tables`: each attempt
+/// first waits, queued nowhere, for the long holders of conflicting locks
+/// ([`wait_for_long_holders`]), within half of `--lock-retry-for` less one `--lock-timeout`;
+/// not once a stop was requested, when the statement is clean-up.
+pub fn execute_in_a_gap(
+    client: &mut Client,
+    policy: &LockPolicy,
+    what: &str,
+    tables: &[String],
+    asking: Asking,
+    sql: &str,
+) -> Result<()> {
+    let gap_until = Instant::now() + policy.retry_for.saturating_sub(policy.lock_timeout) / 2;
+    with_lock_retry(client, policy, what, tables, |c| {
+        // After a stop was requested this is clean-up (the guard's drop): no wait but the
+        // attempts', within the clean-up limit.
+        if crate::signals::requested().is_none() {
+            wait_for_long_holders(c, tables, asking, gap_until, what, &mut |line| {
+                crate::say!("{line}")
+            })?;
+        }
+        let mut tx = c.transaction()?;
+        tx.batch_execute(&policy.set_local_sql())?;
+        tx.batch_execute(sql)?;
+        Ok(tx.commit()?)
+    })
+}
+
 /// Runs `attempt` (which opens, fills and commits one transaction, setting the policy's
 /// timeouts itself) until it succeeds, fails for a reason a retry cannot fix, or the retry
 /// budget is spent. Whether a failure is retried is decided by the server's SQLSTATE alone
@@ -175,43 +203,98 @@ const LOCKS_ON_TABLES: &str = "
                        WHERE n.nspname || '.' || c.relname = ANY ($1)
                           OR (c.relname = ANY ($1) AND pg_table_is_visible(c.oid)))";
 
-/// The long holders of locks on `tables` ([`LOCKS_ON_TABLES`]): client backends whose
-/// transaction has been open longer than [`LONG_HOLDER`] (`$2`), as (pid, transaction start in
-/// µs since the epoch, application, seconds open, query), the oldest first.
+/// The long holders of locks in modes `$3` on `tables` ([`LOCKS_ON_TABLES`]): client backends
+/// and autovacuum workers whose transaction has been open longer than [`LONG_HOLDER`] (`$2`), as
+/// (pid, transaction start in µs since the epoch, application, seconds open, query), the oldest
+/// first.
 fn long_holders_sql() -> String {
     format!(
         "SELECT DISTINCT a.pid, (extract(epoch FROM a.xact_start) * 1000000)::bigint, coalesce(a.application_name, ''),
                 extract(epoch FROM clock_timestamp() - a.xact_start)::float8,
                 left(regexp_replace(coalesce(a.query, ''), '\\s+', ' ', 'g'), 80)
            FROM pg_locks l JOIN pg_stat_activity a USING (pid)
-          WHERE {LOCKS_ON_TABLES} AND a.backend_type = 'client backend'
+          WHERE {LOCKS_ON_TABLES} AND l.mode = ANY ($3)
+            AND a.backend_type IN ('client backend', 'autovacuum worker')
             AND a.xact_start < clock_timestamp() - make_interval(secs => $2)
           ORDER BY 2"
     )
 }
 
+/// The table lock a statement asks for, for [`wait_for_long_holders`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Asking {
+    /// `ALTER TABLE` mostly, `DROP TRIGGER`: conflicts with every mode, readers' too.
+    AccessExclusive,
+    /// `CREATE TRIGGER`: conflicts with writers (`ROW EXCLUSIVE`), with `VACUUM`, `ANALYZE` and
+    /// `CREATE INDEX CONCURRENTLY` (`SHARE UPDATE EXCLUSIVE`) and stronger, not with readers.
+    ShareRowExclusive,
+}
+
+impl Asking {
+    /// The modes held (as `pg_locks` names them) that make this request wait.
+    pub fn conflicts(self) -> &'static [&'static str] {
+        const STRONGER: [&str; 6] = [
+            "RowExclusiveLock",
+            "ShareUpdateExclusiveLock",
+            "ShareLock",
+            "ShareRowExclusiveLock",
+            "ExclusiveLock",
+            "AccessExclusiveLock",
+        ];
+        match self {
+            Asking::AccessExclusive => &[
+                "AccessShareLock",
+                "RowShareLock",
+                STRONGER[0],
+                STRONGER[1],
+                STRONGER[2],
+                STRONGER[3],
+                STRONGER[4],
+                STRONGER[5],
+            ],
+            Asking::ShareRowExclusive => &STRONGER,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Asking::AccessExclusive => "ACCESS EXCLUSIVE",
+            Asking::ShareRowExclusive => "SHARE ROW EXCLUSIVE",
+        }
+    }
+}
+
 /// Waits, without queueing for any lock, until the long holders ([`LONG_HOLDER`]) of locks on
-/// `tables` seen at its first reading have ended their transactions, up to `until`; says once
-/// whom it waits for. A request for `ACCESS EXCLUSIVE` queued behind such a transaction would
-/// make every later query on the table queue behind it in turn, for up to `--lock-timeout` an
-/// attempt: asked for once they are gone, it waits only for the application's short
-/// statements. Transactions that began after the first reading are not waited for (an
-/// application whose transactions overlap would leave no gap), nor are autovacuum's (a queued
-/// request makes it give way, as before). Past `until` it returns, and the attempt queues as
-/// before. A role without `pg_read_all_stats` does not see other roles' transaction starts, and
-/// their locks do not count. Stops (the signal's `Stopped`) when one is requested.
+/// `tables` that conflict with the lock `asking` seen at its first reading have ended their
+/// transactions, up to `until`; says once whom it waits for. A request queued behind such a
+/// transaction would make every later statement on the table that conflicts with it (for
+/// `ACCESS EXCLUSIVE` every query; for `SHARE ROW EXCLUSIVE` every write) queue behind it in
+/// turn, for up to `--lock-timeout` an attempt: asked for once they are gone, it waits only for
+/// the application's short statements. Transactions that began after the first reading are not
+/// waited for (an application whose transactions overlap would leave no gap). Autovacuum's are:
+/// a queued request makes a (not anti-wraparound) autovacuum give way only after
+/// `deadlock_timeout` (1 s by default), and the default `--lock-timeout` of 500 ms cancels the
+/// attempt first, again and again while the application queues behind it. Past `until` it
+/// returns, and the attempt queues as before. A role without `pg_read_all_stats` does not see
+/// other roles' transaction starts, and their locks do not count. Stops (the signal's `Stopped`)
+/// when one is requested.
 pub fn wait_for_long_holders(
     client: &mut Client,
     tables: &[String],
+    asking: Asking,
     until: Instant,
     what: &str,
     progress: &mut dyn FnMut(&str),
 ) -> Result<()> {
     let mut first: Option<Vec<(i32, i64)>> = None;
+    let modes: Vec<&str> = asking.conflicts().to_vec();
     loop {
         crate::signals::check(what)?;
         let rows = client
-            .query(&long_holders_sql(), &[&tables, &LONG_HOLDER.as_secs_f64()])
+            .query(
+                &long_holders_sql(),
+                &[&tables, &LONG_HOLDER.as_secs_f64(), &modes],
+            )
             .doing("reading which sessions hold locks on the tables (pg_locks)")?;
         let now: Vec<(i32, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
         let out_of_time = Instant::now() + GAP_POLL > until;
@@ -224,7 +307,7 @@ pub fn wait_for_long_holders(
                     return Ok(());
                 }
                 progress(&format!(
-                    "{what}: waiting for pid {} ({:?}, transaction open {:.1}s: {}){} to end before asking for ACCESS EXCLUSIVE on {}: a request queued behind it would hold up every query on the table",
+                    "{what}: waiting for pid {} ({:?}, transaction open {:.1}s: {}){} to end before asking for {} on {}: a request queued behind it would hold up every {} on the table",
                     row.get::<_, i32>(0),
                     row.get::<_, String>(2),
                     row.get::<_, f64>(3),
@@ -233,7 +316,12 @@ pub fn wait_for_long_holders(
                         1 => String::new(),
                         n => format!(" and {} more", n - 1),
                     },
-                    tables.join(", ")
+                    asking.name(),
+                    tables.join(", "),
+                    match asking {
+                        Asking::AccessExclusive => "query",
+                        Asking::ShareRowExclusive => "write",
+                    }
                 ));
                 first = Some(now);
             }
@@ -301,4 +389,32 @@ fn lock_holders(client: &mut Client, tables: &[String]) -> Result<String> {
         })
         .collect::<Vec<_>>()
         .join("; "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Asking;
+
+    #[test]
+    fn a_trigger_waits_for_writers_vacuum_and_stronger_but_not_for_readers() {
+        let trigger = Asking::ShareRowExclusive.conflicts();
+        for held in [
+            "RowExclusiveLock",
+            "ShareUpdateExclusiveLock",
+            "ShareLock",
+            "ShareRowExclusiveLock",
+            "ExclusiveLock",
+            "AccessExclusiveLock",
+        ] {
+            assert!(trigger.contains(&held), "{held}");
+        }
+        for held in ["AccessShareLock", "RowShareLock"] {
+            assert!(!trigger.contains(&held), "{held}");
+        }
+        // ACCESS EXCLUSIVE waits for every mode, readers' too.
+        let exclusive = Asking::AccessExclusive.conflicts();
+        assert_eq!(exclusive.len(), 8);
+        assert!(trigger.iter().all(|m| exclusive.contains(m)));
+        assert!(exclusive.contains(&"AccessShareLock") && exclusive.contains(&"RowShareLock"));
+    }
 }

@@ -20,7 +20,7 @@ use super::history;
 use super::plan::Plan;
 use super::source::{by_version, Mode};
 use crate::db::conninfo::ConnParams;
-use crate::db::retry::{wait_for_long_holders, with_lock_retry, LockPolicy};
+use crate::db::retry::{wait_for_long_holders, with_lock_retry, Asking, LockPolicy};
 use crate::error::PgContext;
 use crate::online::{evaluate, index, validate};
 use crate::statements::LockMode;
@@ -137,6 +137,7 @@ pub fn execute(
                     wait_for_long_holders(
                         c,
                         &exclusive,
+                        Asking::AccessExclusive,
                         gap_until,
                         &format!("applying {label}"),
                         progress,

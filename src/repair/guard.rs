@@ -35,7 +35,7 @@ use anyhow::Result;
 
 use super::definition::VoidSpec;
 use super::void::rank_order;
-use crate::db::retry::{execute_with_lock_retry, LockPolicy};
+use crate::db::retry::{execute_in_a_gap, Asking, LockPolicy};
 use crate::db::sql_text::{key_match, Ident, Literal};
 use crate::error::PgContext;
 use crate::store;
@@ -150,11 +150,12 @@ pub fn install(
         &format!("guard {trigger}"),
         format!("the guard trigger {trigger:?} may remain on {table} (it marks new rows as duplicates, and `pgmend verify` fails while it exists); `pgmend apply --yes` drops it"),
     );
-    execute_with_lock_retry(
+    execute_in_a_gap(
         client,
         policy,
         &format!("installing the guard on {}", spec.table.as_str()),
         &[spec.table.as_str().to_string()],
+        Asking::ShareRowExclusive,
         &sql,
     )
 }
@@ -182,11 +183,12 @@ pub fn remove_all(client: &mut postgres::Client, policy: &LockPolicy) -> Result<
             Ident::new(trigger.as_str()),
             function_name(trigger)
         );
-        execute_with_lock_retry(
+        execute_in_a_gap(
             client,
             policy,
             &format!("dropping the guard on {table}"),
             std::slice::from_ref(table),
+            Asking::AccessExclusive,
             &sql,
         )?;
         crate::signals::cleaned(&format!("guard {trigger}"));
