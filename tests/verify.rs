@@ -115,9 +115,10 @@ fn a_guard_is_dropped_in_a_gap_between_the_applications_long_reads() {
         )
         .unwrap();
     let read = "SELECT count(*) FROM issued_coupons";
+    // Open for 300 ms before pgmend starts: a long holder (over 100 ms) at its first reading.
     let (r, _, longest) = run_while_held(
         &db,
-        read,
+        &format!("{read}; SELECT pg_sleep(0.3)"),
         std::time::Duration::from_secs(3),
         read,
         &["apply", "--yes", "--lock-timeout", "500ms"],
@@ -127,7 +128,7 @@ fn a_guard_is_dropped_in_a_gap_between_the_applications_long_reads() {
         r.stderr
             .contains("dropping the guard on issued_coupons: waiting for pid ")
             && r.stderr
-                .contains("to end before asking for ACCESS EXCLUSIVE on issued_coupons")
+                .contains("to end before asking for ACCESS EXCLUSIVE on public.issued_coupons")
             && !r.stderr.contains("retrying in"),
         "{}",
         r.stderr

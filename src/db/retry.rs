@@ -92,25 +92,23 @@ pub fn execute_with_lock_retry(
 
 /// [`execute_with_lock_retry`] for a statement that asks for `asking` on `tables`: each attempt
 /// first waits, queued nowhere, for the long holders of conflicting locks
-/// ([`wait_for_long_holders`]), within half of `--lock-retry-for` less one `--lock-timeout`;
-/// not once a stop was requested, when the statement is clean-up.
+/// ([`wait_for_long_holders`]), within half of `--lock-retry-for` less one `--lock-timeout`.
+/// With `cleanup` (the guard's drop) a stop request ends the wait and the attempts go on
+/// within the clean-up limit; without, it stops before the attempt.
 pub fn execute_in_a_gap(
     client: &mut Client,
     policy: &LockPolicy,
     what: &str,
     tables: &[String],
     asking: Asking,
+    cleanup: bool,
     sql: &str,
 ) -> Result<()> {
     let gap_until = Instant::now() + policy.retry_for.saturating_sub(policy.lock_timeout) / 2;
     with_lock_retry(client, policy, what, tables, |c| {
-        // After a stop was requested this is clean-up (the guard's drop): no wait but the
-        // attempts', within the clean-up limit.
-        if crate::signals::requested().is_none() {
-            wait_for_long_holders(c, tables, asking, gap_until, what, &mut |line| {
-                crate::say!("{line}")
-            })?;
-        }
+        wait_for_long_holders(c, tables, asking, gap_until, what, cleanup, &mut |line| {
+            crate::say!("{line}")
+        })?;
         let mut tx = c.transaction()?;
         tx.batch_execute(&policy.set_local_sql())?;
         tx.batch_execute(sql)?;
@@ -209,7 +207,8 @@ const LOCKS_ON_TABLES: &str = "
 /// first.
 fn long_holders_sql() -> String {
     format!(
-        "SELECT DISTINCT a.pid, (extract(epoch FROM a.xact_start) * 1000000)::bigint, coalesce(a.application_name, ''),
+        "SELECT DISTINCT a.pid, (extract(epoch FROM a.xact_start) * 1000000)::bigint,
+                CASE WHEN a.backend_type = 'autovacuum worker' THEN 'autovacuum' ELSE coalesce(a.application_name, '') END,
                 extract(epoch FROM clock_timestamp() - a.xact_start)::float8,
                 left(regexp_replace(coalesce(a.query, ''), '\\s+', ' ', 'g'), 80)
            FROM pg_locks l JOIN pg_stat_activity a USING (pid)
@@ -276,19 +275,24 @@ impl Asking {
 /// `deadlock_timeout` (1 s by default), and the default `--lock-timeout` of 500 ms cancels the
 /// attempt first, again and again while the application queues behind it. Past `until` it
 /// returns, and the attempt queues as before. A role without `pg_read_all_stats` does not see
-/// other roles' transaction starts, and their locks do not count. Stops (the signal's `Stopped`)
-/// when one is requested.
+/// other roles' transaction starts, and their locks do not count. When a stop is requested it
+/// stops (the signal's `Stopped`), or with `cleanup` (a statement that undoes pgmend's own
+/// change, such as dropping the guard) returns at once, for the attempts to go on.
 pub fn wait_for_long_holders(
     client: &mut Client,
     tables: &[String],
     asking: Asking,
     until: Instant,
     what: &str,
+    cleanup: bool,
     progress: &mut dyn FnMut(&str),
 ) -> Result<()> {
     let mut first: Option<Vec<(i32, i64)>> = None;
     let modes: Vec<&str> = asking.conflicts().to_vec();
     loop {
+        if cleanup && crate::signals::requested().is_some() {
+            return Ok(());
+        }
         crate::signals::check(what)?;
         let rows = client
             .query(

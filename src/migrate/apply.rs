@@ -140,6 +140,7 @@ pub fn execute(
                         Asking::AccessExclusive,
                         gap_until,
                         &format!("applying {label}"),
+                        false,
                         progress,
                     )?;
                 }

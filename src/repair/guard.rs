@@ -150,14 +150,22 @@ pub fn install(
         &format!("guard {trigger}"),
         format!("the guard trigger {trigger:?} may remain on {table} (it marks new rows as duplicates, and `pgmend verify` fails while it exists); `pgmend apply --yes` drops it"),
     );
-    execute_in_a_gap(
+    let installing = execute_in_a_gap(
         client,
         policy,
         &format!("installing the guard on {}", spec.table.as_str()),
         &[spec.table.as_str().to_string()],
         Asking::ShareRowExclusive,
+        false,
         &sql,
-    )
+    );
+    if installing.is_err()
+        && installed(client).is_ok_and(|found| found.iter().all(|(_, t)| *t != trigger))
+    {
+        // Stopped or refused before its commit: nothing is left behind.
+        crate::signals::cleaned(&format!("guard {trigger}"));
+    }
+    installing
 }
 
 /// A guard trigger found in the database: (table, trigger).
@@ -178,6 +186,15 @@ pub fn installed(client: &mut impl postgres::GenericClient) -> Result<Vec<(Strin
 pub fn remove_all(client: &mut postgres::Client, policy: &LockPolicy) -> Result<Vec<String>> {
     let found = installed(client)?;
     for (table, trigger) in &found {
+        // As pg_locks' tables are matched: schema.name, unquoted (the regclass text quotes).
+        let plain: String = client
+            .query_one(
+                "SELECT n.nspname || '.' || c.relname FROM pg_class c
+                   JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1::text::regclass",
+                &[table],
+            )
+            .doing("reading the guarded table's name")?
+            .get(0);
         let sql = format!(
             "DROP TRIGGER IF EXISTS {} ON {table}; DROP FUNCTION IF EXISTS {}()",
             Ident::new(trigger.as_str()),
@@ -187,8 +204,9 @@ pub fn remove_all(client: &mut postgres::Client, policy: &LockPolicy) -> Result<
             client,
             policy,
             &format!("dropping the guard on {table}"),
-            std::slice::from_ref(table),
+            &[plain],
             Asking::AccessExclusive,
+            true,
             &sql,
         )?;
         crate::signals::cleaned(&format!("guard {trigger}"));
