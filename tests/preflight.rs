@@ -183,6 +183,9 @@ fn legacy_counter_checked(db: &TestDb) -> (i64, i64) {
 /// recorded at the gate.
 #[test]
 fn with_or_without_temporary_tables_the_release_ends_exact() {
+    if slow_tests_skipped("with_or_without_temporary_tables_the_release_ends_exact") {
+        return;
+    }
     for case in [
         "staged",
         "no TEMPORARY privilege",

@@ -18,6 +18,27 @@ fn legacy_baselined() -> TestDb {
     db
 }
 
+/// A baselined legacy database with two oddly named tables (a blank, a capital, a dot inside a
+/// name), and a migrations directory: V1 as recorded, then a V2 that takes ACCESS EXCLUSIVE on
+/// both tables (it adds a column `y` to each).
+fn odd_tables_migration() -> (TestDb, tempfile::TempDir) {
+    let db = legacy_baselined();
+    db.client()
+        .batch_execute(
+            r#"CREATE SCHEMA "Odd S"; CREATE TABLE "Odd S"."My T" (x int); CREATE TABLE "odd.t" (x int);"#,
+        )
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let v1 = "V1__legacy_baseline.sql";
+    std::fs::copy(repo().join("migrations").join(v1), dir.path().join(v1)).unwrap();
+    std::fs::write(
+        dir.path().join("V2__odd_names.sql"),
+        r#"ALTER TABLE "Odd S"."My T" ADD COLUMN y int; ALTER TABLE "odd.t" ADD COLUMN y int;"#,
+    )
+    .unwrap();
+    (db, dir)
+}
+
 /// `migrate apply --target 2` (V2's ALTER TABLEs) with 500 ms lock waits retried for
 /// `retry_for`, while a transaction that has read issued_coupons stays open for 10 s.
 fn v2_while_held_for_10s(db: &TestDb, retry_for: &str) -> (Run, Duration, Duration) {
@@ -89,20 +110,10 @@ fn apply_stops_with_exit_1_when_the_retry_budget_is_shorter_than_the_blocker() {
 /// `to_regclass` failed on the first and missed the others, saying "could not list them").
 #[test]
 fn a_lock_budget_spent_names_the_holders_of_oddly_named_tables() {
-    let db = legacy_baselined();
-    db.client()
-        .batch_execute(
-            r#"CREATE SCHEMA "Odd S"; CREATE TABLE "Odd S"."My T" (x int); CREATE TABLE "odd.t" (x int);"#,
-        )
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let v1 = "V1__legacy_baseline.sql";
-    std::fs::copy(repo().join("migrations").join(v1), dir.path().join(v1)).unwrap();
-    std::fs::write(
-        dir.path().join("V2__odd_names.sql"),
-        r#"ALTER TABLE "Odd S"."My T" ADD COLUMN y int; ALTER TABLE "odd.t" ADD COLUMN y int;"#,
-    )
-    .unwrap();
+    if slow_tests_skipped("a_lock_budget_spent_names_the_holders_of_oddly_named_tables") {
+        return;
+    }
+    let (db, dir) = odd_tables_migration();
     let m = dir_arg(dir.path());
     let args = [
         "migrate",
@@ -134,21 +145,7 @@ fn a_lock_budget_spent_names_the_holders_of_oddly_named_tables() {
 
 #[test]
 fn a_migration_waits_out_the_long_holders_of_oddly_named_tables_too() {
-    let db = legacy_baselined();
-    db.client()
-        .batch_execute(
-            r#"CREATE SCHEMA "Odd S"; CREATE TABLE "Odd S"."My T" (x int); CREATE TABLE "odd.t" (x int);"#,
-        )
-        .unwrap();
-    // V1 as recorded, then a V2 that takes ACCESS EXCLUSIVE on both tables.
-    let dir = tempfile::tempdir().unwrap();
-    let v1 = "V1__legacy_baseline.sql";
-    std::fs::copy(repo().join("migrations").join(v1), dir.path().join(v1)).unwrap();
-    std::fs::write(
-        dir.path().join("V2__odd_names.sql"),
-        r#"ALTER TABLE "Odd S"."My T" ADD COLUMN y int; ALTER TABLE "odd.t" ADD COLUMN y int;"#,
-    )
-    .unwrap();
+    let (db, dir) = odd_tables_migration();
     let m = dir_arg(dir.path());
     let args = [
         "migrate",

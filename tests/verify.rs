@@ -19,6 +19,18 @@ fn released() -> TestDb {
     db
 }
 
+/// What a pgmend killed while V4 was being built leaves: the guard trigger on issued_coupons.
+fn leave_a_guard(db: &TestDb) {
+    db.client()
+        .batch_execute(
+            "CREATE FUNCTION pgmend.\"pgmend guard: void-duplicate-coupons\"() RETURNS trigger
+               LANGUAGE plpgsql AS 'BEGIN NEW.legacy_duplicate := true; RETURN NEW; END';
+             CREATE TRIGGER \"pgmend guard: void-duplicate-coupons\" BEFORE INSERT ON issued_coupons
+               FOR EACH ROW EXECUTE FUNCTION pgmend.\"pgmend guard: void-duplicate-coupons\"();",
+        )
+        .unwrap();
+}
+
 /// Runs `verify --format json`, expects exit 1, and returns the check `name`.
 fn failed_check(db: &TestDb, name: &str) -> serde_json::Value {
     let r = db.run(&["verify", "--format", "json"]);
@@ -105,15 +117,11 @@ fn verify_runs_on_a_read_only_connection() {
 /// waits, queued nowhere, for the read to end, and the application's queries keep answering.
 #[test]
 fn a_guard_is_dropped_in_a_gap_between_the_applications_long_reads() {
+    if slow_tests_skipped("a_guard_is_dropped_in_a_gap_between_the_applications_long_reads") {
+        return;
+    }
     let db = released();
-    db.client()
-        .batch_execute(
-            "CREATE FUNCTION pgmend.\"pgmend guard: void-duplicate-coupons\"() RETURNS trigger
-               LANGUAGE plpgsql AS 'BEGIN NEW.legacy_duplicate := true; RETURN NEW; END';
-             CREATE TRIGGER \"pgmend guard: void-duplicate-coupons\" BEFORE INSERT ON issued_coupons
-               FOR EACH ROW EXECUTE FUNCTION pgmend.\"pgmend guard: void-duplicate-coupons\"();",
-        )
-        .unwrap();
+    leave_a_guard(&db);
     let read = "SELECT count(*) FROM issued_coupons";
     // Open for 300 ms before pgmend starts: a long holder (over 100 ms) at its first reading.
     let (r, _, longest) = run_while_held(
@@ -146,15 +154,7 @@ fn a_guard_is_dropped_in_a_gap_between_the_applications_long_reads() {
 #[test]
 fn a_guard_trigger_left_behind_fails_verify_and_the_next_apply_drops_it() {
     let db = released();
-    // What a pgmend killed while V4 was being built leaves: the guard on issued_coupons.
-    db.client()
-        .batch_execute(
-            "CREATE FUNCTION pgmend.\"pgmend guard: void-duplicate-coupons\"() RETURNS trigger
-               LANGUAGE plpgsql AS 'BEGIN NEW.legacy_duplicate := true; RETURN NEW; END';
-             CREATE TRIGGER \"pgmend guard: void-duplicate-coupons\" BEFORE INSERT ON issued_coupons
-               FOR EACH ROW EXECUTE FUNCTION pgmend.\"pgmend guard: void-duplicate-coupons\"();",
-        )
-        .unwrap();
+    leave_a_guard(&db);
     let check = failed_check(&db, "no_guard_trigger");
     assert_eq!(check["violations"], 1, "{check}");
     assert!(

@@ -61,7 +61,8 @@ fn keyword_value(p: &ConnParams) -> String {
 }
 
 /// Whether the slow fault tests (those that wait by design for pgmend's bounds: silent paths,
-/// leases) are skipped in this run: `.ci/run` runs them on its default server only and sets
+/// leases, long lock holders; and the few end-to-end releases run in several cases) are skipped
+/// in this run: `.ci/run` runs them on its default server only and sets
 /// `PGMEND_SKIP_SLOW_TESTS=1` for the version matrix. Says so on stderr when it skips.
 pub fn slow_tests_skipped(name: &str) -> bool {
     let skip = std::env::var_os("PGMEND_SKIP_SLOW_TESTS").is_some_and(|v| v == "1");
