@@ -586,9 +586,10 @@ pub struct RepairRunArgs {
 
 #[derive(Debug, Args)]
 pub struct BatchArgs {
-    /// Aim for batch transactions of about this long.
-    #[arg(long, default_value = "200ms", value_parser = parse_duration, value_name = "DURATION")]
-    pub batch_target: Duration,
+    /// Aim for batch transactions of about this long (default 200ms; 100ms for a run under
+    /// --jobs auto that finds the application at work as it starts).
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub batch_target: Option<Duration>,
     /// Pause batches while a replica replays later than this (default 30s; off: not watched).
     #[arg(long, value_parser = parse_duration_threshold, value_name = "DURATION|off")]
     pub max_replica_lag: Option<Threshold<Duration>>,

@@ -600,7 +600,7 @@ fn with_jobs_auto_and_the_application_at_work_a_run_starts_with_one_worker() {
     assert_eq!(r.code, 0, "{}", r.both());
     assert!(
         r.stderr.contains(
-            "void-duplicate-coupons: 1 worker, each on its own connection, over ranges of the run's targets (--jobs auto: between 1 and 2), one to start with while the application is at work"
+            "void-duplicate-coupons: 1 worker, each on its own connection, over ranges of the run's targets (--jobs auto: between 1 and 2), one to start with and batches of about 100ms while the application is at work"
         ),
         "{}",
         r.stderr

@@ -133,7 +133,8 @@ fn a_lock_budget_spent_names_the_holders_of_oddly_named_tables() {
     assert!(
         run.stderr
             .contains("Sessions holding locks on Odd S.My T, odd.t: pid ")
-            && run.stderr.contains(&format!("query: {hold}")),
+            && run.stderr.contains(&format!("query: {hold}"))
+            && run.stderr.contains("holds AccessShareLock"),
         "{}",
         run.stderr
     );

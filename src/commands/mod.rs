@@ -132,7 +132,10 @@ pub fn source(args: &RepairsArgs) -> Result<RepairSource> {
 pub fn run_options(safety: &SafetyArgs, batch: &BatchArgs) -> Result<RunOptions> {
     Ok(RunOptions {
         policy: policy(safety)?,
-        batch_target: batch.batch_target,
+        batch_target: batch
+            .batch_target
+            .unwrap_or(crate::repair::options::BATCH_TARGET),
+        batch_target_given: batch.batch_target.is_some(),
         health: health(batch),
         workers: None,
         checked_later: false,

@@ -161,7 +161,7 @@ pub fn with_lock_retry<T>(
             let blockers = lock_holders(client, tables)
                 .unwrap_or_else(|e| format!("(could not list them: {e:#})"));
             return Err(Stopped::error(format!(
-                "{what}: gave up after {tries} attempts in {} ({}); each waited at most {} for its lock (last: {}). Nothing of this step was changed. Sessions holding locks on {}: {blockers}. Let them finish or end them, then rerun; or rerun with a longer --lock-retry-for",
+                "{what}: gave up after {tries} attempts in {} ({}); each waited at most {} for its lock (last: {}). Each attempt was rolled back: nothing of it was changed. Sessions holding locks on {}: {blockers}. Let them finish or end them, then rerun; or rerun with a longer --lock-retry-for",
                 crate::config::format_duration(elapsed),
                 if past_cleanup {
                     format!("the clean-up limit of {} s after the signal", crate::signals::CLEANUP_LIMIT.as_secs())
@@ -311,7 +311,7 @@ pub fn wait_for_long_holders(
                     return Ok(());
                 }
                 progress(&format!(
-                    "{what}: waiting for pid {} ({:?}, transaction open {:.1}s: {}){} to end before asking for {} on {}: a request queued behind it would hold up every {} on the table",
+                    "{what}: waiting for pid {} ({:?}, transaction open {:.1}s: {}){} to end before asking for {} on {}: a request queued behind it would hold up every {} on the table (waiting at most {}, then asking under --lock-timeout)",
                     row.get::<_, i32>(0),
                     row.get::<_, String>(2),
                     row.get::<_, f64>(3),
@@ -325,7 +325,8 @@ pub fn wait_for_long_holders(
                     match asking {
                         Asking::AccessExclusive => "query",
                         Asking::ShareRowExclusive => "write",
-                    }
+                    },
+                    crate::config::format_duration(until.saturating_duration_since(Instant::now()))
                 ));
                 first = Some(now);
             }
@@ -361,16 +362,19 @@ fn rendered(error: &anyhow::Error) -> String {
     }
 }
 
-/// The other sessions holding granted locks on `tables` ([`LOCKS_ON_TABLES`]), one line each.
+/// The other sessions holding granted locks on `tables` ([`LOCKS_ON_TABLES`]), one line each,
+/// with the modes each holds: a reader's `AccessShareLock` does not block a trigger's install.
 fn lock_holders(client: &mut Client, tables: &[String]) -> Result<String> {
     let rows = client
         .query(
             &format!(
-                "SELECT DISTINCT a.pid, coalesce(a.application_name, ''), coalesce(a.state, ''),
+                "SELECT a.pid, coalesce(a.application_name, ''), coalesce(a.state, ''),
                     coalesce(extract(epoch FROM now() - a.xact_start)::int, 0),
-                    left(regexp_replace(coalesce(a.query, ''), '\\s+', ' ', 'g'), 80)
+                    left(regexp_replace(coalesce(a.query, ''), '\\s+', ' ', 'g'), 80),
+                    string_agg(DISTINCT l.mode, ', ' ORDER BY l.mode)
                FROM pg_locks l JOIN pg_stat_activity a USING (pid)
               WHERE {LOCKS_ON_TABLES}
+              GROUP BY a.pid, a.application_name, a.state, a.xact_start, a.query
               ORDER BY 1"
             ),
             &[&tables],
@@ -383,10 +387,11 @@ fn lock_holders(client: &mut Client, tables: &[String]) -> Result<String> {
         .iter()
         .map(|r| {
             format!(
-                "pid {} ({:?}, {}, transaction open {}s, query: {})",
+                "pid {} ({:?}, {}, holds {}, transaction open {}s, query: {})",
                 r.get::<_, i32>(0),
                 r.get::<_, String>(1),
                 r.get::<_, String>(2),
+                r.get::<_, String>(5),
                 r.get::<_, i32>(3),
                 r.get::<_, String>(4)
             )

@@ -20,6 +20,14 @@
 //!
 //! Throughput is targets per second (ranges of about the same number of rows each), smoothed
 //! over the windows at the same number of workers.
+//!
+//! A number of workers that did not pay (rule 3), three or more, is remembered for the process
+//! ([`remember_unpaid`]): the release's later runs work on the same server, and a trial costs
+//! two windows at the slower number (about a second of a 10-s step on two cores). Their
+//! controllers start with it as their ceiling ([`remembered_unpaid`]). A second worker is
+//! always tried again.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use std::collections::BTreeMap;
 
@@ -65,10 +73,35 @@ pub struct Controller {
     /// No number of workers at or above this is tried (the maximum plus one, until a worker
     /// added did not pay).
     ceiling: usize,
+    /// The number of workers whose measure did not pay for the worker added (rule 3), if one
+    /// did in this run.
+    unpaid: Option<usize>,
     warming: bool,
     cooldown: u32,
     falls: u32,
     changes: u32,
+}
+
+/// The fewest workers that did not pay in an earlier run of this process (0: none).
+static UNPAID: AtomicUsize = AtomicUsize::new(0);
+
+/// Remembers for the process's later runs that `workers` did not pay ([`Controller::unpaid`]);
+/// two or fewer are not remembered, so that a later run can always try a second worker.
+pub fn remember_unpaid(workers: usize) {
+    if workers < 3 {
+        return;
+    }
+    let _ = UNPAID.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| {
+        Some(if now == 0 { workers } else { now.min(workers) })
+    });
+}
+
+/// The fewest workers that did not pay in an earlier run of this process.
+pub fn remembered_unpaid() -> Option<usize> {
+    match UNPAID.load(Ordering::Relaxed) {
+        0 => None,
+        n => Some(n),
+    }
 }
 
 impl Controller {
@@ -83,6 +116,7 @@ impl Controller {
             seen: BTreeMap::new(),
             best: BTreeMap::new(),
             ceiling,
+            unpaid: None,
             warming: true,
             cooldown: 0,
             falls: 0,
@@ -97,6 +131,11 @@ impl Controller {
     /// No number of workers at or above this is tried.
     pub fn ceiling(&self) -> usize {
         self.ceiling
+    }
+
+    /// The number of workers that did not pay for the worker added in this run (rule 3).
+    pub fn unpaid(&self) -> Option<usize> {
+        self.unpaid
     }
 
     /// Takes one window's observation and returns the decision; the number of workers is
@@ -166,6 +205,7 @@ impl Controller {
             if let Some(&fewer) = self.seen.get(&(n - 1)) {
                 if smoothed < fewer * (1.0 + GAIN) {
                     self.ceiling = n;
+                    self.unpaid = Some(n);
                     return self.change(
                         n - 1,
                         Decision::Remove(format!(
@@ -260,6 +300,23 @@ mod tests {
         assert_eq!(decisions[3].0, "remove");
         assert_eq!(c.workers(), 2);
         assert!(decisions[4..].iter().all(|(_, n)| *n == 2), "{decisions:?}");
+        assert_eq!(c.unpaid(), Some(3));
+        // A later run of the process starts with 3 as its ceiling: it never tries 3 again.
+        let mut later = Controller::new(2, 8, Some(3));
+        let decisions = run(&mut later, 12, speed);
+        assert!(decisions.iter().all(|d| *d == ("hold", 2)), "{decisions:?}");
+    }
+
+    #[test]
+    fn only_three_workers_or_more_that_did_not_pay_are_remembered() {
+        // The process-wide memory: a later run can always try a second worker; the fewest
+        // unpaid number is kept.
+        super::remember_unpaid(2);
+        assert_eq!(super::remembered_unpaid(), None);
+        super::remember_unpaid(5);
+        super::remember_unpaid(3);
+        super::remember_unpaid(4);
+        assert_eq!(super::remembered_unpaid(), Some(3));
     }
 
     #[test]

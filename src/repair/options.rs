@@ -8,12 +8,23 @@ use super::neighbour::Neighbour;
 use crate::db::conninfo::ConnParams;
 use crate::db::retry::LockPolicy;
 
+/// `--batch-target`'s default.
+pub const BATCH_TARGET: Duration = Duration::from_millis(200);
+
+/// The batch target of a run under `--jobs auto` that finds the application at work as it
+/// starts, without `--batch-target`: each batch holds its row locks half as long, and fewer
+/// of the application's writes wait for one (measured: docs/benchmark.md).
+pub const BATCH_TARGET_AT_WORK: Duration = Duration::from_millis(100);
+
 /// The options of a run's batches.
 #[derive(Clone)]
 pub struct RunOptions {
     pub policy: LockPolicy,
     /// Aim for batches that take about this long.
     pub batch_target: Duration,
+    /// Whether `--batch-target` was given: without it, a run under `--jobs auto` that finds
+    /// the application at work as it starts aims at [`BATCH_TARGET_AT_WORK`] instead.
+    pub batch_target_given: bool,
     /// The server's health signals that pause the batches, and the bound on a pause.
     pub health: Health,
     /// Several workers for a run in ranges (`--jobs`); None: one stream on the main session.

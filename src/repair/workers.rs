@@ -23,11 +23,11 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Result};
 
 use super::batch::{self, Checkpoint, Pace, Progress, Tally, Targets};
-use super::controller::{Controller, Decision, Observation};
+use super::controller::{self, Controller, Decision, Observation};
 use super::definition::Repair;
 use super::engine::Engine;
 use super::neighbour;
-use super::options::{RunOptions, Workers};
+use super::options::{RunOptions, Workers, BATCH_TARGET_AT_WORK};
 use crate::db::Session;
 use crate::store::slices::{self, Slice};
 use crate::store::Run;
@@ -72,11 +72,28 @@ pub(super) fn walk(
     let app_at_start = cpu
         .as_ref()
         .is_some_and(crate::db::crowding::Watch::app_at_start);
+    // And shorter batches, unless --batch-target says otherwise: the application's writes wait
+    // for fewer and shorter row locks.
+    let at_work;
+    let options = if app_at_start && !options.batch_target_given {
+        at_work = RunOptions {
+            batch_target: options.batch_target.min(BATCH_TARGET_AT_WORK),
+            ..options.clone()
+        };
+        &at_work
+    } else {
+        options
+    };
+    // Below what crowded the application out, or did not pay, in an earlier run of the process.
+    let unpaid = controller::remembered_unpaid().filter(|&n| n <= workers.jobs);
     let mut controller = workers.auto.then(|| {
         Controller::new(
             if app_at_start { 1 } else { 2 },
             workers.jobs,
-            crate::db::crowding::ceiling(),
+            [crate::db::crowding::ceiling(), unpaid]
+                .into_iter()
+                .flatten()
+                .min(),
         )
     });
     let mut crowded: Option<String> = None;
@@ -89,12 +106,29 @@ pub(super) fn walk(
         crate::human::count(start as i64, "worker"),
         if workers.auto {
             format!(
-                " (--jobs auto: between 1 and {}){}",
+                " (--jobs auto: between 1 and {}{}){}",
                 workers.jobs,
-                if app_at_start && workers.jobs > 1 {
-                    ", one to start with while the application is at work"
-                } else {
-                    ""
+                match unpaid {
+                    Some(n) => format!(
+                        ", but {n} did not pay for the worker added in an earlier run of this process: at most {}",
+                        n - 1
+                    ),
+                    None => String::new(),
+                },
+                match (app_at_start, workers.jobs > 1, options.batch_target_given) {
+                    (false, _, _) => String::new(),
+                    (true, true, false) => format!(
+                        ", one to start with and batches of about {} while the application is at work",
+                        crate::human::duration(options.batch_target)
+                    ),
+                    (true, true, true) => {
+                        ", one to start with while the application is at work".to_string()
+                    }
+                    (true, false, false) => format!(
+                        ", batches of about {} while the application is at work",
+                        crate::human::duration(options.batch_target)
+                    ),
+                    (true, false, true) => String::new(),
                 }
             )
         } else {
@@ -237,6 +271,10 @@ pub(super) fn walk(
             window = (Instant::now(), now_done, now_blocking);
             let before = c.workers();
             let decision = c.observe(&observation);
+            if let Some(n) = c.unpaid() {
+                // Later runs of this process do not try it again.
+                controller::remember_unpaid(n);
+            }
             if observation.crowded.is_some() && c.ceiling() <= workers.jobs {
                 // Later runs of this process start below it.
                 crate::db::crowding::record_ceiling(c.ceiling());
