@@ -586,8 +586,8 @@ pub struct RepairRunArgs {
 
 #[derive(Debug, Args)]
 pub struct BatchArgs {
-    /// Aim for batch transactions of about this long (default 200ms; 100ms for a run under
-    /// --jobs auto that finds the application at work as it starts).
+    /// Aim for batch transactions of about this long (default 200ms; 100ms for a run in ranges
+    /// under --jobs auto whose CPU probe finds the application at work as it starts).
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub batch_target: Option<Duration>,
     /// Pause batches while a replica replays later than this (default 30s; off: not watched).

@@ -1229,6 +1229,75 @@ fn a_counter_row_created_while_the_first_pass_waits_is_merged_not_an_error() {
 }
 
 #[test]
+fn a_counter_row_created_after_the_staged_sums_were_read_is_merged_not_an_error() {
+    // The campaign budgets' one batch over every key reads its sums apart first, into a
+    // temporary table (`db::staged`: a parallel plan), then inserts the keys without a row
+    // plainly. The new application creates C-ON's row with a new coupon in one transaction
+    // that commits while that insert waits for the key: the plain insert fails on the unique
+    // key, and the batch runs again from its savepoint with the sums already read, adding them
+    // to the application's row.
+    let db = edge_cases();
+    db.client()
+        .batch_execute(
+            "CREATE SCHEMA probe;
+             CREATE TABLE probe.staged (n int);
+             CREATE FUNCTION probe.seen() RETURNS event_trigger LANGUAGE plpgsql
+               AS $$ BEGIN INSERT INTO probe.staged VALUES (1); END $$;
+             CREATE EVENT TRIGGER probe_staged ON ddl_command_end WHEN TAG IN ('CREATE TABLE AS')
+               EXECUTE FUNCTION probe.seen();",
+        )
+        .unwrap();
+    let (r, took, _) = common::run_while_held(
+        &db,
+        "INSERT INTO campaign_budgets VALUES ('C-ON', 1000, 3000, 1000);
+         INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen, issued_at)
+         VALUES ('00000000-0000-0000-0000-0000000000f8', 'C-ON', 'e', '2026-09', 1000, '2026-09-21 09:00+09')",
+        std::time::Duration::from_millis(1500),
+        "SELECT 1",
+        &[
+            "repair",
+            "apply",
+            "rebuild-campaign-budgets",
+            "--yes",
+            "--lock-timeout",
+            "30s",
+        ],
+    );
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(
+        took >= std::time::Duration::from_millis(1000),
+        "the batch waited for the other session's row: {took:?}"
+    );
+    assert!(
+        db.scalar_i64("SELECT count(*) FROM probe.staged") >= 1,
+        "the sums were read apart"
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT issued_yen::bigint FROM campaign_budgets WHERE campaign_id = 'C-ON'"),
+        5000,
+        "C-ON's four coupons and the new one"
+    );
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) FROM campaigns c LEFT JOIN campaign_budgets b USING (campaign_id)
+              WHERE b.issued_yen IS DISTINCT FROM (SELECT coalesce(sum(amount_yen), 0) FROM issued_coupons i
+                                                   WHERE i.campaign_id = c.campaign_id AND i.voided_at IS NULL)"
+        ),
+        0,
+        "every campaign's budget equals its coupons"
+    );
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) FROM pgmend.ledger_records
+              WHERE row_key ->> 'campaign_id' = 'C-ON' AND action = 'update'
+                AND reason LIKE 'the key had no counter row when its drift was read%' AND after ->> 'issued_yen' = '5000'"
+        ),
+        1,
+        "the merge is recorded as an addition to the application's row"
+    );
+}
+
+#[test]
 fn over_budget_and_out_of_range_counters_are_skipped_reported_and_exit_1() {
     // Before the gate a counter run walks ranges of keys, each batch one statement on the
     // server (`batch_range`); after it, the keys that differ, with the drift read first.

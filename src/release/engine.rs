@@ -489,7 +489,7 @@ fn gate(
     }
     store::ensure(client, settings.policy)?;
     if release.name == super::COUPON_RELEASE {
-        crate::report::legacy_counter::record_at_gate(client, settings.policy, name)?;
+        crate::report::legacy_counter::record_at_gate(client, name)?;
     }
     let who = format!("{}@{}", os_user(), hostname());
     let mut tx = client.transaction().doing("recording the gate")?;

@@ -85,15 +85,23 @@ pub struct Controller {
 /// The fewest workers that did not pay in an earlier run of this process (0: none).
 static UNPAID: AtomicUsize = AtomicUsize::new(0);
 
-/// Remembers for the process's later runs that `workers` did not pay ([`Controller::unpaid`]);
-/// two or fewer are not remembered, so that a later run can always try a second worker.
+/// Remembers for the process's later runs that `workers` did not pay ([`Controller::unpaid`]),
+/// measured while every one of them had work (the caller's to know: at a run's tail the worker
+/// added may have had none).
 pub fn remember_unpaid(workers: usize) {
-    if workers < 3 {
-        return;
-    }
     let _ = UNPAID.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| {
-        Some(if now == 0 { workers } else { now.min(workers) })
+        Some(merged_unpaid(now, workers))
     });
+}
+
+/// What the memory holds after `workers` did not pay, from `now` (0: nothing): the fewest, and
+/// never two or fewer, so that a later run can always try a second worker.
+fn merged_unpaid(now: usize, workers: usize) -> usize {
+    match (now, workers) {
+        (now, w) if w < 3 => now,
+        (0, w) => w,
+        (now, w) => now.min(w),
+    }
 }
 
 /// The fewest workers that did not pay in an earlier run of this process.
@@ -106,7 +114,7 @@ pub fn remembered_unpaid() -> Option<usize> {
 
 impl Controller {
     /// Starts at `start` workers (at most `max`), below `ceiling` when one is given (a number
-    /// of workers that crowded the application out earlier in this process).
+    /// of workers that crowded the application out, or did not pay, earlier in this process).
     pub fn new(start: usize, max: usize, ceiling: Option<usize>) -> Controller {
         let max = max.max(1);
         let ceiling = ceiling.map_or(max + 1, |c| c.clamp(2, max + 1));
@@ -311,12 +319,12 @@ mod tests {
     fn only_three_workers_or_more_that_did_not_pay_are_remembered() {
         // The process-wide memory: a later run can always try a second worker; the fewest
         // unpaid number is kept.
-        super::remember_unpaid(2);
-        assert_eq!(super::remembered_unpaid(), None);
-        super::remember_unpaid(5);
-        super::remember_unpaid(3);
-        super::remember_unpaid(4);
-        assert_eq!(super::remembered_unpaid(), Some(3));
+        use super::merged_unpaid;
+        assert_eq!(merged_unpaid(0, 2), 0);
+        assert_eq!(merged_unpaid(0, 5), 5);
+        assert_eq!(merged_unpaid(5, 3), 3);
+        assert_eq!(merged_unpaid(3, 4), 3);
+        assert_eq!(merged_unpaid(3, 2), 3);
     }
 
     #[test]

@@ -84,16 +84,16 @@ pub(super) fn walk(
     } else {
         options
     };
-    // Below what crowded the application out, or did not pay, in an earlier run of the process.
-    let unpaid = controller::remembered_unpaid().filter(|&n| n <= workers.jobs);
+    // Below what crowded the application out, or did not pay, in an earlier run of the process
+    // (`unpaid`: when that is the lower of the two).
+    let crowd = crate::db::crowding::ceiling();
+    let unpaid = controller::remembered_unpaid()
+        .filter(|&n| n <= workers.jobs && crowd.is_none_or(|c| n < c));
     let mut controller = workers.auto.then(|| {
         Controller::new(
             if app_at_start { 1 } else { 2 },
             workers.jobs,
-            [crate::db::crowding::ceiling(), unpaid]
-                .into_iter()
-                .flatten()
-                .min(),
+            unpaid.or(crowd),
         )
     });
     let mut crowded: Option<String> = None;
@@ -270,10 +270,14 @@ pub(super) fn walk(
             };
             window = (Instant::now(), now_done, now_blocking);
             let before = c.workers();
+            let unpaid_before = c.unpaid();
             let decision = c.observe(&observation);
-            if let Some(n) = c.unpaid() {
-                // Later runs of this process do not try it again.
-                controller::remember_unpaid(n);
+            if let (Some(n), None) = (c.unpaid(), unpaid_before) {
+                // Later runs of this process do not try it again, if every worker had a slice
+                // all through the window: at a run's tail the worker added may have had none.
+                if queue.lock().expect("queue").len() >= n {
+                    controller::remember_unpaid(n);
+                }
             }
             if observation.crowded.is_some() && c.ceiling() <= workers.jobs {
                 // Later runs of this process start below it.

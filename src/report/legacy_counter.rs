@@ -67,17 +67,12 @@ pub struct LegacyCounter {
 /// Records both inputs when `gate` is the deploy gate, unless they are recorded already (a
 /// rerun keeps the first record). Called by the gate step just before it records the gate,
 /// in the release's session, so the tables are the released schema's.
-pub fn record_at_gate(
-    client: &mut impl GenericClient,
-    policy: &crate::db::retry::LockPolicy,
-    gate: &str,
-) -> Result<()> {
+pub fn record_at_gate(client: &mut impl GenericClient, gate: &str) -> Result<()> {
     if gate != DEPLOY_GATE {
         return Ok(());
     }
     let recorded = crate::store::records::record_legacy_counter(
         client,
-        policy,
         "SELECT c.campaign_id, c.issued_yen, coalesce(i.yen, 0), coalesce(i.coupons, 0)
            FROM campaigns c
            LEFT JOIN (SELECT campaign_id, sum(amount_yen)::int8 AS yen, count(*) AS coupons

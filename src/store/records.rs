@@ -13,7 +13,6 @@
 use anyhow::Result;
 use postgres::{GenericClient, Row};
 
-use crate::db::retry::LockPolicy;
 use crate::error::PgContext;
 
 /// Whether the records are keyed by release (schema version 7 on). A read-only command may
@@ -155,11 +154,7 @@ pub fn released_schema(client: &mut impl GenericClient) -> Result<Option<String>
 /// Records, once, per campaign the legacy counter and what the old system really issued
 /// (`source` is the SELECT of campaign_id, legacy counter, issued yen, coupons). Returns how
 /// many campaigns were recorded (0 when already recorded).
-pub fn record_legacy_counter(
-    client: &mut impl GenericClient,
-    policy: &LockPolicy,
-    source: &str,
-) -> Result<u64> {
+pub fn record_legacy_counter(client: &mut impl GenericClient, source: &str) -> Result<u64> {
     let recorded: bool = client
         .query_one(
             "SELECT EXISTS (SELECT 1 FROM pgmend.legacy_counter_at_deploy)",
@@ -173,8 +168,6 @@ pub fn record_legacy_counter(
     let mut tx = client
         .transaction()
         .doing("opening the transaction that records the legacy counter")?;
-    tx.batch_execute(&policy.set_local_sql())
-        .doing("setting the transaction's lock and statement timeouts")?;
     // The sums over every coupon, read apart where the role may: the server's parallel
     // workers sum them, which they never do inside an INSERT (`crate::db::staged`).
     let named = format!(
