@@ -16,7 +16,9 @@
 //! 3. The first measure at a number of workers that is not above the one before it by at least
 //!    [`GAIN`] (the worker added did not pay for its connection) removes that worker again, and
 //!    that number becomes the ceiling.
-//! 4. Otherwise, below the ceiling and the maximum, a worker is added.
+//! 4. Otherwise, below the ceiling and the maximum, a worker is added, when more than
+//!    [`TRIAL_WINDOWS`] windows of work are left at the last window's throughput (a worker added
+//!    later could not be judged before the run ends).
 //!
 //! Throughput is targets per second (ranges of about the same number of rows each), smoothed
 //! over the windows at the same number of workers.
@@ -37,6 +39,9 @@ pub const GAIN: f64 = 0.10;
 pub const FALL: f64 = 0.70;
 /// Windows without adding a worker after a health signal removed one.
 pub const COOLDOWN: u32 = 5;
+/// What a worker added costs before it is judged: a window to warm up and one to measure. With
+/// no more than this left, it could only finish the run unmeasured (on a full server, slower).
+pub const TRIAL_WINDOWS: f64 = 2.0;
 /// Changes after which the number of workers stays where it is (a run whose server keeps
 /// changing speed does not swing for ever).
 pub const MAX_CHANGES: u32 = 16;
@@ -51,6 +56,9 @@ pub struct Observation {
     /// Why the workers crowd the application out of the CPUs, if they do
     /// (`db::crowding::crowded`).
     pub crowded: Option<String>,
+    /// How many windows the targets left would take at this window's throughput (None:
+    /// unknown). A worker is added only when more than [`TRIAL_WINDOWS`] are left.
+    pub windows_left: Option<f64>,
 }
 
 /// What the controller decided after a window: the number of workers to keep, and why it
@@ -232,7 +240,8 @@ impl Controller {
             self.cooldown -= 1;
             return Decision::Hold;
         }
-        if n + 1 < self.ceiling {
+        let time_to_judge = o.windows_left.is_none_or(|w| w > TRIAL_WINDOWS);
+        if n + 1 < self.ceiling && time_to_judge {
             return self.change(
                 n + 1,
                 Decision::Add(format!(
@@ -266,6 +275,7 @@ mod tests {
             throughput,
             slow_down: None,
             crowded: None,
+            windows_left: None,
         }
     }
 
@@ -316,6 +326,22 @@ mod tests {
     }
 
     #[test]
+    fn no_worker_is_added_that_could_not_be_judged_before_the_run_ends() {
+        let mut c = Controller::new(2, 8, None);
+        let near_the_end = |windows_left: f64| Observation {
+            windows_left: Some(windows_left),
+            ..at(200.0)
+        };
+        assert_eq!(c.observe(&near_the_end(10.0)), Decision::Hold, "warming up");
+        // Two windows left: a third worker would finish the run unmeasured.
+        assert_eq!(c.observe(&near_the_end(2.0)), Decision::Hold);
+        assert_eq!(c.workers(), 2);
+        // More left (a run whose rate fell, say): it is tried.
+        assert!(matches!(c.observe(&near_the_end(2.5)), Decision::Add(_)));
+        assert_eq!(c.workers(), 3);
+    }
+
+    #[test]
     fn only_three_workers_or_more_that_did_not_pay_are_remembered() {
         // The process-wide memory: a later run can always try a second worker; the fewest
         // unpaid number is kept.
@@ -360,6 +386,7 @@ mod tests {
             throughput: 400.0,
             slow_down: Some("3 sessions waited on a batch".into()),
             crowded: None,
+            windows_left: None,
         };
         for expect in [3, 2, 1, 1] {
             let d = c.observe(&slow);
@@ -406,6 +433,7 @@ mod tests {
             throughput: 100.0,
             slow_down: Some("a signal".into()),
             crowded: None,
+            windows_left: None,
         };
         let mut changes = 0;
         for i in 0..200 {
@@ -440,6 +468,7 @@ mod tests {
             throughput: 100.0 * n as f64,
             slow_down: None,
             crowded: Some("the application is at work and the server's CPUs are full".into()),
+            windows_left: None,
         };
         run(&mut c, 2, |n| 100.0 * n as f64);
         let d = c.observe(&crowded(c.workers()));
@@ -481,6 +510,7 @@ mod tests {
             throughput: 100.0,
             slow_down: None,
             crowded: Some("the application is at work and the server's CPUs are full".into()),
+            windows_left: None,
         };
         assert_eq!(full.observe(&crowded), Decision::Hold);
         assert_eq!(full.ceiling(), 2);

@@ -256,8 +256,9 @@ pub(super) fn walk(
                 done.load(Ordering::Relaxed),
                 blocking.load(Ordering::Relaxed),
             );
+            let throughput = (now_done - window.1) as f64 / window.0.elapsed().as_secs_f64();
             let observation = Observation {
-                throughput: (now_done - window.1) as f64 / window.0.elapsed().as_secs_f64(),
+                throughput,
                 slow_down: watch.signal.clone().or_else(|| {
                     (now_blocking > window.2).then(|| {
                         format!(
@@ -267,6 +268,8 @@ pub(super) fn walk(
                     })
                 }),
                 crowded: crowded.clone(),
+                windows_left: (throughput > 0.0)
+                    .then(|| (run.targets - now_done) as f64 / (throughput * WINDOW.as_secs_f64())),
             };
             window = (Instant::now(), now_done, now_blocking);
             let before = c.workers();
