@@ -1188,6 +1188,24 @@ fn before_v5_a_counter_that_drifted_after_its_rebuild_is_caught_though_the_last_
     );
 }
 
+/// Runs `repair apply REPAIR` (a counter's first pass) while another session holds `created`
+/// (the new application creating a counter row with a new coupon) for 1.5 s; expects exit 0
+/// after the batch waited for that session.
+fn first_pass_while_the_application_creates(db: &TestDb, created: &str, repair: &str) {
+    let (r, took, _) = common::run_while_held(
+        db,
+        created,
+        std::time::Duration::from_millis(1500),
+        "SELECT 1",
+        &["repair", "apply", repair, "--yes", "--lock-timeout", "30s"],
+    );
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(
+        took >= std::time::Duration::from_millis(1000),
+        "the batch waited for the other session's row: {took:?}"
+    );
+}
+
 #[test]
 fn a_counter_row_created_while_the_first_pass_waits_is_merged_not_an_error() {
     // The first pass inserts the keys its snapshot saw without a counter row plainly. The new
@@ -1195,26 +1213,12 @@ fn a_counter_row_created_while_the_first_pass_waits_is_merged_not_an_error() {
     // one transaction that commits while the batch waits for that key: the plain insert
     // fails on the unique key, and the batch runs again, merging into the row.
     let db = edge_cases();
-    let (r, took, _) = common::run_while_held(
+    first_pass_while_the_application_creates(
         &db,
         "INSERT INTO member_monthly_usage VALUES ('d', '2026-09', 1000);
          INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen, issued_at)
          VALUES ('00000000-0000-0000-0000-0000000000f7', 'C-BIG', 'd', '2026-09', 1000, '2026-09-21 09:00+09')",
-        std::time::Duration::from_millis(1500),
-        "SELECT 1",
-        &[
-            "repair",
-            "apply",
-            "rebuild-member-monthly-usage",
-            "--yes",
-            "--lock-timeout",
-            "30s",
-        ],
-    );
-    assert_eq!(r.code, 0, "{}", r.both());
-    assert!(
-        took >= std::time::Duration::from_millis(1000),
-        "the batch waited for the other session's row: {took:?}"
+        "rebuild-member-monthly-usage",
     );
     assert_eq!(
         db.scalar_i64("SELECT used_yen::bigint FROM member_monthly_usage WHERE (member_id, month) = ('d', '2026-09')"),
@@ -1247,26 +1251,12 @@ fn a_counter_row_created_after_the_staged_sums_were_read_is_merged_not_an_error(
                EXECUTE FUNCTION probe.seen();",
         )
         .unwrap();
-    let (r, took, _) = common::run_while_held(
+    first_pass_while_the_application_creates(
         &db,
         "INSERT INTO campaign_budgets VALUES ('C-ON', 1000, 3000, 1000);
          INSERT INTO issued_coupons (coupon_id, campaign_id, member_id, month, amount_yen, issued_at)
          VALUES ('00000000-0000-0000-0000-0000000000f8', 'C-ON', 'e', '2026-09', 1000, '2026-09-21 09:00+09')",
-        std::time::Duration::from_millis(1500),
-        "SELECT 1",
-        &[
-            "repair",
-            "apply",
-            "rebuild-campaign-budgets",
-            "--yes",
-            "--lock-timeout",
-            "30s",
-        ],
-    );
-    assert_eq!(r.code, 0, "{}", r.both());
-    assert!(
-        took >= std::time::Duration::from_millis(1000),
-        "the batch waited for the other session's row: {took:?}"
+        "rebuild-campaign-budgets",
     );
     assert!(
         db.scalar_i64("SELECT count(*) FROM probe.staged") >= 1,
