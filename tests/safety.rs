@@ -85,6 +85,63 @@ fn apply_waits_for_the_blocking_transaction_to_end_and_the_application_keeps_ans
     assert_eq!(db.history().len(), 2);
 }
 
+/// V2 takes `SHARE ROW EXCLUSIVE` on campaigns (a new table's foreign key): a request queued
+/// behind a long writer there would hold up every write on campaigns, the legacy counter's
+/// updates included. It waits for that writer to end first, as for its `ACCESS EXCLUSIVE`
+/// tables, and the application's writes on campaigns keep going.
+#[test]
+fn apply_waits_for_a_long_writer_on_a_table_it_locks_against_writes() {
+    if slow_tests_skipped("apply_waits_for_a_long_writer_on_a_table_it_locks_against_writes") {
+        return;
+    }
+    let db = legacy_baselined();
+    let args = [
+        "migrate",
+        "apply",
+        "--yes",
+        "--target",
+        "2",
+        "--lock-timeout",
+        "500ms",
+        "--lock-retry-for",
+        "60s",
+    ];
+    let (run, took, longest) = run_while_held(
+        &db,
+        "UPDATE campaigns SET issued_yen = issued_yen + 1000 WHERE campaign_id = 'SW-A'",
+        Duration::from_secs(4),
+        "UPDATE campaigns SET issued_yen = issued_yen WHERE campaign_id = 'SW-B'",
+        &args,
+    );
+    assert_eq!(run.code, 0, "{}", run.both());
+    assert!(
+        took >= Duration::from_secs(3),
+        "V2 waited for the writer to commit: {took:?}"
+    );
+    assert!(
+        run.stderr.contains("UPDATE campaigns SET issued_yen = issued_yen + 1000")
+            && run.stderr.contains(
+                "to end before asking for SHARE ROW EXCLUSIVE on campaigns: a request queued behind it would hold up every write on the table"
+            ),
+        "the wait is said, with its holder: {}",
+        run.stderr
+    );
+    // No attempt queued behind the writer (each would have held the application's writes on
+    // campaigns for --lock-timeout, 500 ms).
+    assert!(
+        !run.stderr.contains("retrying in"),
+        "no attempt waited in the queue: {}",
+        run.stderr
+    );
+    assert!(longest < Duration::from_secs(1), "probe waited {longest:?}");
+    assert!(db.exists("campaign_budgets"));
+    assert_eq!(
+        db.scalar_i64("SELECT issued_yen::bigint FROM campaigns WHERE campaign_id = 'SW-A'"),
+        4000,
+        "the writer's update committed"
+    );
+}
+
 #[test]
 fn apply_stops_with_exit_1_when_the_retry_budget_is_shorter_than_the_blocker() {
     let db = legacy_baselined();

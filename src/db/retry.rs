@@ -224,8 +224,13 @@ fn long_holders_sql() -> String {
 pub enum Asking {
     /// `ALTER TABLE` mostly, `DROP TRIGGER`: conflicts with every mode, readers' too.
     AccessExclusive,
-    /// `CREATE TRIGGER`: conflicts with writers (`ROW EXCLUSIVE`), with `VACUUM`, `ANALYZE` and
-    /// `CREATE INDEX CONCURRENTLY` (`SHARE UPDATE EXCLUSIVE`) and stronger, not with readers.
+    /// `REFRESH MATERIALIZED VIEW CONCURRENTLY`, a foreign key's referenced table in some
+    /// forms: conflicts with locking reads (`ROW SHARE`, `SELECT ... FOR UPDATE`) and with
+    /// everything [`Asking::ShareRowExclusive`] conflicts with.
+    Exclusive,
+    /// `CREATE TRIGGER`, `ADD FOREIGN KEY` on both tables (and `SHARE`, `CREATE INDEX`, is
+    /// waited for as this): conflicts with writers (`ROW EXCLUSIVE`), with `VACUUM`, `ANALYZE`
+    /// and `CREATE INDEX CONCURRENTLY` (`SHARE UPDATE EXCLUSIVE`) and stronger, not with readers.
     ShareRowExclusive,
 }
 
@@ -251,6 +256,15 @@ impl Asking {
                 STRONGER[4],
                 STRONGER[5],
             ],
+            Asking::Exclusive => &[
+                "RowShareLock",
+                STRONGER[0],
+                STRONGER[1],
+                STRONGER[2],
+                STRONGER[3],
+                STRONGER[4],
+                STRONGER[5],
+            ],
             Asking::ShareRowExclusive => &STRONGER,
         }
     }
@@ -258,6 +272,7 @@ impl Asking {
     fn name(self) -> &'static str {
         match self {
             Asking::AccessExclusive => "ACCESS EXCLUSIVE",
+            Asking::Exclusive => "EXCLUSIVE",
             Asking::ShareRowExclusive => "SHARE ROW EXCLUSIVE",
         }
     }
@@ -324,7 +339,7 @@ pub fn wait_for_long_holders(
                     tables.join(", "),
                     match asking {
                         Asking::AccessExclusive => "query",
-                        Asking::ShareRowExclusive => "write",
+                        Asking::Exclusive | Asking::ShareRowExclusive => "write",
                     },
                     crate::config::format_duration(until.saturating_duration_since(Instant::now()))
                 ));
@@ -425,5 +440,10 @@ mod tests {
         assert_eq!(exclusive.len(), 8);
         assert!(trigger.iter().all(|m| exclusive.contains(m)));
         assert!(exclusive.contains(&"AccessShareLock") && exclusive.contains(&"RowShareLock"));
+        // EXCLUSIVE waits for locking reads too, not for plain ones.
+        let locking = Asking::Exclusive.conflicts();
+        assert_eq!(locking.len(), 7);
+        assert!(trigger.iter().all(|m| locking.contains(m)));
+        assert!(locking.contains(&"RowShareLock") && !locking.contains(&"AccessShareLock"));
     }
 }

@@ -11,6 +11,7 @@
 //! `--validate-timeout` and the others under `--statement-timeout`; cancelled at that bound, the
 //! VALIDATE stops the step (`online::validate::past_its_bound`, exit 1). Progress goes through a callback.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
@@ -119,25 +120,18 @@ pub fn execute(
             } else {
                 *policy
             };
-            // The tables whose every query the migration holds up while it waits: it waits for
-            // their long transactions to end before each attempt, within the retry budget.
-            let mut exclusive: Vec<String> = planned
-                .statements
-                .iter()
-                .flat_map(|s| s.locks.iter())
-                .filter(|l| l.mode == LockMode::AccessExclusive)
-                .map(|l| l.relation.clone())
-                .collect();
-            exclusive.sort();
-            exclusive.dedup();
+            // The tables whose queries (or writes) the migration holds up while it waits for
+            // its lock: it waits for their long transactions to end before each attempt, within
+            // the retry budget.
+            let gaps = gaps_to_wait_for(&planned.statements);
             // At most half the retry budget: the rest is for attempts.
             let gap_until = started + policy.retry_for.saturating_sub(policy.lock_timeout) / 2;
             with_lock_retry(client, &bound, &format!("applying {label}"), &tables, |c| {
-                if !exclusive.is_empty() {
+                for (asking, tables) in &gaps {
                     wait_for_long_holders(
                         c,
-                        &exclusive,
-                        Asking::AccessExclusive,
+                        tables,
+                        *asking,
                         gap_until,
                         &format!("applying {label}"),
                         false,
@@ -169,6 +163,49 @@ pub fn execute(
     Ok(done)
 }
 
+/// The lock waits a transactional migration makes the application's statements queue behind:
+/// per table, the strongest mode its statements take, when that mode holds up reads or writes
+/// (`SHARE` and stronger; `SHARE UPDATE EXCLUSIVE`, `VALIDATE`'s, holds up neither), grouped by
+/// the request [`wait_for_long_holders`] waits for a gap before, the strongest first. Tables
+/// the migration creates are left out.
+fn gaps_to_wait_for(statements: &[crate::statements::Statement]) -> Vec<(Asking, Vec<String>)> {
+    // A table the migration creates is seen by no other session before it commits.
+    let created: Vec<&str> = statements
+        .iter()
+        .flat_map(|s| s.creates_tables.iter().map(String::as_str))
+        .collect();
+    let mut strongest: BTreeMap<&str, LockMode> = BTreeMap::new();
+    for lock in statements
+        .iter()
+        .flat_map(|s| s.locks.iter())
+        .filter(|l| !created.contains(&l.relation.as_str()))
+    {
+        let mode = strongest.entry(lock.relation.as_str()).or_insert(lock.mode);
+        *mode = (*mode).max(lock.mode);
+    }
+    let asking = |mode: LockMode| match mode {
+        LockMode::AccessExclusive => Some(Asking::AccessExclusive),
+        LockMode::Exclusive => Some(Asking::Exclusive),
+        LockMode::ShareRowExclusive | LockMode::Share => Some(Asking::ShareRowExclusive),
+        _ => None,
+    };
+    [
+        Asking::AccessExclusive,
+        Asking::Exclusive,
+        Asking::ShareRowExclusive,
+    ]
+    .into_iter()
+    .filter_map(|a| {
+        let tables: Vec<String> = strongest
+            .iter()
+            .filter(|(_, m)| asking(**m) == Some(a))
+            .map(|(t, _)| t.to_string())
+            .collect();
+        (!tables.is_empty()).then_some((a, tables))
+    })
+    .collect()
+}
+
 /// Runs `migration`'s statements one by one in `tx`, each `VALIDATE CONSTRAINT` (named in
 /// `validates`, by position) under `--validate-timeout` instead of `--statement-timeout`.
 fn run_statements(
@@ -198,4 +235,38 @@ fn run_statements(
 
 fn round_ms(d: Duration) -> Duration {
     Duration::from_millis(d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gaps_to_wait_for;
+    use crate::db::retry::Asking;
+
+    #[test]
+    fn a_migration_waits_for_a_gap_on_every_table_whose_reads_or_writes_it_holds_up() {
+        // V2's shape: ACCESS EXCLUSIVE on issued_coupons (its ALTERs, and a foreign key's
+        // SHARE ROW EXCLUSIVE, the weaker one, on it too); SHARE ROW EXCLUSIVE alone on
+        // campaigns, for the foreign key of a new table.
+        let v2 = crate::statements::split(
+            "ALTER TABLE issued_coupons ADD COLUMN voided_at timestamptz;
+             CREATE TABLE campaign_budgets (campaign_id text PRIMARY KEY REFERENCES campaigns);
+             CREATE TABLE outbox (coupon_id uuid PRIMARY KEY REFERENCES issued_coupons);
+             CREATE INDEX outbox_at ON outbox (coupon_id);",
+        );
+        let gaps = gaps_to_wait_for(&v2);
+        assert_eq!(
+            gaps,
+            vec![
+                (Asking::AccessExclusive, vec!["issued_coupons".to_string()]),
+                // Not outbox: the migration creates it (its index's SHARE lock is on a table
+                // no other session sees yet).
+                (Asking::ShareRowExclusive, vec!["campaigns".to_string()]),
+            ]
+        );
+        // A VALIDATE's SHARE UPDATE EXCLUSIVE holds up neither reads nor writes: no wait.
+        let validate = crate::statements::split(
+            "ALTER TABLE campaign_budgets VALIDATE CONSTRAINT issued_within_budget;",
+        );
+        assert!(gaps_to_wait_for(&validate).is_empty());
+    }
 }
