@@ -116,6 +116,21 @@ impl LockQueue {
     }
 }
 
+/// pgmend started with `args`, its output collected: under `--jobs auto`, the default, when
+/// `auto` (the controller's tests), else on one stream of batches as the tests' runs are.
+fn started(db: &TestDb, auto: bool, args: &[&str]) -> std::process::Child {
+    let mut command = db.pgmend();
+    if auto {
+        command.env_remove("PGMEND_JOBS");
+    }
+    command
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 fn run_count(db: &TestDb) -> (i64, i64) {
     let mut c = db.client();
     let row = c
@@ -136,13 +151,11 @@ fn batches_pause_while_application_sessions_wait_for_a_lock_and_end_exact_once_t
         return;
     };
     let queue = lock_queue(&db);
-    let child = db
-        .pgmend()
-        .args(["repair", "apply", "void-duplicate-coupons", "--yes"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = started(
+        &db,
+        false,
+        &["repair", "apply", "void-duplicate-coupons", "--yes"],
+    );
     thread::sleep(Duration::from_secs(3));
     assert_eq!(
         marked(&db),
@@ -450,10 +463,10 @@ fn with_jobs_auto_a_signal_removes_workers_then_pauses_the_last_and_the_run_ends
     // Slow batches (a pause after each), so that the run outlasts the controller's first
     // window; two workers to start with (the CPU unwatched: watched, the waiting application
     // would start the run with one).
-    let child = db
-        .pgmend()
-        .env_remove("PGMEND_JOBS")
-        .args([
+    let child = started(
+        &db,
+        true,
+        &[
             "repair",
             "apply",
             "void-duplicate-coupons",
@@ -464,11 +477,8 @@ fn with_jobs_auto_a_signal_removes_workers_then_pauses_the_last_and_the_run_ends
             "500ms",
             "--max-cpu-slowdown",
             "off",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+        ],
+    );
     let started = Instant::now();
     // The controller's first window ends at 2 s and takes a worker away; the last one pauses.
     thread::sleep(Duration::from_secs(5));
@@ -510,9 +520,10 @@ fn with_workers_a_run_paused_by_request_is_not_stopped_by_the_health_pause_limit
     ) else {
         return;
     };
-    let mut child = db
-        .pgmend()
-        .args([
+    let mut child = started(
+        &db,
+        false,
+        &[
             "repair",
             "apply",
             "void-duplicate-coupons",
@@ -523,11 +534,8 @@ fn with_workers_a_run_paused_by_request_is_not_stopped_by_the_health_pause_limit
             "300ms",
             "--health-pause-limit",
             "3s",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+        ],
+    );
     let started = Instant::now();
     let run_id = loop {
         // pgmend's schema may not exist yet.
@@ -619,10 +627,10 @@ fn with_jobs_auto_an_application_crowded_out_of_the_cpus_gets_a_worker_back_for_
     // Slow batches (one target each, a pause after each), so that the run outlasts the
     // controller's first windows; two workers to start with, and no third. The threshold is
     // low so that a machine whose scheduler lets most probes through still shows the crowd.
-    let child = db
-        .pgmend()
-        .env_remove("PGMEND_JOBS")
-        .args([
+    let child = started(
+        &db,
+        true,
+        &[
             "repair",
             "apply",
             "void-duplicate-coupons",
@@ -635,11 +643,8 @@ fn with_jobs_auto_an_application_crowded_out_of_the_cpus_gets_a_worker_back_for_
             "1s",
             "--max-cpu-slowdown",
             "1.2",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+        ],
+    );
     // Watched from another database: a session of the run's database busy a moment ago would
     // be the application at work as the run starts, which starts it with one worker.
     let mut watcher =

@@ -228,22 +228,48 @@ fn upper_median(values: &VecDeque<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
-/// The number of workers that crowded the application out in this process (0: none did): a
-/// later run's `--jobs auto` stays below it.
-static CEILING: AtomicUsize = AtomicUsize::new(0);
+/// The fewest of the numbers of workers recorded in this process: what a later run of
+/// `--jobs auto` stays below. Kept for the process because the release's runs work on the same
+/// server one after the other; `repair::controller` keeps one too, for workers that did not pay.
+#[derive(Debug, Default)]
+pub struct Fewest(AtomicUsize);
+
+impl Fewest {
+    /// Nothing recorded yet (0 stands for that: a number of workers is at least 1).
+    pub const fn new() -> Fewest {
+        Fewest(AtomicUsize::new(0))
+    }
+
+    pub fn record(&self, workers: usize) {
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| {
+                Some(match now {
+                    0 => workers,
+                    now => now.min(workers.max(1)),
+                })
+            });
+    }
+
+    pub fn get(&self) -> Option<usize> {
+        match self.0.load(Ordering::Relaxed) {
+            0 => None,
+            n => Some(n),
+        }
+    }
+}
+
+/// The number of workers that crowded the application out in this process: a later run's
+/// `--jobs auto` stays below it, and index builds and sums take no parallel workers.
+static CEILING: Fewest = Fewest::new();
 
 pub fn ceiling() -> Option<usize> {
-    match CEILING.load(Ordering::Relaxed) {
-        0 => None,
-        n => Some(n),
-    }
+    CEILING.get()
 }
 
 /// Records that `workers` crowded the application out.
 pub fn record_ceiling(workers: usize) {
-    let _ = CEILING.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| {
-        Some(if now == 0 { workers } else { now.min(workers) })
-    });
+    CEILING.record(workers);
 }
 
 #[cfg(test)]

@@ -17,8 +17,9 @@
 //!    [`GAIN`] (the worker added did not pay for its connection) removes that worker again, and
 //!    that number becomes the ceiling.
 //! 4. Otherwise, below the ceiling and the maximum, a worker is added, when more than
-//!    [`TRIAL_WINDOWS`] windows of work are left at the last window's throughput (a worker added
-//!    later could not be judged before the run ends).
+//!    [`TRIAL_WINDOWS`] windows of work would be left at the new number's best throughput (the
+//!    last window's, times `(n + 1) / n`): a worker added later could not be judged before the
+//!    run ends.
 //!
 //! Throughput is targets per second (ranges of about the same number of rows each), smoothed
 //! over the windows at the same number of workers.
@@ -29,9 +30,9 @@
 //! controllers start with it as their ceiling ([`remembered_unpaid`]). A second worker is
 //! always tried again.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use std::collections::BTreeMap;
+
+use crate::db::crowding::Fewest;
 
 /// What a worker added must bring: 10% more throughput than one fewer gave.
 pub const GAIN: f64 = 0.10;
@@ -40,7 +41,8 @@ pub const FALL: f64 = 0.70;
 /// Windows without adding a worker after a health signal removed one.
 pub const COOLDOWN: u32 = 5;
 /// What a worker added costs before it is judged: a window to warm up and one to measure. With
-/// no more than this left, it could only finish the run unmeasured (on a full server, slower).
+/// no more than this left at the number of workers it makes (at best as much faster as it adds
+/// workers), it could only finish the run unmeasured (on a full server, slower).
 pub const TRIAL_WINDOWS: f64 = 2.0;
 /// Changes after which the number of workers stays where it is (a run whose server keeps
 /// changing speed does not swing for ever).
@@ -90,34 +92,26 @@ pub struct Controller {
     changes: u32,
 }
 
-/// The fewest workers that did not pay in an earlier run of this process (0: none).
-static UNPAID: AtomicUsize = AtomicUsize::new(0);
+/// The fewest workers that did not pay in an earlier run of this process.
+static UNPAID: Fewest = Fewest::new();
 
 /// Remembers for the process's later runs that `workers` did not pay ([`Controller::unpaid`]),
 /// measured while every one of them had work (the caller's to know: at a run's tail the worker
 /// added may have had none).
 pub fn remember_unpaid(workers: usize) {
-    let _ = UNPAID.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| {
-        Some(merged_unpaid(now, workers))
-    });
+    remember_in(&UNPAID, workers);
 }
 
-/// What the memory holds after `workers` did not pay, from `now` (0: nothing): the fewest, and
-/// never two or fewer, so that a later run can always try a second worker.
-fn merged_unpaid(now: usize, workers: usize) -> usize {
-    match (now, workers) {
-        (now, w) if w < 3 => now,
-        (0, w) => w,
-        (now, w) => now.min(w),
+/// Only three or more: a later run can always try a second worker.
+fn remember_in(memory: &Fewest, workers: usize) {
+    if workers >= 3 {
+        memory.record(workers);
     }
 }
 
 /// The fewest workers that did not pay in an earlier run of this process.
 pub fn remembered_unpaid() -> Option<usize> {
-    match UNPAID.load(Ordering::Relaxed) {
-        0 => None,
-        n => Some(n),
-    }
+    UNPAID.get()
 }
 
 impl Controller {
@@ -240,7 +234,11 @@ impl Controller {
             self.cooldown -= 1;
             return Decision::Hold;
         }
-        let time_to_judge = o.windows_left.is_none_or(|w| w > TRIAL_WINDOWS);
+        // At n + 1 workers the run goes at most (n + 1) / n as fast (a worker that pays
+        // shortens it): that many windows must still be left then.
+        let time_to_judge = o
+            .windows_left
+            .is_none_or(|w| w * n as f64 / (n + 1) as f64 > TRIAL_WINDOWS);
         if n + 1 < self.ceiling && time_to_judge {
             return self.change(
                 n + 1,
@@ -268,7 +266,7 @@ fn round(x: f64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{Controller, Decision, Observation};
+    use super::{Controller, Decision, Fewest, Observation};
 
     fn at(throughput: f64) -> Observation {
         Observation {
@@ -333,24 +331,31 @@ mod tests {
             ..at(200.0)
         };
         assert_eq!(c.observe(&near_the_end(10.0)), Decision::Hold, "warming up");
-        // Two windows left: a third worker would finish the run unmeasured.
-        assert_eq!(c.observe(&near_the_end(2.0)), Decision::Hold);
+        // Three windows left at two workers: a third that paid in full would leave two, and
+        // finish the run before its measure.
+        assert_eq!(c.observe(&near_the_end(3.0)), Decision::Hold);
         assert_eq!(c.workers(), 2);
         // More left (a run whose rate fell, say): it is tried.
-        assert!(matches!(c.observe(&near_the_end(2.5)), Decision::Add(_)));
+        assert!(matches!(c.observe(&near_the_end(3.5)), Decision::Add(_)));
         assert_eq!(c.workers(), 3);
     }
 
     #[test]
     fn only_three_workers_or_more_that_did_not_pay_are_remembered() {
-        // The process-wide memory: a later run can always try a second worker; the fewest
-        // unpaid number is kept.
-        use super::merged_unpaid;
-        assert_eq!(merged_unpaid(0, 2), 0);
-        assert_eq!(merged_unpaid(0, 5), 5);
-        assert_eq!(merged_unpaid(5, 3), 3);
-        assert_eq!(merged_unpaid(3, 4), 3);
-        assert_eq!(merged_unpaid(3, 2), 3);
+        // The process-wide memory (one of its own here): a later run can always try a second
+        // worker; the fewest unpaid number is kept.
+        use super::remember_in;
+        let memory = Fewest::new();
+        remember_in(&memory, 2);
+        assert_eq!(memory.get(), None);
+        remember_in(&memory, 5);
+        assert_eq!(memory.get(), Some(5));
+        remember_in(&memory, 3);
+        assert_eq!(memory.get(), Some(3));
+        remember_in(&memory, 4);
+        assert_eq!(memory.get(), Some(3));
+        remember_in(&memory, 2);
+        assert_eq!(memory.get(), Some(3));
     }
 
     #[test]

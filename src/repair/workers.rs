@@ -35,6 +35,22 @@ use crate::store::Run;
 /// Slices per worker.
 const SLICES_PER_WORKER: usize = 4;
 
+/// What the start line of a walk under `--jobs auto` adds for an application at work as it
+/// starts: one worker to start with (when `max` allows more) and the shorter batches
+/// (`batch_target`: None when `--batch-target` chose them).
+fn at_work_words(app_at_start: bool, max: usize, batch_target: Option<Duration>) -> String {
+    if !app_at_start {
+        return String::new();
+    }
+    let one = (max > 1).then(|| "one to start with".to_string());
+    let batches = batch_target.map(|t| format!("batches of about {}", crate::human::duration(t)));
+    let both: Vec<String> = one.into_iter().chain(batches).collect();
+    if both.is_empty() {
+        return String::new();
+    }
+    format!(", {} while the application is at work", both.join(" and "))
+}
+
 /// Opens the workers' sessions, connected as the main session is, and walks what is left of
 /// `run` with them, to the end or to a stop; the sessions close when the walk ends. With
 /// `--jobs auto` the controller ([`super::controller`]) decides every [`WINDOW`] how many of
@@ -115,21 +131,11 @@ pub(super) fn walk(
                     ),
                     None => String::new(),
                 },
-                match (app_at_start, workers.jobs > 1, options.batch_target_given) {
-                    (false, _, _) => String::new(),
-                    (true, true, false) => format!(
-                        ", one to start with and batches of about {} while the application is at work",
-                        crate::human::duration(options.batch_target)
-                    ),
-                    (true, true, true) => {
-                        ", one to start with while the application is at work".to_string()
-                    }
-                    (true, false, false) => format!(
-                        ", batches of about {} while the application is at work",
-                        crate::human::duration(options.batch_target)
-                    ),
-                    (true, false, true) => String::new(),
-                }
+                at_work_words(
+                    app_at_start,
+                    workers.jobs,
+                    (!options.batch_target_given).then_some(options.batch_target)
+                )
             )
         } else {
             String::new()
@@ -663,5 +669,31 @@ impl Worker<'_> {
             neighbour::sleep(pace.after(options, targets, &done, true));
         }
         Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::at_work_words;
+
+    #[test]
+    fn the_start_line_says_what_an_application_at_work_changed() {
+        let ms100 = Some(Duration::from_millis(100));
+        assert_eq!(at_work_words(false, 4, ms100), "");
+        assert_eq!(
+            at_work_words(true, 4, ms100),
+            ", one to start with and batches of about 100ms while the application is at work"
+        );
+        assert_eq!(
+            at_work_words(true, 4, None),
+            ", one to start with while the application is at work"
+        );
+        assert_eq!(
+            at_work_words(true, 1, ms100),
+            ", batches of about 100ms while the application is at work"
+        );
+        assert_eq!(at_work_words(true, 1, None), "");
     }
 }
