@@ -240,13 +240,17 @@ impl Fewest {
         Fewest(AtomicUsize::new(0))
     }
 
+    /// Keeps `workers` if fewer than what is kept (0 is no number of workers: ignored).
     pub fn record(&self, workers: usize) {
+        if workers == 0 {
+            return;
+        }
         let _ = self
             .0
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| {
                 Some(match now {
                     0 => workers,
-                    now => now.min(workers.max(1)),
+                    now => now.min(workers),
                 })
             });
     }
@@ -275,6 +279,20 @@ pub fn record_ceiling(workers: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_process_keeps_the_fewest_number_recorded() {
+        let fewest = Fewest::new();
+        assert_eq!(fewest.get(), None);
+        fewest.record(0);
+        assert_eq!(fewest.get(), None, "0 is no number of workers");
+        fewest.record(3);
+        fewest.record(4);
+        assert_eq!(fewest.get(), Some(3));
+        fewest.record(2);
+        fewest.record(0);
+        assert_eq!(fewest.get(), Some(2));
+    }
 
     #[test]
     fn the_workers_crowd_only_an_application_at_work_on_a_slowed_probe() {

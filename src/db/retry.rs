@@ -9,8 +9,9 @@
 //! it sleeps a full-jitter exponential backoff (100 ms base, 5 s cap) and tries again, logging each
 //! retry to stderr; when the pause plus one more full lock wait would go past the budget it returns
 //! `Stopped`, naming the sessions that hold locks on the tables involved. Any other error is
-//! returned at once. A transactional migration that needs `ACCESS EXCLUSIVE` first waits out,
-//! queued nowhere, the long transactions holding locks on its tables ([`wait_for_long_holders`]).
+//! returned at once. A transactional migration first waits out, queued nowhere, the long
+//! transactions holding conflicting locks on the tables whose reads or writes its own lock would
+//! hold up ([`wait_for_long_holders`]).
 
 use std::time::{Duration, Instant};
 
@@ -105,8 +106,9 @@ pub fn execute_in_a_gap(
     sql: &str,
 ) -> Result<()> {
     let gap_until = Instant::now() + policy.retry_for.saturating_sub(policy.lock_timeout) / 2;
+    let gaps = [(asking, tables.to_vec())];
     with_lock_retry(client, policy, what, tables, |c| {
-        wait_for_long_holders(c, tables, asking, gap_until, what, cleanup, &mut |line| {
+        wait_for_long_holders(c, &gaps, gap_until, what, cleanup, &mut |line| {
             crate::say!("{line}")
         })?;
         let mut tx = c.transaction()?;
@@ -182,12 +184,14 @@ pub fn with_lock_retry<T>(
     }
 }
 
-/// Another session's transaction open longer than this, holding a lock on a table that a
-/// statement needs `ACCESS EXCLUSIVE` on, is a long holder ([`wait_for_long_holders`]): an
+/// Another session's transaction still open this long after [`wait_for_long_holders`] first
+/// saw it holding a conflicting lock is a long holder, and the wait says whom it waits for: an
 /// application's statements are shorter.
 pub const LONG_HOLDER: Duration = Duration::from_millis(100);
 
-/// How often [`wait_for_long_holders`] reads the locks again.
+/// How often [`wait_for_long_holders`] reads the locks again: often while the holders may
+/// still be short ones, then less often.
+const GAP_POLL_FIRST: Duration = Duration::from_millis(10);
 const GAP_POLL: Duration = Duration::from_millis(50);
 
 /// Granted locks `l` of other sessions on the tables `$1` in this database, the tables as the
@@ -201,8 +205,9 @@ const LOCKS_ON_TABLES: &str = "
                        WHERE n.nspname || '.' || c.relname = ANY ($1)
                           OR (c.relname = ANY ($1) AND pg_table_is_visible(c.oid)))";
 
-/// The long holders of locks in modes `$3` on `tables` ([`LOCKS_ON_TABLES`]): client backends
-/// and autovacuum workers whose transaction has been open longer than [`LONG_HOLDER`] (`$2`), as
+/// The holders of locks in modes `$3` on `tables` ([`LOCKS_ON_TABLES`]): client backends and
+/// autovacuum workers whose transaction has been open longer than `$2` seconds (and whose start
+/// this role may read), as
 /// (pid, transaction start in µs since the epoch, application, seconds open, query), the oldest
 /// first.
 fn long_holders_sql() -> String {
@@ -224,14 +229,16 @@ fn long_holders_sql() -> String {
 pub enum Asking {
     /// `ALTER TABLE` mostly, `DROP TRIGGER`: conflicts with every mode, readers' too.
     AccessExclusive,
-    /// `REFRESH MATERIALIZED VIEW CONCURRENTLY`, a foreign key's referenced table in some
-    /// forms: conflicts with locking reads (`ROW SHARE`, `SELECT ... FOR UPDATE`) and with
-    /// everything [`Asking::ShareRowExclusive`] conflicts with.
+    /// `LOCK TABLE ... IN EXCLUSIVE MODE`: conflicts with locking reads (`ROW SHARE`, `SELECT
+    /// ... FOR UPDATE`) and with everything [`Asking::ShareRowExclusive`] conflicts with.
     Exclusive,
-    /// `CREATE TRIGGER`, `ADD FOREIGN KEY` on both tables (and `SHARE`, `CREATE INDEX`, is
-    /// waited for as this): conflicts with writers (`ROW EXCLUSIVE`), with `VACUUM`, `ANALYZE`
-    /// and `CREATE INDEX CONCURRENTLY` (`SHARE UPDATE EXCLUSIVE`) and stronger, not with readers.
+    /// `CREATE TRIGGER`, a foreign key (on both tables): conflicts with writers (`ROW
+    /// EXCLUSIVE`), with `VACUUM`, `ANALYZE` and `CREATE INDEX CONCURRENTLY` (`SHARE UPDATE
+    /// EXCLUSIVE`) and stronger, not with readers.
     ShareRowExclusive,
+    /// `CREATE INDEX` (not concurrently): as [`Asking::ShareRowExclusive`], but not with
+    /// another `SHARE`.
+    Share,
 }
 
 impl Asking {
@@ -266,6 +273,13 @@ impl Asking {
                 STRONGER[5],
             ],
             Asking::ShareRowExclusive => &STRONGER,
+            Asking::Share => &[
+                STRONGER[0],
+                STRONGER[1],
+                STRONGER[3],
+                STRONGER[4],
+                STRONGER[5],
+            ],
         }
     }
 
@@ -274,64 +288,69 @@ impl Asking {
             Asking::AccessExclusive => "ACCESS EXCLUSIVE",
             Asking::Exclusive => "EXCLUSIVE",
             Asking::ShareRowExclusive => "SHARE ROW EXCLUSIVE",
+            Asking::Share => "SHARE",
         }
     }
 }
 
-/// Waits, without queueing for any lock, until the long holders ([`LONG_HOLDER`]) of locks on
-/// `tables` that conflict with the lock `asking` seen at its first reading have ended their
-/// transactions, up to `until`; says once whom it waits for. A request queued behind such a
-/// transaction would make every later statement on the table that conflicts with it (for
-/// `ACCESS EXCLUSIVE` every query; for `SHARE ROW EXCLUSIVE` every write) queue behind it in
-/// turn, for up to `--lock-timeout` an attempt: asked for once they are gone, it waits only for
-/// the application's short statements. Transactions that began after the first reading are not
-/// waited for (an application whose transactions overlap would leave no gap). Autovacuum's are:
-/// a queued request makes a (not anti-wraparound) autovacuum give way only after
-/// `deadlock_timeout` (1 s by default), and the default `--lock-timeout` of 500 ms cancels the
-/// attempt first, again and again while the application queues behind it. Past `until` it
+/// Waits, without queueing for any lock, until the sessions seen at its first reading holding
+/// locks that conflict with a group's request on the group's tables (`gaps`: a statement's
+/// request per table) have all ended their transactions, up to `until`; says once whom it waits
+/// for, per group, when they are still there after [`LONG_HOLDER`]. A request queued behind such
+/// a transaction would make every later statement on the table that conflicts with it (for
+/// `ACCESS EXCLUSIVE` every query; for `EXCLUSIVE` every write and locking read; for `SHARE ROW
+/// EXCLUSIVE` and `SHARE` every write) queue behind it in turn, for up to `--lock-timeout` an
+/// attempt: asked for once they are gone, it waits only for the application's short
+/// statements. Holders of any age count: one whose long read had just begun looked short, and
+/// the request queued behind it for its whole `--lock-timeout` (499 ms under `bench_release
+/// --load`); a short one ends within milliseconds. Transactions that began after the first
+/// reading are not waited for (an application whose transactions overlap would leave no gap).
+/// Autovacuum's are: a queued request makes a (not anti-wraparound) autovacuum give way only
+/// after `deadlock_timeout` (1 s by default), and the default `--lock-timeout` of 500 ms cancels
+/// the attempt first, again and again while the application queues behind it. Past `until` it
 /// returns, and the attempt queues as before. A role without `pg_read_all_stats` does not see
 /// other roles' transaction starts, and their locks do not count. When a stop is requested it
 /// stops (the signal's `Stopped`), or with `cleanup` (a statement that undoes pgmend's own
 /// change, such as dropping the guard) returns at once, for the attempts to go on.
 pub fn wait_for_long_holders(
     client: &mut Client,
-    tables: &[String],
-    asking: Asking,
+    gaps: &[(Asking, Vec<String>)],
     until: Instant,
     what: &str,
     cleanup: bool,
     progress: &mut dyn FnMut(&str),
 ) -> Result<()> {
+    let started = Instant::now();
     let mut first: Option<Vec<(i32, i64)>> = None;
-    let modes: Vec<&str> = asking.conflicts().to_vec();
+    let mut said = false;
     loop {
         if cleanup && crate::signals::requested().is_some() {
             return Ok(());
         }
         crate::signals::check(what)?;
-        let rows = client
-            .query(
-                &long_holders_sql(),
-                &[&tables, &LONG_HOLDER.as_secs_f64(), &modes],
-            )
-            .doing("reading which sessions hold locks on the tables (pg_locks)")?;
-        let now: Vec<(i32, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
-        let out_of_time = Instant::now() + GAP_POLL > until;
-        match &first {
-            None => {
-                let Some(row) = rows.first() else {
-                    return Ok(());
-                };
-                if out_of_time {
-                    return Ok(());
-                }
-                progress(&format!(
+        let mut now: Vec<(i32, i64)> = Vec::new();
+        let mut lines: Vec<String> = Vec::new();
+        for (asking, tables) in gaps {
+            let modes: Vec<&str> = asking.conflicts().to_vec();
+            let rows = client
+                .query(&long_holders_sql(), &[tables, &0.0f64, &modes])
+                .doing("reading which sessions hold locks on the tables (pg_locks)")?;
+            let holders: Vec<(i32, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+            // Those of the first reading still there, the oldest first.
+            let waited: Vec<&postgres::Row> = rows
+                .iter()
+                .zip(&holders)
+                .filter(|(_, h)| first.as_ref().is_none_or(|f| f.contains(h)))
+                .map(|(r, _)| r)
+                .collect();
+            if let Some(row) = waited.first() {
+                lines.push(format!(
                     "{what}: waiting for pid {} ({:?}, transaction open {:.1}s: {}){} to end before asking for {} on {}: a request queued behind it would hold up every {} on the table (waiting at most {}, then asking under --lock-timeout)",
                     row.get::<_, i32>(0),
                     row.get::<_, String>(2),
                     row.get::<_, f64>(3),
                     row.get::<_, String>(4),
-                    match now.len() {
+                    match waited.len() {
                         1 => String::new(),
                         n => format!(" and {} more", n - 1),
                     },
@@ -339,19 +358,39 @@ pub fn wait_for_long_holders(
                     tables.join(", "),
                     match asking {
                         Asking::AccessExclusive => "query",
-                        Asking::Exclusive | Asking::ShareRowExclusive => "write",
+                        Asking::Exclusive => "write and locking read",
+                        Asking::ShareRowExclusive | Asking::Share => "write",
                     },
                     crate::config::format_duration(until.saturating_duration_since(Instant::now()))
                 ));
+            }
+            now.extend(holders);
+        }
+        let out_of_time = Instant::now() + GAP_POLL > until;
+        match &first {
+            None => {
+                if now.is_empty() || out_of_time {
+                    return Ok(());
+                }
                 first = Some(now);
             }
             Some(initial) => {
                 if out_of_time || !now.iter().any(|h| initial.contains(h)) {
                     return Ok(());
                 }
+                if !said && started.elapsed() >= LONG_HOLDER {
+                    for line in &lines {
+                        progress(line);
+                    }
+                    said = true;
+                }
             }
         }
-        std::thread::sleep(GAP_POLL);
+        std::thread::sleep(if started.elapsed() < LONG_HOLDER {
+            GAP_POLL_FIRST
+        } else {
+            GAP_POLL
+        });
     }
 }
 
@@ -445,5 +484,9 @@ mod tests {
         assert_eq!(locking.len(), 7);
         assert!(trigger.iter().all(|m| locking.contains(m)));
         assert!(locking.contains(&"RowShareLock") && !locking.contains(&"AccessShareLock"));
+        // SHARE waits for writers and stronger, not for another SHARE.
+        let share = Asking::Share.conflicts();
+        assert_eq!(share.len(), 5);
+        assert!(share.iter().all(|m| trigger.contains(m)) && !share.contains(&"ShareLock"));
     }
 }

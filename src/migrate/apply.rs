@@ -127,17 +127,17 @@ pub fn execute(
             // At most half the retry budget: the rest is for attempts.
             let gap_until = started + policy.retry_for.saturating_sub(policy.lock_timeout) / 2;
             with_lock_retry(client, &bound, &format!("applying {label}"), &tables, |c| {
-                for (asking, tables) in &gaps {
-                    wait_for_long_holders(
-                        c,
-                        tables,
-                        *asking,
-                        gap_until,
-                        &format!("applying {label}"),
-                        false,
-                        progress,
-                    )?;
-                }
+                // One wait for every group's long holders: waited for one group after another,
+                // a long transaction that began on the first group's table meanwhile would be
+                // one the attempt queues behind.
+                wait_for_long_holders(
+                    c,
+                    &gaps,
+                    gap_until,
+                    &format!("applying {label}"),
+                    false,
+                    progress,
+                )?;
                 let mut tx = c.transaction()?;
                 tx.batch_execute(&policy.set_local_sql())?;
                 if validates.iter().all(Option::is_none) {
@@ -166,33 +166,45 @@ pub fn execute(
 /// The lock waits a transactional migration makes the application's statements queue behind:
 /// per table, the strongest mode its statements take, when that mode holds up reads or writes
 /// (`SHARE` and stronger; `SHARE UPDATE EXCLUSIVE`, `VALIDATE`'s, holds up neither), grouped by
-/// the request [`wait_for_long_holders`] waits for a gap before, the strongest first. Tables
-/// the migration creates are left out.
+/// the request [`wait_for_long_holders`] waits for a gap before, the strongest first. A table
+/// the migration creates (a plain `CREATE TABLE`, before any statement of it locks that name)
+/// is left out: no other session sees it before the migration commits.
 fn gaps_to_wait_for(statements: &[crate::statements::Statement]) -> Vec<(Asking, Vec<String>)> {
-    // A table the migration creates is seen by no other session before it commits.
-    let created: Vec<&str> = statements
-        .iter()
-        .flat_map(|s| s.creates_tables.iter().map(String::as_str))
-        .collect();
+    let mut created: Vec<&str> = Vec::new();
     let mut strongest: BTreeMap<&str, LockMode> = BTreeMap::new();
-    for lock in statements
-        .iter()
-        .flat_map(|s| s.locks.iter())
-        .filter(|l| !created.contains(&l.relation.as_str()))
-    {
-        let mode = strongest.entry(lock.relation.as_str()).or_insert(lock.mode);
-        *mode = (*mode).max(lock.mode);
+    for statement in statements {
+        for lock in &statement.locks {
+            if created.contains(&lock.relation.as_str()) {
+                continue;
+            }
+            let mode = strongest.entry(lock.relation.as_str()).or_insert(lock.mode);
+            *mode = (*mode).max(lock.mode);
+        }
+        // `IF NOT EXISTS` may find the table there: it is waited for as any other.
+        let words: Vec<String> = statement
+            .sql
+            .split_whitespace()
+            .map(str::to_ascii_lowercase)
+            .collect();
+        let may_exist = words.windows(3).any(|w| w == ["if", "not", "exists"]);
+        for table in &statement.creates_tables {
+            if !may_exist && !strongest.contains_key(table.as_str()) {
+                created.push(table);
+            }
+        }
     }
     let asking = |mode: LockMode| match mode {
         LockMode::AccessExclusive => Some(Asking::AccessExclusive),
         LockMode::Exclusive => Some(Asking::Exclusive),
-        LockMode::ShareRowExclusive | LockMode::Share => Some(Asking::ShareRowExclusive),
+        LockMode::ShareRowExclusive => Some(Asking::ShareRowExclusive),
+        LockMode::Share => Some(Asking::Share),
         _ => None,
     };
     [
         Asking::AccessExclusive,
         Asking::Exclusive,
         Asking::ShareRowExclusive,
+        Asking::Share,
     ]
     .into_iter()
     .filter_map(|a| {
@@ -261,6 +273,23 @@ mod tests {
                 // Not outbox: the migration creates it (its index's SHARE lock is on a table
                 // no other session sees yet).
                 (Asking::ShareRowExclusive, vec!["campaigns".to_string()]),
+            ]
+        );
+        // A table dropped and created again, or created if it does not exist, may be there
+        // with the application's locks on it: waited for. A plain index build waits as SHARE.
+        let again = crate::statements::split(
+            "DROP TABLE old_t; CREATE TABLE old_t (x int);
+             CREATE TABLE IF NOT EXISTS maybe_t (x int); CREATE INDEX maybe_x ON maybe_t (x);
+             CREATE INDEX plain_x ON plain_t (x);",
+        );
+        assert_eq!(
+            gaps_to_wait_for(&again),
+            vec![
+                (Asking::AccessExclusive, vec!["old_t".to_string()]),
+                (
+                    Asking::Share,
+                    vec!["maybe_t".to_string(), "plain_t".to_string()]
+                ),
             ]
         );
         // A VALIDATE's SHARE UPDATE EXCLUSIVE holds up neither reads nor writes: no wait.

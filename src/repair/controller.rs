@@ -59,7 +59,8 @@ pub struct Observation {
     /// (`db::crowding::crowded`).
     pub crowded: Option<String>,
     /// How many windows the targets left would take at this window's throughput (None:
-    /// unknown). A worker is added only when more than [`TRIAL_WINDOWS`] are left.
+    /// unknown). A worker is added only when more than [`TRIAL_WINDOWS`] would be left at one
+    /// more worker's best (rule 4).
     pub windows_left: Option<f64>,
 }
 
