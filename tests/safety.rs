@@ -39,9 +39,16 @@ fn odd_tables_migration() -> (TestDb, tempfile::TempDir) {
     (db, dir)
 }
 
-/// `migrate apply --target 2` (V2's ALTER TABLEs) with 500 ms lock waits retried for
-/// `retry_for`, while a transaction that has read issued_coupons stays open for 10 s.
-fn v2_while_held_for_10s(db: &TestDb, retry_for: &str) -> (Run, Duration, Duration) {
+/// `migrate apply --target 2` (V2) with 500 ms lock waits retried for `retry_for`, while a
+/// transaction that ran `hold` stays open for `held_for`, and another session runs `probe`
+/// every 20 ms ([`run_while_held`]).
+fn v2_while_held(
+    db: &TestDb,
+    hold: &str,
+    held_for: Duration,
+    probe: &str,
+    retry_for: &str,
+) -> (Run, Duration, Duration) {
     let args = [
         "migrate",
         "apply",
@@ -53,7 +60,32 @@ fn v2_while_held_for_10s(db: &TestDb, retry_for: &str) -> (Run, Duration, Durati
         "--lock-retry-for",
         retry_for,
     ];
-    run_while_held(db, HOLD, Duration::from_secs(10), PROBE, &args)
+    run_while_held(db, hold, held_for, probe, &args)
+}
+
+/// V2 said it waited for the holder (`said`: the end of the holder's query and what follows),
+/// and asked for its locks only once the holder was gone: no attempt queued and timed out, so
+/// the application's statements never queued behind the request (they did for up to
+/// --lock-timeout, 500 ms, an attempt).
+fn v2_waited_in_a_gap(run: &Run, said: &str) {
+    assert!(
+        run.stderr
+            .contains("applying V2__expand_for_repair: waiting for pid")
+            && run.stderr.contains("transaction open")
+            && run.stderr.contains(said),
+        "the wait is said, with its holder: {}",
+        run.stderr
+    );
+    assert!(
+        !run.stderr.contains("retrying in"),
+        "no attempt waited in the queue: {}",
+        run.stderr
+    );
+}
+
+/// [`v2_while_held`] while a transaction that has read issued_coupons stays open for 10 s.
+fn v2_while_held_for_10s(db: &TestDb, retry_for: &str) -> (Run, Duration, Duration) {
+    v2_while_held(db, HOLD, Duration::from_secs(10), PROBE, retry_for)
 }
 
 #[test]
@@ -65,20 +97,9 @@ fn apply_waits_for_the_blocking_transaction_to_end_and_the_application_keeps_ans
         took >= Duration::from_secs(8),
         "apply cannot finish before the holder commits: {took:?}"
     );
-    assert!(
-        run.stderr.contains("applying V2__expand_for_repair: waiting for pid")
-            && run.stderr.contains("transaction open")
-            && run.stderr.contains("SELECT count(*) FROM issued_coupons) to end before asking for ACCESS EXCLUSIVE on issued_coupons"),
-        "the wait is said, with its holder: {}",
-        run.stderr
-    );
-    // V2 asks for its lock only once the holder is gone: no attempt queued and timed out, so
-    // the application's queries never queued behind the request (they did for up to
-    // --lock-timeout, 500 ms, an attempt).
-    assert!(
-        !run.stderr.contains("retrying in"),
-        "no attempt waited in the queue: {}",
-        run.stderr
+    v2_waited_in_a_gap(
+        &run,
+        "SELECT count(*) FROM issued_coupons) to end before asking for ACCESS EXCLUSIVE on issued_coupons",
     );
     assert!(longest < Duration::from_secs(1), "probe waited {longest:?}");
     assert!(db.exists("campaign_budgets"));
@@ -95,43 +116,21 @@ fn apply_waits_for_a_long_writer_on_a_table_it_locks_against_writes() {
         return;
     }
     let db = legacy_baselined();
-    let args = [
-        "migrate",
-        "apply",
-        "--yes",
-        "--target",
-        "2",
-        "--lock-timeout",
-        "500ms",
-        "--lock-retry-for",
-        "60s",
-    ];
-    let (run, took, longest) = run_while_held(
+    let (run, took, longest) = v2_while_held(
         &db,
         "UPDATE campaigns SET issued_yen = issued_yen + 1000 WHERE campaign_id = 'SW-A'",
         Duration::from_secs(4),
         "UPDATE campaigns SET issued_yen = issued_yen WHERE campaign_id = 'SW-B'",
-        &args,
+        "60s",
     );
     assert_eq!(run.code, 0, "{}", run.both());
     assert!(
         took >= Duration::from_secs(3),
         "V2 waited for the writer to commit: {took:?}"
     );
-    assert!(
-        run.stderr.contains("UPDATE campaigns SET issued_yen = issued_yen + 1000")
-            && run.stderr.contains(
-                "to end before asking for SHARE ROW EXCLUSIVE on campaigns: a request queued behind it would hold up every write on the table"
-            ),
-        "the wait is said, with its holder: {}",
-        run.stderr
-    );
-    // No attempt queued behind the writer (each would have held the application's writes on
-    // campaigns for --lock-timeout, 500 ms).
-    assert!(
-        !run.stderr.contains("retrying in"),
-        "no attempt waited in the queue: {}",
-        run.stderr
+    v2_waited_in_a_gap(
+        &run,
+        "WHERE campaign_id = 'SW-A') to end before asking for SHARE ROW EXCLUSIVE on campaigns: a request queued behind it would hold up every write on the table",
     );
     // Without the wait each attempt held the writes for --lock-timeout: 501 ms.
     assert!(
@@ -143,6 +142,58 @@ fn apply_waits_for_a_long_writer_on_a_table_it_locks_against_writes() {
         db.scalar_i64("SELECT issued_yen::bigint FROM campaigns WHERE campaign_id = 'SW-A'"),
         4000,
         "the writer's update committed"
+    );
+}
+
+/// A read whose transaction began a moment before the wait looks like a short one, but holds
+/// its lock for a second: a request asked for then queues behind it for its whole
+/// --lock-timeout (under `bench_release --load`, the guard's drop: 499 ms). The wait takes
+/// every holder it first finds, of any age, and says so once it has waited 100 ms.
+#[test]
+fn the_gap_wait_waits_for_a_read_that_has_just_begun() {
+    use pgmend::db::retry::{wait_for_long_holders, Asking};
+    use std::time::Instant;
+
+    let db = legacy_baselined();
+    let (mut reader, mut waiter) = (db.client(), db.client());
+    let (began, read_began) = std::sync::mpsc::channel();
+    let read = std::thread::spawn(move || {
+        let mut tx = reader.transaction().unwrap();
+        tx.batch_execute("SELECT count(*) FROM issued_coupons")
+            .unwrap();
+        began.send(Instant::now()).unwrap();
+        tx.batch_execute("SELECT pg_sleep(1)").unwrap();
+        tx.commit().unwrap();
+        Instant::now()
+    });
+    let began = read_began.recv().unwrap();
+    let mut said = Vec::new();
+    let gaps = [(Asking::AccessExclusive, vec!["issued_coupons".to_string()])];
+    wait_for_long_holders(
+        &mut waiter,
+        &gaps,
+        Instant::now() + Duration::from_secs(10),
+        "a test",
+        false,
+        &mut |line| said.push(line.to_string()),
+    )
+    .unwrap();
+    let ended = Instant::now();
+    let committed = read.join().unwrap();
+    assert!(
+        ended + Duration::from_millis(100) >= committed
+            && ended - began >= Duration::from_millis(800),
+        "the wait ended {:?} after the read began, the read committed {:?} after",
+        ended - began,
+        committed - began
+    );
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(
+        said[0].starts_with("a test: waiting for pid ")
+            && said[0].contains(
+                "SELECT pg_sleep(1)) to end before asking for ACCESS EXCLUSIVE on issued_coupons"
+            ),
+        "{said:?}"
     );
 }
 

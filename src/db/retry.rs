@@ -92,7 +92,7 @@ pub fn execute_with_lock_retry(
 }
 
 /// [`execute_with_lock_retry`] for a statement that asks for `asking` on `tables`: each attempt
-/// first waits, queued nowhere, for the long holders of conflicting locks
+/// first waits, queued nowhere, for the holders of conflicting locks it finds
 /// ([`wait_for_long_holders`]), within half of `--lock-retry-for` less one `--lock-timeout`.
 /// With `cleanup` (the guard's drop) a stop request ends the wait and the attempts go on
 /// within the clean-up limit; without, it stops before the attempt.
@@ -214,7 +214,7 @@ fn long_holders_sql() -> String {
     format!(
         "SELECT DISTINCT a.pid, (extract(epoch FROM a.xact_start) * 1000000)::bigint,
                 CASE WHEN a.backend_type = 'autovacuum worker' THEN 'autovacuum' ELSE coalesce(a.application_name, '') END,
-                extract(epoch FROM clock_timestamp() - a.xact_start)::float8,
+                extract(epoch FROM statement_timestamp() - a.xact_start)::float8,
                 left(regexp_replace(coalesce(a.query, ''), '\\s+', ' ', 'g'), 80)
            FROM pg_locks l JOIN pg_stat_activity a USING (pid)
           WHERE {LOCKS_ON_TABLES} AND l.mode = ANY ($3)
@@ -244,7 +244,10 @@ pub enum Asking {
 impl Asking {
     /// The modes held (as `pg_locks` names them) that make this request wait.
     pub fn conflicts(self) -> &'static [&'static str] {
-        const STRONGER: [&str; 6] = [
+        /// Every mode, the weakest first: each request below conflicts with a tail of it.
+        const ALL: [&str; 8] = [
+            "AccessShareLock",
+            "RowShareLock",
             "RowExclusiveLock",
             "ShareUpdateExclusiveLock",
             "ShareLock",
@@ -252,34 +255,13 @@ impl Asking {
             "ExclusiveLock",
             "AccessExclusiveLock",
         ];
+        /// SHARE does not conflict with itself.
+        const SHARE: [&str; 5] = [ALL[2], ALL[3], ALL[5], ALL[6], ALL[7]];
         match self {
-            Asking::AccessExclusive => &[
-                "AccessShareLock",
-                "RowShareLock",
-                STRONGER[0],
-                STRONGER[1],
-                STRONGER[2],
-                STRONGER[3],
-                STRONGER[4],
-                STRONGER[5],
-            ],
-            Asking::Exclusive => &[
-                "RowShareLock",
-                STRONGER[0],
-                STRONGER[1],
-                STRONGER[2],
-                STRONGER[3],
-                STRONGER[4],
-                STRONGER[5],
-            ],
-            Asking::ShareRowExclusive => &STRONGER,
-            Asking::Share => &[
-                STRONGER[0],
-                STRONGER[1],
-                STRONGER[3],
-                STRONGER[4],
-                STRONGER[5],
-            ],
+            Asking::AccessExclusive => &ALL,
+            Asking::Exclusive => &ALL[1..],
+            Asking::ShareRowExclusive => &ALL[2..],
+            Asking::Share => &SHARE,
         }
     }
 

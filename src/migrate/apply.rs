@@ -121,15 +121,15 @@ pub fn execute(
                 *policy
             };
             // The tables whose queries (or writes) the migration holds up while it waits for
-            // its lock: it waits for their long transactions to end before each attempt, within
-            // the retry budget.
+            // its lock: it waits for the transactions holding conflicting locks on them to end
+            // before each attempt, within the retry budget.
             let gaps = gaps_to_wait_for(&planned.statements);
             // At most half the retry budget: the rest is for attempts.
             let gap_until = started + policy.retry_for.saturating_sub(policy.lock_timeout) / 2;
             with_lock_retry(client, &bound, &format!("applying {label}"), &tables, |c| {
-                // One wait for every group's long holders: waited for one group after another,
-                // a long transaction that began on the first group's table meanwhile would be
-                // one the attempt queues behind.
+                // One wait for every group's holders: waited for one group after another, a
+                // long transaction that began on the first group's table meanwhile would be one
+                // the attempt queues behind.
                 wait_for_long_holders(
                     c,
                     &gaps,
