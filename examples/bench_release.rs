@@ -421,7 +421,7 @@ fn new_app_load(
 }
 
 /// Seconds, the application's (operations, p99 ms, worst ms), and pgmend's JSON if it ran.
-type Measured = (f64, (usize, f64, f64), Option<serde_json::Value>);
+type Measured = (f64, Latencies, Option<serde_json::Value>);
 
 /// Issue 14's measurement: pgmend's passes after the gate while the new application runs at
 /// full speed. The release first goes to the gate, then the old application issues for three
@@ -545,7 +545,7 @@ fn after_gate(pg: &LocalPg, exe: &std::path::Path, members: i32) -> Result<()> {
 }
 
 /// The legacy application alone for five seconds: its operations, p99 and worst in ms.
-fn app_alone(conninfo: String, members: i32) -> (usize, f64, f64) {
+fn app_alone(conninfo: String, members: i32) -> Latencies {
     let (stop, threads) = start_legacy_load(true, conninfo, members);
     std::thread::sleep(Duration::from_secs(5));
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -557,7 +557,72 @@ fn app_alone(conninfo: String, members: i32) -> (usize, f64, f64) {
     )
 }
 
-fn percentiles(mut lat: Vec<Duration>) -> (usize, f64, f64) {
+/// The application's operations, p99 and worst in ms.
+type Latencies = (usize, f64, f64);
+
+/// PGMEND_BENCH_BESIDE=1 under load: the application for five seconds beside one session that
+/// does work no design of the repair can do without, holding no lock the application waits
+/// for: `cpu` burns a core on the server (a count over a series), `scan` reads `issued_coupons`
+/// whole again and again on its backend alone (`parallel scan` with the server's parallel
+/// workers), `wal` inserts 10,000 rows into a table of its own per transaction.
+/// What these do to the application's p99 is a floor for any repair that works while the
+/// application does, on this machine.
+fn app_beside_work(
+    conninfo: String,
+    members: i32,
+) -> Result<Vec<(&'static str, Latencies)>> {
+    let mut measured = Vec::new();
+    for (what, setup, statement) in [
+        (
+            "cpu",
+            "",
+            "SELECT count(*) FROM generate_series(1, 20000000)",
+        ),
+        (
+            "scan",
+            "SET max_parallel_workers_per_gather = 0",
+            "SELECT count(*), sum(amount_yen) FROM issued_coupons",
+        ),
+        (
+            "parallel scan",
+            "",
+            "SELECT count(*), sum(amount_yen) FROM issued_coupons",
+        ),
+        (
+            "wal",
+            "CREATE TABLE IF NOT EXISTS bench_scratch (n int, t text)",
+            "INSERT INTO bench_scratch SELECT g, md5(g::text) FROM generate_series(1, 10000) g",
+        ),
+    ] {
+        let mut c = postgres::Client::connect(&conninfo, postgres::NoTls)?;
+        if !setup.is_empty() {
+            c.batch_execute(setup)?;
+        }
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let worker = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut statements = 0u32;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    c.batch_execute(statement)
+                        .expect("the work beside the application");
+                    statements += 1;
+                }
+                statements
+            })
+        };
+        let app = app_alone(conninfo.clone(), members);
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let statements = worker.join().unwrap();
+        eprintln!("beside {what}: {statements} statements");
+        measured.push((what, app));
+    }
+    let mut c = postgres::Client::connect(&conninfo, postgres::NoTls)?;
+    c.batch_execute("DROP TABLE IF EXISTS bench_scratch; CHECKPOINT")?;
+    Ok(measured)
+}
+
+fn percentiles(mut lat: Vec<Duration>) -> Latencies {
     lat.sort_unstable();
     let p99 = lat
         .get(((lat.len() as f64 - 1.0) * 0.99).round() as usize)
@@ -775,6 +840,15 @@ fn main() -> Result<()> {
         } else {
             (0, 0.0, 0.0)
         };
+        if load && std::env::var_os("PGMEND_BENCH_BESIDE").is_some() {
+            for (what, (ops, p99, worst)) in app_beside_work(pg.conninfo("viapgmend"), members)? {
+                println!(
+                    "| {members} | app beside {what} | {ops} ops, p99 {p99:.1} ms ({:.1}x the baseline's {:.1} ms), max {worst:.0} ms |",
+                    p99 / baseline.1.max(1e-3),
+                    baseline.1
+                );
+            }
+        }
         if !load {
             // The example's own sessions on pgmend's database (`via`) finished a statement a
             // moment ago: a second idle, so that pgmend does not count them as the application

@@ -149,8 +149,10 @@ fn apply_waits_for_a_long_writer_on_a_table_it_locks_against_writes() {
 /// its lock for a second: a request asked for then queues behind it for its whole
 /// --lock-timeout (under `bench_release --load`, the guard's drop: 499 ms). The wait takes
 /// every holder it first finds, of any age, and says so once it has waited 100 ms.
-#[test]
-fn the_gap_wait_waits_for_a_read_that_has_just_begun() {
+/// `wait_for_long_holders` for ACCESS EXCLUSIVE on `name`, called right after another session
+/// began a read of `issued_coupons` (`read`) that holds its lock for one second: asserts that
+/// the wait ended with the read's commit and said once whom it waited for.
+fn gap_wait_beside_a_read_just_begun(name: &str, read: &'static str) {
     use pgmend::db::retry::{wait_for_long_holders, Asking};
     use std::time::Instant;
 
@@ -159,8 +161,7 @@ fn the_gap_wait_waits_for_a_read_that_has_just_begun() {
     let (began, read_began) = std::sync::mpsc::channel();
     let read = std::thread::spawn(move || {
         let mut tx = reader.transaction().unwrap();
-        tx.batch_execute("SELECT count(*) FROM issued_coupons")
-            .unwrap();
+        tx.batch_execute(read).unwrap();
         began.send(Instant::now()).unwrap();
         tx.batch_execute("SELECT pg_sleep(1)").unwrap();
         tx.commit().unwrap();
@@ -168,7 +169,7 @@ fn the_gap_wait_waits_for_a_read_that_has_just_begun() {
     });
     let began = read_began.recv().unwrap();
     let mut said = Vec::new();
-    let gaps = [(Asking::AccessExclusive, vec!["issued_coupons".to_string()])];
+    let gaps = [(Asking::AccessExclusive, vec![name.to_string()])];
     wait_for_long_holders(
         &mut waiter,
         &gaps,
@@ -190,10 +191,27 @@ fn the_gap_wait_waits_for_a_read_that_has_just_begun() {
     assert_eq!(said.len(), 1, "{said:?}");
     assert!(
         said[0].starts_with("a test: waiting for pid ")
-            && said[0].contains(
-                "SELECT pg_sleep(1)) to end before asking for ACCESS EXCLUSIVE on issued_coupons"
-            ),
+            && said[0].contains(&format!(
+                "SELECT pg_sleep(1)) to end before asking for ACCESS EXCLUSIVE on {name}"
+            )),
         "{said:?}"
+    );
+}
+
+#[test]
+fn the_gap_wait_waits_for_a_read_that_has_just_begun() {
+    gap_wait_beside_a_read_just_begun("issued_coupons", "SELECT count(*) FROM issued_coupons");
+}
+
+#[test]
+fn the_gap_wait_for_a_dropped_index_waits_for_its_tables_readers() {
+    // `DROP INDEX issued_coupons_pkey`'s ACCESS EXCLUSIVE is on the index and its table: the
+    // wait finds the table from the index's name. A read planned afresh locks every index of
+    // the table too; one whose plan was cached (a prepared statement's generic plan of a
+    // sequential scan) locks the table alone, as this one does.
+    gap_wait_beside_a_read_just_begun(
+        "issued_coupons_pkey",
+        "LOCK TABLE issued_coupons IN ACCESS SHARE MODE",
     );
 }
 

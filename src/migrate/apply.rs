@@ -75,7 +75,7 @@ pub fn execute(
         let tables: Vec<String> = planned
             .statements
             .iter()
-            .flat_map(|s| s.locks.iter().map(|l| l.relation.clone()))
+            .flat_map(|s| s.locks.iter().map(|l| l.lookup.clone()))
             .collect();
         // Censuses are taken right before the step, on the data as it is now (an online
         // build takes its own before each attempt).
@@ -174,21 +174,15 @@ fn gaps_to_wait_for(statements: &[crate::statements::Statement]) -> Vec<(Asking,
     let mut strongest: BTreeMap<&str, LockMode> = BTreeMap::new();
     for statement in statements {
         for lock in &statement.locks {
-            if created.contains(&lock.relation.as_str()) {
+            if created.contains(&lock.lookup.as_str()) {
                 continue;
             }
-            let mode = strongest.entry(lock.relation.as_str()).or_insert(lock.mode);
+            let mode = strongest.entry(lock.lookup.as_str()).or_insert(lock.mode);
             *mode = (*mode).max(lock.mode);
         }
         // `IF NOT EXISTS` may find the table there: it is waited for as any other.
-        let words: Vec<String> = statement
-            .sql
-            .split_whitespace()
-            .map(str::to_ascii_lowercase)
-            .collect();
-        let may_exist = words.windows(3).any(|w| w == ["if", "not", "exists"]);
         for table in &statement.creates_tables {
-            if !may_exist && !strongest.contains_key(table.as_str()) {
+            if !statement.creates_if_missing && !strongest.contains_key(table.as_str()) {
                 created.push(table);
             }
         }
@@ -291,6 +285,18 @@ mod tests {
                     vec!["maybe_t".to_string(), "plain_t".to_string()]
                 ),
             ]
+        );
+        // A plain DROP INDEX is waited for by the index's name, which stands for its table; a
+        // new partition takes ACCESS EXCLUSIVE on its parent.
+        let partitions = crate::statements::split(
+            "DROP INDEX IF EXISTS old_x; CREATE TABLE events_2027 PARTITION OF events FOR VALUES IN (2027);",
+        );
+        assert_eq!(
+            gaps_to_wait_for(&partitions),
+            vec![(
+                Asking::AccessExclusive,
+                vec!["events".to_string(), "old_x".to_string()]
+            )]
         );
         // A VALIDATE's SHARE UPDATE EXCLUSIVE holds up neither reads nor writes: no wait.
         let validate = crate::statements::split(

@@ -4,12 +4,13 @@
 //! From a statement's tokens: its summary, the table-level locks it takes on existing relations
 //! (from PostgreSQL's documented lock levels: `ALTER TABLE` ACCESS EXCLUSIVE unless it only
 //! validates or only adds a foreign key, `CREATE INDEX` SHARE, `CONCURRENTLY` SHARE UPDATE
-//! EXCLUSIVE, `REFERENCES` SHARE ROW EXCLUSIVE on the referenced table, DML ROW EXCLUSIVE, ...),
+//! EXCLUSIVE, `REFERENCES` SHARE ROW EXCLUSIVE on the referenced table, `PARTITION OF` ACCESS
+//! EXCLUSIVE on the parent, `ATTACH` and `DETACH PARTITION` on the partition, DML ROW EXCLUSIVE, ...),
 //! whether it must run outside a transaction, whether it is transaction control, and the tables it
 //! creates. An unrecognised statement is assumed to take ACCESS EXCLUSIVE and is flagged
 //! `lock_assumed`.
 
-use super::tokens::{is_word, read_name, referenced, skip_words, Token};
+use super::tokens::{is_word, named_after, read_name, skip_words, Token};
 use super::{LockMode, LockTaken, Statement};
 
 /// Reads `sql` (starting at `line`) from its `tokens`.
@@ -31,6 +32,7 @@ pub(super) fn analyze(sql: String, line: usize, tokens: &[Token]) -> Statement {
         transaction_control: false,
         lock_assumed: false,
         creates_tables: Vec::new(),
+        creates_if_missing: false,
         long_lock_accepted: None,
     };
     let first = words.first().copied().unwrap_or("");
@@ -76,7 +78,11 @@ pub(super) fn analyze(sql: String, line: usize, tokens: &[Token]) -> Statement {
 }
 
 fn lock(relation: String, mode: LockMode) -> LockTaken {
-    LockTaken { relation, mode }
+    LockTaken {
+        lookup: relation.clone(),
+        relation,
+        mode,
+    }
 }
 
 /// The first `n` words, upper-cased, for a summary.
@@ -121,11 +127,17 @@ fn create(s: &mut Statement, tokens: &[Token], words: &[&str]) {
         ],
     );
     if is_word(tokens.get(i), "table") {
+        s.creates_if_missing = is_word(tokens.get(i + 1), "if");
         let i = skip_words(tokens, i + 1, &["if", "not", "exists"]);
         let name = read_name(tokens, i).map(|(n, _)| n).unwrap_or_default();
         s.summary = format!("CREATE TABLE {name}");
         s.creates_tables.push(name);
-        for target in referenced(tokens) {
+        // A new partition changes its parent's partition descriptor: ACCESS EXCLUSIVE on the
+        // parent (the server's `DefineRelation`; the documentation does not say so).
+        for parent in named_after(tokens, &["partition", "of"]) {
+            s.locks.push(lock(parent, LockMode::AccessExclusive));
+        }
+        for target in named_after(tokens, &["references"]) {
             s.locks.push(lock(target, LockMode::ShareRowExclusive));
         }
     } else if is_word(tokens.get(i), "unique") || is_word(tokens.get(i), "index") {
@@ -158,7 +170,8 @@ fn create_index(s: &mut Statement, tokens: &[Token], unique: bool) {
 }
 
 /// `ALTER TABLE`: ACCESS EXCLUSIVE, except a lone VALIDATE (SHARE UPDATE EXCLUSIVE) and a
-/// lone foreign key (SHARE ROW EXCLUSIVE, also on the table it references).
+/// lone foreign key (SHARE ROW EXCLUSIVE, also on the table it references); a partition
+/// attached or detached is locked too.
 fn alter_table(s: &mut Statement, tokens: &[Token]) {
     let i = skip_words(tokens, 2, &["if", "exists", "only"]);
     let (table, after) = read_name(tokens, i).unwrap_or_default();
@@ -167,7 +180,12 @@ fn alter_table(s: &mut Statement, tokens: &[Token]) {
     let only_validate =
         has(rest, "validate") && !has(rest, "add") && !has(rest, "drop") && !has(rest, "alter");
     let foreign_key_only = has(rest, "foreign") && !has(rest, "column") && !has(rest, "check");
-    let mode = if only_validate {
+    // `DETACH PARTITION ... CONCURRENTLY` takes SHARE UPDATE EXCLUSIVE on the table and on the
+    // partition, outside a transaction block; otherwise the partition attached or detached
+    // takes ACCESS EXCLUSIVE (and the table at least SHARE UPDATE EXCLUSIVE).
+    let detached_concurrently = has(rest, "detach") && has(rest, "concurrently");
+    s.online |= detached_concurrently;
+    let mode = if only_validate || detached_concurrently {
         LockMode::ShareUpdateExclusive
     } else if foreign_key_only {
         LockMode::ShareRowExclusive
@@ -175,7 +193,15 @@ fn alter_table(s: &mut Statement, tokens: &[Token]) {
         LockMode::AccessExclusive
     };
     s.locks.push(lock(table, mode));
-    for target in referenced(rest) {
+    for verb in ["attach", "detach"] {
+        for partition in named_after(rest, &[verb, "partition"]) {
+            s.locks.push(lock(
+                partition,
+                concurrent_or(detached_concurrently, LockMode::AccessExclusive),
+            ));
+        }
+    }
+    for target in named_after(rest, &["references"]) {
         s.locks.push(lock(target, LockMode::ShareRowExclusive));
     }
 }
@@ -190,7 +216,11 @@ fn drop_index(s: &mut Statement, tokens: &[Token]) {
         if concurrently { "CONCURRENTLY " } else { "" }
     );
     let mode = concurrent_or(concurrently, LockMode::AccessExclusive);
-    s.locks.push(lock(format!("{name} and its table"), mode));
+    s.locks.push(LockTaken {
+        relation: format!("{name} and its table"),
+        mode,
+        lookup: name,
+    });
 }
 
 fn reindex(s: &mut Statement, tokens: &[Token], words: &[&str]) {
@@ -232,6 +262,36 @@ mod tests {
             locks("ALTER TABLE ONLY \"Child\" VALIDATE CONSTRAINT x")[0].0,
             "Child"
         );
+    }
+
+    #[test]
+    fn partitions_lock_their_parent_and_the_partition() {
+        let ae = LockMode::AccessExclusive;
+        assert_eq!(
+            locks("CREATE TABLE events_2027 PARTITION OF \"App\".events FOR VALUES FROM ('2027-01-01') TO ('2028-01-01')"),
+            [("App.events".to_string(), ae)]
+        );
+        assert_eq!(
+            locks("ALTER TABLE events ATTACH PARTITION events_2028 FOR VALUES FROM ('2028-01-01') TO ('2029-01-01')"),
+            [("events".to_string(), ae), ("events_2028".to_string(), ae)]
+        );
+        assert_eq!(
+            locks("ALTER TABLE events DETACH PARTITION events_2020"),
+            [("events".to_string(), ae), ("events_2020".to_string(), ae)]
+        );
+        let sue = LockMode::ShareUpdateExclusive;
+        let concurrently =
+            &split("ALTER TABLE events DETACH PARTITION events_2020 CONCURRENTLY")[0];
+        assert!(concurrently.online);
+        assert_eq!(
+            locks(&concurrently.sql),
+            [
+                ("events".to_string(), sue),
+                ("events_2020".to_string(), sue)
+            ]
+        );
+        // Not a partition: no lock on an existing table.
+        assert_eq!(locks("CREATE TABLE audit (partition_of text, x int)"), []);
     }
 
     #[test]

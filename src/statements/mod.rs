@@ -72,8 +72,14 @@ impl fmt::Display for LockMode {
 /// One lock a statement takes on an existing relation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct LockTaken {
+    /// The relation as written (`schema.table` joined with `.`); `DROP INDEX` gives
+    /// `"<index> and its table"`.
     pub relation: String,
     pub mode: LockMode,
+    /// The name to find the locked table by in the catalog: `relation`, or for `DROP INDEX`
+    /// the index's name, which stands for its table (`db::retry`'s waits find the table from it).
+    #[serde(skip)]
+    pub lookup: String,
 }
 
 /// One statement of a migration file, with what pgmend knows about it.
@@ -93,6 +99,10 @@ pub struct Statement {
     pub lock_assumed: bool,
     /// Tables this statement creates (to refuse re-creating what exists).
     pub creates_tables: Vec<String>,
+    /// `CREATE TABLE IF NOT EXISTS`: the table may be there already, with its readers and
+    /// writers (a migration's gap wait waits for them as for any table's).
+    #[serde(skip)]
+    pub creates_if_missing: bool,
     /// Why the migration's author accepts a long lock here: the text after
     /// [`LONG_LOCK_MARKER`] in a `--` line among the comments right before the statement.
     #[serde(skip)]
@@ -378,10 +388,24 @@ mod tests {
             ]
         );
         assert_eq!(s[1].creates_tables, ["campaign_budgets"]);
+        assert!(!s[1].creates_if_missing);
         assert_eq!(s[1].locks[0].relation, "campaigns");
         assert!(s[2].online && s[4].online && !s[0].online);
         assert_eq!(s[5].locks[0].relation, "Odd.T");
         assert_eq!(s[5].locks[1].relation, "other");
+    }
+
+    #[test]
+    fn if_not_exists_says_the_table_may_be_there() {
+        let s = split(
+            "CREATE TABLE IF NOT EXISTS \"Audit\" (x int);
+             create unlogged table if not exists audit2 (x int);
+             CREATE TABLE exists_not (x int);",
+        );
+        assert_eq!(s[0].creates_tables, ["Audit"]);
+        assert_eq!(s[1].creates_tables, ["audit2"]);
+        assert!(s[0].creates_if_missing && s[1].creates_if_missing);
+        assert!(!s[2].creates_if_missing);
     }
 
     #[test]

@@ -133,12 +133,16 @@ pub(super) fn skip_words(tokens: &[Token], mut i: usize, words: &[&str]) -> usiz
     i
 }
 
-/// The relations named after every `REFERENCES` in the statement.
-pub(super) fn referenced(tokens: &[Token]) -> Vec<String> {
-    tokens
-        .iter()
-        .enumerate()
-        .filter(|(_, t)| matches!(t, Token::Word(w) if w == "references"))
-        .filter_map(|(i, _)| read_name(tokens, i + 1).map(|(n, _)| n))
+/// The relations named right after each run of the words `after` in the statement (`REFERENCES
+/// parent`, `PARTITION OF parent`).
+pub(super) fn named_after(tokens: &[Token], after: &[&str]) -> Vec<String> {
+    (0..tokens.len())
+        .filter(|&i| {
+            after
+                .iter()
+                .enumerate()
+                .all(|(k, w)| is_word(tokens.get(i + k), w))
+        })
+        .filter_map(|i| read_name(tokens, i + after.len()).map(|(n, _)| n))
         .collect()
 }
