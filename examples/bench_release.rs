@@ -567,10 +567,7 @@ type Latencies = (usize, f64, f64);
 /// workers), `wal` inserts 10,000 rows into a table of its own per transaction.
 /// What these do to the application's p99 is a floor for any repair that works while the
 /// application does, on this machine.
-fn app_beside_work(
-    conninfo: String,
-    members: i32,
-) -> Result<Vec<(&'static str, Latencies)>> {
+fn app_beside_work(conninfo: String, members: i32) -> Result<Vec<(&'static str, Latencies)>> {
     let mut measured = Vec::new();
     for (what, setup, statement) in [
         (

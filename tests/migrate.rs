@@ -244,6 +244,13 @@ fn duplicate_versions_and_bad_files_are_refused_before_connecting() {
             vec![("V90__tx.sql", "BEGIN; CREATE TABLE x (i int); COMMIT;")],
             "remove the transaction control",
         ),
+        (
+            vec![(
+                "V90__detach.sql",
+                "ALTER TABLE campaigns DETACH PARTITION campaigns_2020 CONCURRENTLY;",
+            )],
+            "V90__detach.sql, line 1: ALTER TABLE campaigns — DETACH PARTITION ... CONCURRENTLY commits a first transaction",
+        ),
     ] {
         let dir = migrations_dir(&extra);
         let r = db.run(&[

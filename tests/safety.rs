@@ -145,10 +145,6 @@ fn apply_waits_for_a_long_writer_on_a_table_it_locks_against_writes() {
     );
 }
 
-/// A read whose transaction began a moment before the wait looks like a short one, but holds
-/// its lock for a second: a request asked for then queues behind it for its whole
-/// --lock-timeout (under `bench_release --load`, the guard's drop: 499 ms). The wait takes
-/// every holder it first finds, of any age, and says so once it has waited 100 ms.
 /// `wait_for_long_holders` for ACCESS EXCLUSIVE on `name`, called right after another session
 /// began a read of `issued_coupons` (`read`) that holds its lock for one second: asserts that
 /// the wait ended with the read's commit and said once whom it waited for.
@@ -198,6 +194,10 @@ fn gap_wait_beside_a_read_just_begun(name: &str, read: &'static str) {
     );
 }
 
+/// A read whose transaction began a moment before the wait looks like a short one, but holds
+/// its lock for a second: a request asked for then queues behind it for its whole
+/// --lock-timeout (under `bench_release --load`, the guard's drop: 499 ms). The wait takes
+/// every holder it first finds, of any age, and says so once it has waited 100 ms.
 #[test]
 fn the_gap_wait_waits_for_a_read_that_has_just_begun() {
     gap_wait_beside_a_read_just_begun("issued_coupons", "SELECT count(*) FROM issued_coupons");

@@ -197,14 +197,16 @@ const GAP_POLL: Duration = Duration::from_millis(50);
 /// Granted locks `l` of other sessions on the tables `$1` in this database, the tables as the
 /// statement parser spells them (`schema.table`, or a bare name found on the search path) and
 /// matched by name, never an error for an odd name (`to_regclass` would fail on a blank or a
-/// dot inside a name, and fold a capital). An index's name stands for its table (`DROP INDEX`
-/// locks both, and every reader and writer of the table holds a lock on the table).
+/// dot inside a name, and fold a capital). An index's name stands for itself and its table
+/// (`DROP INDEX` locks both, and every reader and writer of the table holds a lock on the
+/// table, not always on the index).
 const LOCKS_ON_TABLES: &str = "
    l.granted AND l.pid <> pg_backend_pid()
    AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-   AND l.relation IN (SELECT coalesce(i.indrelid, c.oid)
+   AND l.relation IN (SELECT x.oid
                         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-                        LEFT JOIN pg_index i ON i.indexrelid = c.oid
+                        LEFT JOIN pg_index i ON i.indexrelid = c.oid,
+                        LATERAL (VALUES (c.oid), (i.indrelid)) x (oid)
                        WHERE n.nspname || '.' || c.relname = ANY ($1)
                           OR (c.relname = ANY ($1) AND pg_table_is_visible(c.oid)))";
 

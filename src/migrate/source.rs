@@ -206,6 +206,12 @@ fn parse_file(file_name: &str, origin: &str, bytes: Vec<u8>) -> Result<Migration
             s.summary
         );
     }
+    if let Some((s, why)) = statements
+        .iter()
+        .find_map(|s| s.unsupported.map(|why| (s, why)))
+    {
+        bail!("{origin}, line {}: {} — {why}", s.line, s.summary);
+    }
     let online = statements.iter().filter(|s| s.online).count();
     let mode = if online == 0 {
         Mode::Transactional

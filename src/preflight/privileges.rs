@@ -25,7 +25,7 @@ use crate::db::sql_text::Ident;
 use crate::migrate::source::Migration;
 use crate::release::{Progress, Step};
 use crate::repair::definition::{Repair, Spec};
-use crate::statements::Statement;
+use crate::statements::{LockMode, Statement};
 
 /// One privilege the pending work needs, and why (for the message).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,8 +82,10 @@ pub fn for_history(why: &str) -> Vec<Need> {
 
 /// What a migration's statements need, read from their analysis: `ALTER TABLE` and
 /// `CREATE INDEX` need the table's owner, `CREATE TABLE` CREATE on the schema, a
-/// `REFERENCES` the REFERENCES privilege on the referenced table. Other statements are
-/// left to the server (they run in the migration's transaction).
+/// `REFERENCES` (its SHARE ROW EXCLUSIVE) the REFERENCES privilege on the referenced table, and
+/// a partition's parent (`CREATE TABLE ... PARTITION OF`) or the partition attached or detached
+/// (their ACCESS EXCLUSIVE) its owner. Other statements are left to the server (they run in the
+/// migration's transaction).
 pub fn for_statements(label: &str, statements: &[Statement]) -> Vec<Need> {
     let mut needs = Vec::new();
     for s in statements {
@@ -105,11 +107,13 @@ pub fn for_statements(label: &str, statements: &[Statement]) -> Vec<Need> {
         } else {
             continue;
         }
-        for referenced in locks {
-            needs.push(need(
-                Kind::Table(referenced.relation.clone(), "REFERENCES"),
-                why.clone(),
-            ));
+        for other in locks {
+            let kind = if other.mode == LockMode::ShareRowExclusive {
+                Kind::Table(other.relation.clone(), "REFERENCES")
+            } else {
+                Kind::Owner(other.relation.clone())
+            };
+            needs.push(need(kind, why.clone()));
         }
     }
     needs
@@ -375,7 +379,9 @@ mod tests {
             "ALTER TABLE issued_coupons ADD COLUMN x int;
              CREATE TABLE b (id text PRIMARY KEY REFERENCES campaigns);
              CREATE INDEX CONCURRENTLY i ON issued_coupons (x);
-             SELECT 1;",
+             SELECT 1;
+             CREATE TABLE e27 PARTITION OF events FOR VALUES IN (2027);
+             ALTER TABLE events ATTACH PARTITION e28 FOR VALUES IN (2028);",
         );
         let kinds: Vec<Kind> = for_statements("V9__x", &statements)
             .into_iter()
@@ -388,6 +394,11 @@ mod tests {
                 Kind::CreateTable("b".into()),
                 Kind::Table("campaigns".into(), "REFERENCES"),
                 Kind::Owner("issued_coupons".into()),
+                // A partition's parent and the partition attached: their owner.
+                Kind::CreateTable("e27".into()),
+                Kind::Owner("events".into()),
+                Kind::Owner("events".into()),
+                Kind::Owner("e28".into()),
             ]
         );
     }

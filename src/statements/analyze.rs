@@ -33,6 +33,7 @@ pub(super) fn analyze(sql: String, line: usize, tokens: &[Token]) -> Statement {
         lock_assumed: false,
         creates_tables: Vec::new(),
         creates_if_missing: false,
+        unsupported: None,
         long_lock_accepted: None,
     };
     let first = words.first().copied().unwrap_or("");
@@ -110,6 +111,9 @@ fn has(tokens: &[Token], word: &str) -> bool {
         .any(|t| matches!(t, Token::Word(x) if x == word))
 }
 
+/// Why a migration may not hold `DETACH PARTITION ... CONCURRENTLY`.
+const DETACH_CONCURRENTLY: &str = "DETACH PARTITION ... CONCURRENTLY commits a first transaction before it waits for the partition's readers; stopped there, it leaves the partition pending detach, and running the migration again fails. pgmend does not run it: detach without CONCURRENTLY (ACCESS EXCLUSIVE on both tables for a moment, asked for with pgmend's lock retries), or run it by hand and finish an interrupted one with DETACH PARTITION ... FINALIZE";
+
 /// `CREATE TABLE` (SHARE ROW EXCLUSIVE on each table it references), `CREATE [UNIQUE] INDEX
 /// [CONCURRENTLY]`, or another catalog entry.
 fn create(s: &mut Statement, tokens: &[Token], words: &[&str]) {
@@ -133,7 +137,7 @@ fn create(s: &mut Statement, tokens: &[Token], words: &[&str]) {
         s.summary = format!("CREATE TABLE {name}");
         s.creates_tables.push(name);
         // A new partition changes its parent's partition descriptor: ACCESS EXCLUSIVE on the
-        // parent (the server's `DefineRelation`; the documentation does not say so).
+        // parent (the partitioning chapter of PostgreSQL's documentation).
         for parent in named_after(tokens, &["partition", "of"]) {
             s.locks.push(lock(parent, LockMode::AccessExclusive));
         }
@@ -180,12 +184,13 @@ fn alter_table(s: &mut Statement, tokens: &[Token]) {
     let only_validate =
         has(rest, "validate") && !has(rest, "add") && !has(rest, "drop") && !has(rest, "alter");
     let foreign_key_only = has(rest, "foreign") && !has(rest, "column") && !has(rest, "check");
-    // `DETACH PARTITION ... CONCURRENTLY` takes SHARE UPDATE EXCLUSIVE on the table and on the
-    // partition, outside a transaction block; otherwise the partition attached or detached
-    // takes ACCESS EXCLUSIVE (and the table at least SHARE UPDATE EXCLUSIVE).
-    let detached_concurrently = has(rest, "detach") && has(rest, "concurrently");
-    s.online |= detached_concurrently;
-    let mode = if only_validate || detached_concurrently {
+    // The partition attached or detached takes ACCESS EXCLUSIVE; the table, SHARE UPDATE
+    // EXCLUSIVE for `ATTACH` and `DETACH ... CONCURRENTLY`, ACCESS EXCLUSIVE for `DETACH`.
+    let attach = has(rest, "attach") && has(rest, "partition");
+    if has(rest, "detach") && has(rest, "concurrently") {
+        s.unsupported = Some(DETACH_CONCURRENTLY);
+    }
+    let mode = if only_validate || attach || s.unsupported.is_some() {
         LockMode::ShareUpdateExclusive
     } else if foreign_key_only {
         LockMode::ShareRowExclusive
@@ -195,10 +200,7 @@ fn alter_table(s: &mut Statement, tokens: &[Token]) {
     s.locks.push(lock(table, mode));
     for verb in ["attach", "detach"] {
         for partition in named_after(rest, &[verb, "partition"]) {
-            s.locks.push(lock(
-                partition,
-                concurrent_or(detached_concurrently, LockMode::AccessExclusive),
-            ));
+            s.locks.push(lock(partition, LockMode::AccessExclusive));
         }
     }
     for target in named_after(rest, &["references"]) {
@@ -271,27 +273,27 @@ mod tests {
             locks("CREATE TABLE events_2027 PARTITION OF \"App\".events FOR VALUES FROM ('2027-01-01') TO ('2028-01-01')"),
             [("App.events".to_string(), ae)]
         );
+        let sue = LockMode::ShareUpdateExclusive;
         assert_eq!(
             locks("ALTER TABLE events ATTACH PARTITION events_2028 FOR VALUES FROM ('2028-01-01') TO ('2029-01-01')"),
-            [("events".to_string(), ae), ("events_2028".to_string(), ae)]
+            [("events".to_string(), sue), ("events_2028".to_string(), ae)]
         );
         assert_eq!(
             locks("ALTER TABLE events DETACH PARTITION events_2020"),
             [("events".to_string(), ae), ("events_2020".to_string(), ae)]
         );
-        let sue = LockMode::ShareUpdateExclusive;
         let concurrently =
             &split("ALTER TABLE events DETACH PARTITION events_2020 CONCURRENTLY")[0];
-        assert!(concurrently.online);
+        assert!(!concurrently.online && concurrently.unsupported.is_some());
         assert_eq!(
             locks(&concurrently.sql),
-            [
-                ("events".to_string(), sue),
-                ("events_2020".to_string(), sue)
-            ]
+            [("events".to_string(), sue), ("events_2020".to_string(), ae)]
         );
-        // Not a partition: no lock on an existing table.
-        assert_eq!(locks("CREATE TABLE audit (partition_of text, x int)"), []);
+        // A partitioned table, with a column called partition: no lock on an existing table.
+        assert_eq!(
+            locks("CREATE TABLE audit (partition text, \"of\" int) PARTITION BY LIST (partition)"),
+            []
+        );
     }
 
     #[test]

@@ -103,6 +103,10 @@ pub struct Statement {
     /// writers (a migration's gap wait waits for them as for any table's).
     #[serde(skip)]
     pub creates_if_missing: bool,
+    /// Why pgmend does not run this statement, and what to write instead (a migration file
+    /// holding it is refused as it loads).
+    #[serde(skip)]
+    pub unsupported: Option<&'static str>,
     /// Why the migration's author accepts a long lock here: the text after
     /// [`LONG_LOCK_MARKER`] in a `--` line among the comments right before the statement.
     #[serde(skip)]
