@@ -211,6 +211,66 @@ fn the_unique_index_build_is_never_started_while_its_census_finds_duplicates() {
     assert!(index_is_valid(&db));
 }
 
+#[test]
+fn an_online_migration_that_builds_nothing_is_stopped_by_its_precondition() {
+    // A DROP INDEX CONCURRENTLY migration with a precondition: before, only an index build
+    // took an online migration's censuses, and this one dropped the index regardless.
+    let db = at_v2();
+    let dir = migrations_dir(&[(
+        "V6__drop_by_member.sql",
+        "/* pgmend:precondition
+name: no_unredeemed_coupons
+explain: coupons not redeemed yet
+fix: redeem them first, then rerun
+tables: issued_coupons
+query:
+SELECT coupon_id FROM issued_coupons WHERE redeemed_at IS NULL
+*/
+DROP INDEX CONCURRENTLY issued_coupons_by_member;",
+    )]);
+    let apply = || {
+        db.run(&[
+            "migrate",
+            "apply",
+            "--yes",
+            "--migrations-dir",
+            &dir_arg(dir.path()),
+        ])
+    };
+    assert_eq!(
+        db.run(&["migrate", "apply", "--yes", "--target", "4"]).code,
+        0
+    );
+    let r = db.run(&["repair", "apply", "rebuild-campaign-budgets", "--yes"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    // V5 applies; V6 is stopped by its precondition (seven coupons not redeemed).
+    let r = apply();
+    assert_eq!(r.code, 1, "{}", r.both());
+    assert!(
+        r.stderr.contains("7 coupons not redeemed yet"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        db.exists("issued_coupons_by_member"),
+        "the index was dropped"
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT max(version)::bigint FROM refinery_schema_history"),
+        5
+    );
+    db.client()
+        .batch_execute("UPDATE issued_coupons SET redeemed_at = now()")
+        .unwrap();
+    let r = apply();
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert!(!db.exists("issued_coupons_by_member"));
+    assert_eq!(
+        db.scalar_i64("SELECT max(version)::bigint FROM refinery_schema_history"),
+        6
+    );
+}
+
 /// The old application's double tap after the void: a second live coupon for one member and
 /// campaign.
 fn late_duplicate(db: &TestDb) {

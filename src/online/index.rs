@@ -20,7 +20,9 @@
 //! `--build-wait` comes back from `run_watched` as `Stopped` and is handled before, so a 57014
 //! here is someone else's cancel and is not retried;
 //! three failures return `Violators` (exit 1; the release answers it with the step's `retry_with`).
-//! `drop_index` is `DROP INDEX CONCURRENTLY IF EXISTS`, run the same way.
+//! `drop_index` is `DROP INDEX CONCURRENTLY IF EXISTS`, run the same way. A migration whose
+//! first statement is not a build (`DROP INDEX CONCURRENTLY`, `VACUUM`) takes its censuses once
+//! before it, so that its preconditions stop it as they stop a transactional one.
 //!
 //! `run_watched` opens a fresh connection (`db::connect`), sets `lock_timeout = 0` and
 //! `statement_timeout = 0`, runs the statement on a thread, and every 500 ms (`POLL`) `watch`es it
@@ -83,6 +85,17 @@ pub fn apply(
     build_wait: Duration,
     progress: &mut dyn FnMut(&str),
 ) -> Result<()> {
+    // A build takes the censuses before each attempt; a migration that does not begin with one
+    // (`DROP INDEX CONCURRENTLY`, `VACUUM`) takes them once, before its first statement.
+    let builds_first = migration
+        .statements
+        .first()
+        .is_some_and(|s| CREATE_INDEX.is_match(&s.sql));
+    if !builds_first {
+        for finding in evaluate::check_before(main, &migration.label, migration.censuses)? {
+            progress(&finding.describe());
+        }
+    }
     for statement in migration.statements {
         match CREATE_INDEX.captures(&statement.sql) {
             Some(c) => {
