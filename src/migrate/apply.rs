@@ -298,6 +298,18 @@ mod tests {
                 vec!["events".to_string(), "old_x".to_string()]
             )]
         );
+        // A trigger created holds up writes, one dropped everything.
+        let triggers = crate::statements::split(
+            "CREATE TRIGGER audit AFTER UPDATE ON campaigns FOR EACH ROW EXECUTE FUNCTION f();
+             DROP TRIGGER old_audit ON issued_coupons;",
+        );
+        assert_eq!(
+            gaps_to_wait_for(&triggers),
+            vec![
+                (Asking::AccessExclusive, vec!["issued_coupons".to_string()]),
+                (Asking::ShareRowExclusive, vec!["campaigns".to_string()]),
+            ]
+        );
         // A VALIDATE's SHARE UPDATE EXCLUSIVE holds up neither reads nor writes: no wait.
         let validate = crate::statements::split(
             "ALTER TABLE campaign_budgets VALIDATE CONSTRAINT issued_within_budget;",

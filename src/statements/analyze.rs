@@ -5,9 +5,12 @@
 //! (from PostgreSQL's documented lock levels: `ALTER TABLE` ACCESS EXCLUSIVE unless it only
 //! validates or only adds a foreign key, `CREATE INDEX` SHARE, `CONCURRENTLY` SHARE UPDATE
 //! EXCLUSIVE, `REFERENCES` SHARE ROW EXCLUSIVE on the referenced table, `PARTITION OF` ACCESS
-//! EXCLUSIVE on the parent, `ATTACH` and `DETACH PARTITION` on the partition, DML ROW EXCLUSIVE, ...),
+//! EXCLUSIVE on the parent, `ATTACH` and `DETACH PARTITION` on the partition, `CREATE TRIGGER`
+//! SHARE ROW EXCLUSIVE and `DROP TRIGGER`, policies and rules ACCESS EXCLUSIVE on their table,
+//! `REFRESH MATERIALIZED VIEW` ACCESS EXCLUSIVE (EXCLUSIVE concurrently), DML ROW EXCLUSIVE, ...),
 //! whether it must run outside a transaction, whether it is transaction control, and the tables it
-//! creates. An unrecognised statement is assumed to take ACCESS EXCLUSIVE and is flagged
+//! creates. An unrecognised statement, and a `DROP` of an object that may take tables with it
+//! (a schema, a function, a type), is assumed to take ACCESS EXCLUSIVE and is flagged
 //! `lock_assumed`.
 
 use super::tokens::{is_word, named_after, read_name, skip_words, Token};
@@ -47,12 +50,26 @@ pub(super) fn analyze(sql: String, line: usize, tokens: &[Token]) -> Statement {
         "create" => create(s, tokens, &words),
         "alter" if is_word(tokens.get(1), "table") => alter_table(s, tokens),
         "drop" if is_word(tokens.get(1), "index") => drop_index(s, tokens),
+        "drop" => drop(s, tokens, &words),
         "reindex" => reindex(s, tokens, &words),
+        "refresh" => {
+            // `REFRESH MATERIALIZED VIEW [CONCURRENTLY] name`: ACCESS EXCLUSIVE, or EXCLUSIVE
+            // (reads go on) when concurrently; either runs inside a transaction.
+            let i = skip_words(tokens, 1, &["materialized", "view", "concurrently"]);
+            let name = read_name(tokens, i).map(|(n, _)| n).unwrap_or_default();
+            s.summary = format!("{} {name}", upper(&words, 3));
+            let mode = if has(tokens, "concurrently") {
+                LockMode::Exclusive
+            } else {
+                LockMode::AccessExclusive
+            };
+            s.locks.push(lock(name, mode));
+        }
         "vacuum" => {
             s.online = true;
             s.summary = "VACUUM".into();
         }
-        "drop" | "truncate" | "lock" | "cluster" => {
+        "truncate" | "lock" | "cluster" => {
             let i = skip_words(tokens, 1, &["table", "if", "exists", "only"]);
             let name = read_name(tokens, i).map(|(n, _)| n).unwrap_or_default();
             s.summary = format!("{} {name}", upper(&words, 2));
@@ -146,10 +163,72 @@ fn create(s: &mut Statement, tokens: &[Token], words: &[&str]) {
         }
     } else if is_word(tokens.get(i), "unique") || is_word(tokens.get(i), "index") {
         create_index(s, tokens, is_word(tokens.get(i), "unique"));
+    } else if let Some(mode) = on_table_mode(tokens, i) {
+        s.summary = upper(words, 3);
+        for table in named_after(tokens, &["on"]).into_iter().take(1) {
+            s.locks.push(lock(table, mode));
+        }
     } else {
         // Schemas, types, functions, sequences, views: catalog entries, no table lock on
         // existing data (a view's query takes ACCESS SHARE at most).
         s.summary = upper(words, 3);
+    }
+}
+
+/// The lock that creating or dropping the object named at `tokens[i]` (`TRIGGER`, `POLICY`,
+/// `RULE`: each `... ON table`) takes on its table: SHARE ROW EXCLUSIVE to create a trigger,
+/// ACCESS EXCLUSIVE otherwise (the server's `CreateTrigger`, `RemoveTriggerById`, policies and
+/// rules).
+fn on_table_mode(tokens: &[Token], i: usize) -> Option<LockMode> {
+    let i = skip_words(tokens, i, &["constraint"]);
+    let creates = is_word(tokens.first(), "create");
+    if is_word(tokens.get(i), "trigger") {
+        Some(if creates {
+            LockMode::ShareRowExclusive
+        } else {
+            LockMode::AccessExclusive
+        })
+    } else if is_word(tokens.get(i), "policy") || is_word(tokens.get(i), "rule") {
+        Some(LockMode::AccessExclusive)
+    } else {
+        None
+    }
+}
+
+/// `DROP TABLE`, `VIEW`, `MATERIALIZED VIEW`, `SEQUENCE`, `FOREIGN TABLE`: ACCESS EXCLUSIVE on
+/// each relation named; `DROP TRIGGER`, `POLICY`, `RULE ... ON table`: ACCESS EXCLUSIVE on the
+/// table. Any other object (a function, a type, a schema) may take tables with it (`CASCADE`,
+/// a schema's tables): the strongest lock is assumed, as for a statement not recognised.
+fn drop(s: &mut Statement, tokens: &[Token], words: &[&str]) {
+    const RELATIONS: [&str; 5] = ["table", "view", "materialized", "sequence", "foreign"];
+    if let Some(mode) = on_table_mode(tokens, 1) {
+        s.summary = upper(words, 3);
+        for table in named_after(tokens, &["on"]).into_iter().take(1) {
+            s.locks.push(lock(table, mode));
+        }
+        return;
+    }
+    if !RELATIONS.iter().any(|w| is_word(tokens.get(1), w)) {
+        s.summary = upper(words, 3);
+        s.lock_assumed = true;
+        s.locks
+            .push(lock("(not recognised)".into(), LockMode::AccessExclusive));
+        return;
+    }
+    let kind_end = skip_words(tokens, 1, &RELATIONS);
+    let kind_end = skip_words(tokens, kind_end, &["view", "table"]);
+    let mut i = skip_words(tokens, kind_end, &["if", "exists"]);
+    let mut names = Vec::new();
+    while let Some((name, next)) = read_name(tokens, i) {
+        names.push(name);
+        if tokens.get(next) != Some(&Token::Punct(',')) {
+            break;
+        }
+        i = next + 1;
+    }
+    s.summary = format!("{} {}", upper(words, kind_end), names.join(", "));
+    for name in names {
+        s.locks.push(lock(name, LockMode::AccessExclusive));
     }
 }
 
@@ -184,6 +263,12 @@ fn alter_table(s: &mut Statement, tokens: &[Token]) {
     let only_validate =
         has(rest, "validate") && !has(rest, "add") && !has(rest, "drop") && !has(rest, "alter");
     let foreign_key_only = has(rest, "foreign") && !has(rest, "column") && !has(rest, "check");
+    // `ENABLE` / `DISABLE TRIGGER`: SHARE ROW EXCLUSIVE, as creating one.
+    let trigger_switch_only = has(rest, "trigger")
+        && (has(rest, "enable") || has(rest, "disable"))
+        && !has(rest, "add")
+        && !has(rest, "drop")
+        && !has(rest, "alter");
     // The partition attached or detached takes ACCESS EXCLUSIVE; the table, SHARE UPDATE
     // EXCLUSIVE for `ATTACH` and `DETACH ... CONCURRENTLY`, ACCESS EXCLUSIVE for `DETACH`.
     let attach = has(rest, "attach") && has(rest, "partition");
@@ -192,7 +277,7 @@ fn alter_table(s: &mut Statement, tokens: &[Token]) {
     }
     let mode = if only_validate || attach || s.unsupported.is_some() {
         LockMode::ShareUpdateExclusive
-    } else if foreign_key_only {
+    } else if foreign_key_only || trigger_switch_only {
         LockMode::ShareRowExclusive
     } else {
         LockMode::AccessExclusive
@@ -294,6 +379,43 @@ mod tests {
             locks("CREATE TABLE audit (partition text, \"of\" int) PARTITION BY LIST (partition)"),
             []
         );
+    }
+
+    #[test]
+    fn triggers_policies_rules_views_and_other_objects() {
+        let (ae, sre) = (LockMode::AccessExclusive, LockMode::ShareRowExclusive);
+        let t = |name: &str, mode| vec![(name.to_string(), mode)];
+        for (sql, expected) in [
+            (
+                "CREATE TRIGGER audit AFTER UPDATE ON issued_coupons FOR EACH ROW EXECUTE FUNCTION f()",
+                t("issued_coupons", sre),
+            ),
+            (
+                "CREATE OR REPLACE CONSTRAINT TRIGGER c AFTER INSERT ON \"App\".t FOR EACH ROW EXECUTE FUNCTION f()",
+                t("App.t", sre),
+            ),
+            ("DROP TRIGGER IF EXISTS audit ON issued_coupons", t("issued_coupons", ae)),
+            ("CREATE POLICY mine ON issued_coupons USING (true)", t("issued_coupons", ae)),
+            ("DROP RULE r ON campaigns", t("campaigns", ae)),
+            ("ALTER TABLE issued_coupons DISABLE TRIGGER audit", t("issued_coupons", sre)),
+            ("ALTER TABLE issued_coupons ENABLE ALWAYS TRIGGER audit", t("issued_coupons", sre)),
+            ("DROP VIEW IF EXISTS v1, s.v2 CASCADE", vec![("v1".to_string(), ae), ("s.v2".to_string(), ae)]),
+            ("DROP MATERIALIZED VIEW mv", t("mv", ae)),
+            ("DROP TABLE IF EXISTS old_t", t("old_t", ae)),
+            ("REFRESH MATERIALIZED VIEW mv", t("mv", ae)),
+            ("REFRESH MATERIALIZED VIEW CONCURRENTLY mv", t("mv", LockMode::Exclusive)),
+            // A trigger's function: a catalog entry, no table lock.
+            ("CREATE FUNCTION f() RETURNS trigger AS $$ BEGIN RETURN NEW; END $$ LANGUAGE plpgsql", vec![]),
+        ] {
+            assert_eq!(locks(sql), expected, "{sql}");
+        }
+        let s = split(
+            "DROP MATERIALIZED VIEW IF EXISTS mv; DROP SCHEMA old CASCADE; DROP FUNCTION f();",
+        );
+        assert_eq!(s[0].summary, "DROP MATERIALIZED VIEW mv");
+        // A schema or a function may take tables with it: assumed, and said.
+        assert!(s[1].lock_assumed && s[2].lock_assumed);
+        assert_eq!(s[1].summary, "DROP SCHEMA OLD");
     }
 
     #[test]
