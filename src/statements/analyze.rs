@@ -165,9 +165,8 @@ fn create(s: &mut Statement, tokens: &[Token], words: &[&str]) {
         create_index(s, tokens, is_word(tokens.get(i), "unique"));
     } else if let Some(mode) = on_table_mode(tokens, i) {
         s.summary = upper(words, 3);
-        for table in named_after(tokens, &["on"]).into_iter().take(1) {
-            s.locks.push(lock(table, mode));
-        }
+        s.locks
+            .extend(table_of(tokens, i).map(|table| lock(table, mode)));
     } else {
         // Schemas, types, functions, sequences, views: catalog entries, no table lock on
         // existing data (a view's query takes ACCESS SHARE at most).
@@ -195,6 +194,14 @@ fn on_table_mode(tokens: &[Token], i: usize) -> Option<LockMode> {
     }
 }
 
+/// The table of the trigger, policy or rule named at `tokens[i]`: the name after the first
+/// `ON`, but after `TO` for `CREATE RULE name AS ON event TO table`.
+fn table_of(tokens: &[Token], i: usize) -> Option<String> {
+    let rule_created = is_word(tokens.first(), "create") && is_word(tokens.get(i), "rule");
+    let after = if rule_created { "to" } else { "on" };
+    named_after(tokens, &[after]).into_iter().next()
+}
+
 /// `DROP TABLE`, `VIEW`, `MATERIALIZED VIEW`, `SEQUENCE`, `FOREIGN TABLE`: ACCESS EXCLUSIVE on
 /// each relation named; `DROP TRIGGER`, `POLICY`, `RULE ... ON table`: ACCESS EXCLUSIVE on the
 /// table. Any other object (a function, a type, a schema) may take tables with it (`CASCADE`,
@@ -203,9 +210,8 @@ fn drop(s: &mut Statement, tokens: &[Token], words: &[&str]) {
     const RELATIONS: [&str; 5] = ["table", "view", "materialized", "sequence", "foreign"];
     if let Some(mode) = on_table_mode(tokens, 1) {
         s.summary = upper(words, 3);
-        for table in named_after(tokens, &["on"]).into_iter().take(1) {
-            s.locks.push(lock(table, mode));
-        }
+        s.locks
+            .extend(table_of(tokens, 1).map(|table| lock(table, mode)));
         return;
     }
     if !RELATIONS.iter().any(|w| is_word(tokens.get(1), w)) {
@@ -397,6 +403,14 @@ mod tests {
             ("DROP TRIGGER IF EXISTS audit ON issued_coupons", t("issued_coupons", ae)),
             ("CREATE POLICY mine ON issued_coupons USING (true)", t("issued_coupons", ae)),
             ("DROP RULE r ON campaigns", t("campaigns", ae)),
+            (
+                "CREATE OR REPLACE RULE r AS ON INSERT TO campaigns DO INSTEAD NOTHING",
+                t("campaigns", ae),
+            ),
+            (
+                "CREATE TRIGGER t AFTER UPDATE OF amount_yen ON issued_coupons FOR EACH ROW EXECUTE FUNCTION f()",
+                t("issued_coupons", sre),
+            ),
             ("ALTER TABLE issued_coupons DISABLE TRIGGER audit", t("issued_coupons", sre)),
             ("ALTER TABLE issued_coupons ENABLE ALWAYS TRIGGER audit", t("issued_coupons", sre)),
             ("DROP VIEW IF EXISTS v1, s.v2 CASCADE", vec![("v1".to_string(), ae), ("s.v2".to_string(), ae)]),
