@@ -211,14 +211,21 @@ fn the_unique_index_build_is_never_started_while_its_census_finds_duplicates() {
     assert!(index_is_valid(&db));
 }
 
-#[test]
-fn an_online_migration_that_builds_nothing_is_stopped_by_its_precondition() {
-    // A DROP INDEX CONCURRENTLY migration with a precondition: before, only an index build
-    // took an online migration's censuses, and this one dropped the index regardless.
+/// A database at V5 with seven coupons not redeemed, and a migrations directory whose V6 is
+/// `statements` after a precondition that stops it while any coupon is not redeemed.
+fn at_v5_with_a_precondition(statements: &str) -> (TestDb, tempfile::TempDir) {
     let db = at_v2();
+    assert_eq!(
+        db.run(&["migrate", "apply", "--yes", "--target", "4"]).code,
+        0
+    );
+    let r = db.run(&["repair", "apply", "rebuild-campaign-budgets", "--yes"]);
+    assert_eq!(r.code, 0, "{}", r.both());
+    assert_eq!(db.run(&["migrate", "apply", "--yes"]).code, 0);
     let dir = migrations_dir(&[(
-        "V6__drop_by_member.sql",
-        "/* pgmend:precondition
+        "V6__online.sql",
+        &format!(
+            "/* pgmend:precondition
 name: no_unredeemed_coupons
 explain: coupons not redeemed yet
 fix: redeem them first, then rerun
@@ -226,25 +233,28 @@ tables: issued_coupons
 query:
 SELECT coupon_id FROM issued_coupons WHERE redeemed_at IS NULL
 */
-DROP INDEX CONCURRENTLY issued_coupons_by_member;",
+{statements}"
+        ),
     )]);
-    let apply = || {
-        db.run(&[
-            "migrate",
-            "apply",
-            "--yes",
-            "--migrations-dir",
-            &dir_arg(dir.path()),
-        ])
-    };
-    assert_eq!(
-        db.run(&["migrate", "apply", "--yes", "--target", "4"]).code,
-        0
-    );
-    let r = db.run(&["repair", "apply", "rebuild-campaign-budgets", "--yes"]);
-    assert_eq!(r.code, 0, "{}", r.both());
-    // V5 applies; V6 is stopped by its precondition (seven coupons not redeemed).
-    let r = apply();
+    (db, dir)
+}
+
+fn apply_from(db: &TestDb, dir: &tempfile::TempDir) -> Run {
+    db.run(&[
+        "migrate",
+        "apply",
+        "--yes",
+        "--migrations-dir",
+        &dir_arg(dir.path()),
+    ])
+}
+
+#[test]
+fn an_online_migration_that_builds_nothing_is_stopped_by_its_precondition() {
+    // A DROP INDEX CONCURRENTLY migration with a precondition: before, only an index build
+    // took an online migration's censuses, and this one dropped the index regardless.
+    let (db, dir) = at_v5_with_a_precondition("DROP INDEX CONCURRENTLY issued_coupons_by_member;");
+    let r = apply_from(&db, &dir);
     assert_eq!(r.code, 1, "{}", r.both());
     assert!(
         r.stderr.contains("7 coupons not redeemed yet"),
@@ -262,12 +272,38 @@ DROP INDEX CONCURRENTLY issued_coupons_by_member;",
     db.client()
         .batch_execute("UPDATE issued_coupons SET redeemed_at = now()")
         .unwrap();
-    let r = apply();
+    let r = apply_from(&db, &dir);
     assert_eq!(r.code, 0, "{}", r.both());
     assert!(!db.exists("issued_coupons_by_member"));
     assert_eq!(
         db.scalar_i64("SELECT max(version)::bigint FROM refinery_schema_history"),
         6
+    );
+}
+
+#[test]
+fn a_drop_after_an_index_adopted_as_it_was_takes_the_censuses() {
+    // The build of an index that exists, valid and as defined, is skipped with its census:
+    // the drop after it took none, and ran regardless of the precondition.
+    let (db, dir) = at_v5_with_a_precondition(
+        "CREATE INDEX CONCURRENTLY by_month ON issued_coupons (month);
+DROP INDEX CONCURRENTLY issued_coupons_by_member;",
+    );
+    db.client()
+        .batch_execute("CREATE INDEX by_month ON issued_coupons (month)")
+        .unwrap();
+    let r = apply_from(&db, &dir);
+    assert_eq!(r.code, 1, "{}", r.both());
+    assert!(
+        r.stderr
+            .contains("index by_month already exists, valid and as defined")
+            && r.stderr.contains("7 coupons not redeemed yet"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        db.exists("issued_coupons_by_member"),
+        "the index was dropped"
     );
 }
 

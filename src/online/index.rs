@@ -20,9 +20,10 @@
 //! `--build-wait` comes back from `run_watched` as `Stopped` and is handled before, so a 57014
 //! here is someone else's cancel and is not retried;
 //! three failures return `Violators` (exit 1; the release answers it with the step's `retry_with`).
-//! `drop_index` is `DROP INDEX CONCURRENTLY IF EXISTS`, run the same way. A migration whose
-//! first statement is not a build (`DROP INDEX CONCURRENTLY`, `VACUUM`) takes its censuses once
-//! before it, so that its preconditions stop it as they stop a transactional one.
+//! `drop_index` is `DROP INDEX CONCURRENTLY IF EXISTS`, run the same way. A statement that
+//! builds nothing (`DROP INDEX CONCURRENTLY`, `VACUUM`) takes the migration's censuses first,
+//! unless a build before it took them (an index adopted as it was takes none), so that its
+//! preconditions stop it as they stop a transactional migration.
 //!
 //! `run_watched` opens a fresh connection (`db::connect`), sets `lock_timeout = 0` and
 //! `statement_timeout = 0`, runs the statement on a thread, and every 500 ms (`POLL`) `watch`es it
@@ -85,27 +86,28 @@ pub fn apply(
     build_wait: Duration,
     progress: &mut dyn FnMut(&str),
 ) -> Result<()> {
-    // A build takes the censuses before each attempt; a migration that does not begin with one
-    // (`DROP INDEX CONCURRENTLY`, `VACUUM`) takes them once, before its first statement.
-    let builds_first = migration
-        .statements
-        .first()
-        .is_some_and(|s| CREATE_INDEX.is_match(&s.sql));
-    if !builds_first {
-        for finding in evaluate::check_before(main, &migration.label, migration.censuses)? {
-            progress(&finding.describe());
-        }
-    }
+    // A build takes the censuses before each attempt; a statement that builds nothing
+    // (`DROP INDEX CONCURRENTLY`, `VACUUM`) takes them first unless a build before it did (an
+    // index adopted as it was takes none).
+    let mut censused = false;
     for statement in migration.statements {
         match CREATE_INDEX.captures(&statement.sql) {
             Some(c) => {
                 let name = c[2].trim_matches('"').to_string();
                 let table = c[3].to_string();
-                build_index(
+                censused |= build_index(
                     main, params, migration, statement, &name, &table, build_wait, progress,
                 )?;
             }
             None => {
+                if !censused {
+                    for finding in
+                        evaluate::check_before(main, &migration.label, migration.censuses)?
+                    {
+                        progress(&finding.describe());
+                    }
+                    censused = true;
+                }
                 progress(&format!("running {} (online)", statement.summary));
                 run_watched(
                     main,
@@ -215,6 +217,8 @@ fn same_definition(catalog: &str, statement: &str) -> bool {
     normal(catalog) == normal(statement)
 }
 
+/// Builds the index `name` of `statement` (see the module's docs); whether it took the
+/// migration's censuses (not when it adopted the index as it was).
 #[allow(clippy::too_many_arguments)]
 fn build_index(
     main: &mut postgres::Client,
@@ -225,14 +229,14 @@ fn build_index(
     table: &str,
     build_wait: Duration,
     progress: &mut dyn FnMut(&str),
-) -> Result<()> {
+) -> Result<bool> {
     let label = &migration.label;
     if let Some(found) = existing(main, name)? {
         if found.adoptable(&statement.sql) {
             progress(&format!(
                 "index {name} already exists, valid and as defined; nothing to build"
             ));
-            return Ok(());
+            return Ok(false);
         }
         cancel_orphaned_build(main, name, progress)?;
         progress(&format!(
@@ -333,7 +337,7 @@ fn build_index(
                             started.elapsed().as_millis() as u64
                         ))
                     ));
-                    return Ok(());
+                    return Ok(true);
                 }
                 _ => {
                     progress(&format!("{name} finished but is not valid; dropping it"));

@@ -99,7 +99,9 @@ pub fn for_statements(label: &str, statements: &[Statement]) -> Vec<Need> {
             for t in &s.creates_tables {
                 needs.push(need(Kind::CreateTable(t.clone()), why.clone()));
             }
-        } else if s.summary.starts_with("CREATE") && s.summary.contains("INDEX") {
+        } else if s.summary.starts_with("CREATE INDEX")
+            || s.summary.starts_with("CREATE UNIQUE INDEX")
+        {
             if let Some(first) = locks.next() {
                 needs.push(need(Kind::Owner(first.relation.clone()), why.clone()));
             }

@@ -13,7 +13,7 @@
 //! (a schema, a function, a type), is assumed to take ACCESS EXCLUSIVE and is flagged
 //! `lock_assumed`.
 
-use super::tokens::{is_word, named_after, read_name, skip_words, Token};
+use super::tokens::{is_word, named_after, read_name, skip_words, top_level_actions, Token};
 use super::{LockMode, LockTaken, Statement};
 
 /// Reads `sql` (starting at `line`) from its `tokens`.
@@ -269,12 +269,15 @@ fn alter_table(s: &mut Statement, tokens: &[Token]) {
     let only_validate =
         has(rest, "validate") && !has(rest, "add") && !has(rest, "drop") && !has(rest, "alter");
     let foreign_key_only = has(rest, "foreign") && !has(rest, "column") && !has(rest, "check");
-    // `ENABLE` / `DISABLE TRIGGER`: SHARE ROW EXCLUSIVE, as creating one.
-    let trigger_switch_only = has(rest, "trigger")
-        && (has(rest, "enable") || has(rest, "disable"))
-        && !has(rest, "add")
-        && !has(rest, "drop")
-        && !has(rest, "alter");
+    // Only `ENABLE` / `DISABLE [ALWAYS | REPLICA] TRIGGER` actions: SHARE ROW EXCLUSIVE, as
+    // creating a trigger (`ENABLE RULE`, `ROW LEVEL SECURITY` and the rest take ACCESS EXCLUSIVE).
+    let trigger_switch_only = top_level_actions(rest).iter().all(|action| {
+        (is_word(action.first(), "enable") || is_word(action.first(), "disable"))
+            && is_word(
+                action.get(skip_words(action, 1, &["always", "replica"])),
+                "trigger",
+            )
+    });
     // The partition attached or detached takes ACCESS EXCLUSIVE; the table, SHARE UPDATE
     // EXCLUSIVE for `ATTACH` and `DETACH ... CONCURRENTLY`, ACCESS EXCLUSIVE for `DETACH`.
     let attach = has(rest, "attach") && has(rest, "partition");
@@ -413,6 +416,19 @@ mod tests {
             ),
             ("ALTER TABLE issued_coupons DISABLE TRIGGER audit", t("issued_coupons", sre)),
             ("ALTER TABLE issued_coupons ENABLE ALWAYS TRIGGER audit", t("issued_coupons", sre)),
+            (
+                "ALTER TABLE issued_coupons DISABLE TRIGGER audit, ENABLE TRIGGER ALL",
+                t("issued_coupons", sre),
+            ),
+            // Another action beside it: ACCESS EXCLUSIVE.
+            (
+                "ALTER TABLE issued_coupons DISABLE TRIGGER audit, ENABLE RULE r",
+                t("issued_coupons", ae),
+            ),
+            (
+                "ALTER TABLE issued_coupons ENABLE ROW LEVEL SECURITY",
+                t("issued_coupons", ae),
+            ),
             ("DROP VIEW IF EXISTS v1, s.v2 CASCADE", vec![("v1".to_string(), ae), ("s.v2".to_string(), ae)]),
             ("DROP MATERIALIZED VIEW mv", t("mv", ae)),
             ("DROP TABLE IF EXISTS old_t", t("old_t", ae)),

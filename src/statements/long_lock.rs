@@ -12,7 +12,7 @@
 
 use serde::Serialize;
 
-use super::tokens::{is_word, read_name, skip_words, Token};
+use super::tokens::{is_word, read_name, skip_words, top_level_actions, Token};
 use super::{LockMode, Statement};
 
 /// A statement form that holds `mode` on `table` while it reads or rewrites every row.
@@ -234,26 +234,6 @@ fn added_column(action: &[Token]) -> Option<Form> {
         calls,
         always: serial || stored,
     })
-}
-
-/// The comma-separated actions of an `ALTER TABLE`, split outside parentheses.
-fn top_level_actions(tokens: &[Token]) -> Vec<&[Token]> {
-    let mut actions = Vec::new();
-    let (mut depth, mut start) = (0i32, 0usize);
-    for (i, t) in tokens.iter().enumerate() {
-        match t {
-            Token::Punct('(') => depth += 1,
-            Token::Punct(')') => depth -= 1,
-            Token::Punct(',') if depth == 0 => {
-                actions.push(&tokens[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    actions.push(&tokens[start..]);
-    actions.retain(|a| !a.is_empty());
-    actions
 }
 
 /// Tokens written back as text (a type name: `varchar(20)`, `numeric(12,2)`, `text[]`).

@@ -146,3 +146,23 @@ pub(super) fn named_after(tokens: &[Token], after: &[&str]) -> Vec<String> {
         .filter_map(|i| read_name(tokens, i + after.len()).map(|(n, _)| n))
         .collect()
 }
+
+/// The comma-separated actions of an `ALTER TABLE`, split outside parentheses.
+pub(super) fn top_level_actions(tokens: &[Token]) -> Vec<&[Token]> {
+    let mut actions = Vec::new();
+    let (mut depth, mut start) = (0i32, 0usize);
+    for (i, t) in tokens.iter().enumerate() {
+        match t {
+            Token::Punct('(') => depth += 1,
+            Token::Punct(')') => depth -= 1,
+            Token::Punct(',') if depth == 0 => {
+                actions.push(&tokens[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    actions.push(&tokens[start..]);
+    actions.retain(|a| !a.is_empty());
+    actions
+}
