@@ -6,8 +6,9 @@
 //! validates or only adds a foreign key, `CREATE INDEX` SHARE, `CONCURRENTLY` SHARE UPDATE
 //! EXCLUSIVE, `REFERENCES` SHARE ROW EXCLUSIVE on the referenced table, `PARTITION OF` ACCESS
 //! EXCLUSIVE on the parent, `ATTACH` and `DETACH PARTITION` on the partition, `CREATE TRIGGER`
-//! SHARE ROW EXCLUSIVE and `DROP TRIGGER`, policies and rules ACCESS EXCLUSIVE on their table,
-//! `REFRESH MATERIALIZED VIEW` ACCESS EXCLUSIVE (EXCLUSIVE concurrently), DML ROW EXCLUSIVE, ...),
+//! SHARE ROW EXCLUSIVE and `DROP` or `ALTER TRIGGER`, policies and rules ACCESS EXCLUSIVE on
+//! their table, `REFRESH MATERIALIZED VIEW` ACCESS EXCLUSIVE (EXCLUSIVE concurrently), DML ROW
+//! EXCLUSIVE, ...),
 //! whether it must run outside a transaction, whether it is transaction control, and the tables it
 //! creates. An unrecognised statement, and a `DROP` of an object that may take tables with it
 //! (a schema, a function, a type), is assumed to take ACCESS EXCLUSIVE and is flagged
@@ -49,6 +50,12 @@ pub(super) fn analyze(sql: String, line: usize, tokens: &[Token]) -> Statement {
         }
         "create" => create(s, tokens, &words),
         "alter" if is_word(tokens.get(1), "table") => alter_table(s, tokens),
+        // `ALTER TRIGGER` / `ALTER POLICY name ON table`: ACCESS EXCLUSIVE on the table.
+        "alter" if is_word(tokens.get(1), "trigger") || is_word(tokens.get(1), "policy") => {
+            s.summary = upper(&words, 2);
+            s.locks
+                .extend(table_of(tokens, 1).map(|table| lock(table, LockMode::AccessExclusive)));
+        }
         "drop" if is_word(tokens.get(1), "index") => drop_index(s, tokens),
         "drop" => drop(s, tokens, &words),
         "reindex" => reindex(s, tokens, &words),
@@ -214,7 +221,9 @@ fn drop(s: &mut Statement, tokens: &[Token], words: &[&str]) {
             .extend(table_of(tokens, 1).map(|table| lock(table, mode)));
         return;
     }
-    if !RELATIONS.iter().any(|w| is_word(tokens.get(1), w)) {
+    let relation = RELATIONS.iter().any(|w| is_word(tokens.get(1), w))
+        && (!is_word(tokens.get(1), "foreign") || is_word(tokens.get(2), "table"));
+    if !relation {
         s.summary = upper(words, 3);
         s.lock_assumed = true;
         s.locks
@@ -431,6 +440,9 @@ mod tests {
             ),
             ("DROP VIEW IF EXISTS v1, s.v2 CASCADE", vec![("v1".to_string(), ae), ("s.v2".to_string(), ae)]),
             ("DROP MATERIALIZED VIEW mv", t("mv", ae)),
+            ("DROP FOREIGN TABLE remote_t", t("remote_t", ae)),
+            ("ALTER TRIGGER audit ON issued_coupons RENAME TO audit2", t("issued_coupons", ae)),
+            ("ALTER POLICY mine ON issued_coupons USING (false)", t("issued_coupons", ae)),
             ("DROP TABLE IF EXISTS old_t", t("old_t", ae)),
             ("REFRESH MATERIALIZED VIEW mv", t("mv", ae)),
             ("REFRESH MATERIALIZED VIEW CONCURRENTLY mv", t("mv", LockMode::Exclusive)),
@@ -440,11 +452,12 @@ mod tests {
             assert_eq!(locks(sql), expected, "{sql}");
         }
         let s = split(
-            "DROP MATERIALIZED VIEW IF EXISTS mv; DROP SCHEMA old CASCADE; DROP FUNCTION f();",
+            "DROP MATERIALIZED VIEW IF EXISTS mv; DROP SCHEMA old CASCADE; DROP FUNCTION f();
+             DROP FOREIGN DATA WRAPPER w;",
         );
         assert_eq!(s[0].summary, "DROP MATERIALIZED VIEW mv");
-        // A schema or a function may take tables with it: assumed, and said.
-        assert!(s[1].lock_assumed && s[2].lock_assumed);
+        // A schema, a function or a wrapper may take tables with it: assumed, and said.
+        assert!(s[1].lock_assumed && s[2].lock_assumed && s[3].lock_assumed);
         assert_eq!(s[1].summary, "DROP SCHEMA OLD");
     }
 
