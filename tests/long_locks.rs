@@ -20,7 +20,9 @@ fn with_tables() -> TestDb {
              INSERT INTO lines SELECT g, 1 + g % 50, g % 7 + 1, 'n' || g FROM generate_series(1, 3000) g;
              CREATE TABLE few (id int PRIMARY KEY, product_id int, qty int, note varchar(40));
              INSERT INTO few SELECT g, 1 + g % 50, g % 7 + 1, 'n' || g FROM generate_series(1, 10) g;
-             ANALYZE products, lines, few;",
+             CREATE MATERIALIZED VIEW lines_ids AS SELECT id FROM lines;
+             CREATE MATERIALIZED VIEW few_ids AS SELECT id FROM few;
+             ANALYZE products, lines, few, lines_ids, few_ids;",
         )
         .unwrap();
     db
@@ -56,7 +58,7 @@ fn below_threshold(db: &TestDb, args: &[&str], dir: &str) -> Run {
 }
 
 /// Each long form on `lines`, and the same on `few`, with what the plan says it does.
-const FORMS: [(&str, &str); 6] = [
+const FORMS: [(&str, &str); 7] = [
     (
         "ALTER TABLE {t} ADD CONSTRAINT {t}_product_fk FOREIGN KEY (product_id) REFERENCES products (id);",
         "adds a FOREIGN KEY that checks every row",
@@ -80,6 +82,10 @@ const FORMS: [(&str, &str); 6] = [
     (
         "ALTER TABLE {t} ADD CONSTRAINT {t}_qty_positive CHECK (qty > 0) NOT VALID;\nALTER TABLE {t} VALIDATE CONSTRAINT {t}_qty_positive;",
         "scans the table while the ACCESS EXCLUSIVE lock taken at line 1 is held",
+    ),
+    (
+        "REFRESH MATERIALIZED VIEW {t}_ids;",
+        "refreshes the materialized view without CONCURRENTLY: its readers wait",
     ),
 ];
 
@@ -187,25 +193,30 @@ fn a_table_below_the_threshold_and_the_online_forms_pass() {
         .collect();
     let online = [
         (
-            "V7__fk_not_valid.sql",
+            "V8__fk_not_valid.sql",
             "ALTER TABLE lines ADD CONSTRAINT lines_product_fk FOREIGN KEY (product_id) REFERENCES products (id) NOT VALID;",
         ),
-        ("V8__fk_validate.sql", "ALTER TABLE lines VALIDATE CONSTRAINT lines_product_fk;"),
+        ("V9__fk_validate.sql", "ALTER TABLE lines VALIDATE CONSTRAINT lines_product_fk;"),
         (
-            "V9__note_check.sql",
+            "V10__note_check.sql",
             "ALTER TABLE lines ADD CONSTRAINT lines_note_nn CHECK (note IS NOT NULL) NOT VALID;",
         ),
-        ("V10__note_validate.sql", "ALTER TABLE lines VALIDATE CONSTRAINT lines_note_nn;"),
-        ("V11__note_not_null.sql", "ALTER TABLE lines ALTER COLUMN note SET NOT NULL;"),
-        ("V12__note_text.sql", "ALTER TABLE lines ALTER COLUMN note TYPE text;"),
+        ("V11__note_validate.sql", "ALTER TABLE lines VALIDATE CONSTRAINT lines_note_nn;"),
+        ("V12__note_not_null.sql", "ALTER TABLE lines ALTER COLUMN note SET NOT NULL;"),
+        ("V13__note_text.sql", "ALTER TABLE lines ALTER COLUMN note TYPE text;"),
         (
-            "V13__flag.sql",
+            "V14__flag.sql",
             "ALTER TABLE lines ADD COLUMN flagged boolean NOT NULL DEFAULT false, ADD COLUMN seen_at timestamptz DEFAULT now();",
         ),
         (
-            "V14__index.sql",
+            "V15__index.sql",
             "CREATE INDEX CONCURRENTLY lines_by_product ON lines (product_id);",
         ),
+        (
+            "V16__ids_unique.sql",
+            "CREATE UNIQUE INDEX CONCURRENTLY lines_ids_id ON lines_ids (id);",
+        ),
+        ("V17__ids_refresh.sql", "REFRESH MATERIALIZED VIEW CONCURRENTLY lines_ids;"),
     ];
     let mut all: Vec<(&str, &str)> = files.iter().map(|(n, s)| (n.as_str(), *s)).collect();
     all.extend(online);
@@ -215,11 +226,12 @@ fn a_table_below_the_threshold_and_the_online_forms_pass() {
     assert_eq!(r.code, 0, "{}", r.both());
     // Below the threshold a long form is still shown, without a refusal; the online forms on
     // the large table are not long locks at all.
-    assert_eq!(r.stdout.matches("long lock: ").count(), 6, "{}", r.stdout);
+    assert_eq!(r.stdout.matches("long lock: ").count(), 7, "{}", r.stdout);
     assert!(!r.stdout.contains("on lines ("), "{}", r.stdout);
+    assert!(!r.stdout.contains("on lines_ids ("), "{}", r.stdout);
     let r = below_threshold(&db, &["migrate", "apply", "--yes"], &d);
     assert_eq!(r.code, 0, "{}", r.both());
-    assert_eq!(db.history().len(), 14);
+    assert_eq!(db.history().len(), 17);
     assert_eq!(
         db.scalar_i64("SELECT count(*) FROM pg_attribute WHERE attrelid = 'lines'::regclass AND attname = 'note' AND attnotnull AND atttypid = 'text'::regtype"),
         1

@@ -246,6 +246,7 @@ fn assess(
         Form::TypeChange { .. }
         | Form::VolatileDefault { .. }
         | Form::IndexWithoutConcurrently
+        | Form::RefreshWithoutConcurrently
         | Form::UniqueConstraint => 3,
         _ => 1,
     };

@@ -44,6 +44,9 @@ pub enum Form {
     },
     /// `CREATE INDEX` without `CONCURRENTLY`: writes wait for the whole build.
     IndexWithoutConcurrently,
+    /// `REFRESH MATERIALIZED VIEW` without `CONCURRENTLY`: reads of the view wait for the whole
+    /// refresh.
+    RefreshWithoutConcurrently,
     /// `ADD COLUMN c ... DEFAULT f(...)` with a volatile function, a serial type or a stored
     /// generated column: the table rewritten. `calls` are the functions the default calls (the
     /// catalog says whether one is volatile); `always`: a serial or stored generated column.
@@ -74,6 +77,9 @@ impl Form {
                 format!("changing {column} to {to} rewrites the table")
             }
             Form::IndexWithoutConcurrently => "builds the index without CONCURRENTLY".into(),
+            Form::RefreshWithoutConcurrently => {
+                "refreshes the materialized view without CONCURRENTLY: its readers wait".into()
+            }
             Form::VolatileDefault { column, .. } => {
                 format!("adding {column} with a volatile default rewrites the table")
             }
@@ -96,6 +102,7 @@ impl Form {
                 "add a new column, backfill it in batches, and switch the application over, instead of changing {column} in place"
             ),
             Form::IndexWithoutConcurrently => "CREATE INDEX CONCURRENTLY, in an online migration (-- pgmend:online)".into(),
+            Form::RefreshWithoutConcurrently => "REFRESH MATERIALIZED VIEW CONCURRENTLY (EXCLUSIVE: reads go on; the view needs a unique index on plain columns)".into(),
             Form::VolatileDefault { .. } => "add the column without the default (or with a constant one), set the default for new rows, and backfill the existing rows in batches".into(),
             Form::ScanAfterStrongLock { .. } => "move the scan into a migration of its own, so that the strong lock is released before it".into(),
         }
@@ -118,6 +125,15 @@ pub(super) fn candidates(statement: &Statement, tokens: &[Token]) -> Vec<LongLoc
     let first = |w: &str| is_word(tokens.first(), w);
     if first("alter") && is_word(tokens.get(1), "table") {
         return alter_table(tokens);
+    }
+    if first("refresh") && !tokens.iter().any(|t| is_word(Some(t), "concurrently")) {
+        if let Some(lock) = statement.locks.first() {
+            return vec![LongLock {
+                table: lock.relation.clone(),
+                mode: LockMode::AccessExclusive,
+                form: Form::RefreshWithoutConcurrently,
+            }];
+        }
     }
     if first("create") {
         let i = skip_words(tokens, 1, &["unique"]);
@@ -388,6 +404,11 @@ mod tests {
 
     #[test]
     fn each_long_form_is_a_candidate_and_its_online_form_is_not() {
+        assert_eq!(
+            forms("REFRESH MATERIALIZED VIEW sales_by_month"),
+            [Form::RefreshWithoutConcurrently]
+        );
+        assert!(forms("REFRESH MATERIALIZED VIEW CONCURRENTLY sales_by_month").is_empty());
         assert_eq!(
             forms("ALTER TABLE lines ADD CONSTRAINT fk FOREIGN KEY (p) REFERENCES products (id)"),
             [Form::ForeignKey]
