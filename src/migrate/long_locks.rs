@@ -196,8 +196,9 @@ fn assess(
 ) -> Result<Option<LongLockFinding>> {
     let Some(row) = tx
         .query_opt(
-            "SELECT c.oid::regclass::text, c.reltuples::bigint, pg_total_relation_size(c.oid),
-                    n.nspname::text, c.relname::text
+            "SELECT c.oid::regclass::text,
+                    CASE WHEN c.relkind = 'm' AND NOT c.relispopulated THEN 0 ELSE c.reltuples::bigint END,
+                    pg_total_relation_size(c.oid), n.nspname::text, c.relname::text
                FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
               WHERE c.oid = to_regclass(array_to_string(ARRAY(
                       SELECT quote_ident(p) FROM unnest(string_to_array($1, '.')) p), '.'))",

@@ -83,8 +83,8 @@ pub fn for_history(why: &str) -> Vec<Need> {
 /// What a migration's statements need, read from their analysis: `ALTER TABLE` and
 /// `CREATE INDEX` need the table's owner, `CREATE TABLE` CREATE on the schema, a
 /// `REFERENCES` (its SHARE ROW EXCLUSIVE) the REFERENCES privilege on the referenced table, and
-/// a partition's parent (`CREATE TABLE ... PARTITION OF`) or the partition attached or detached
-/// (their ACCESS EXCLUSIVE) its owner. Other statements are left to the server (they run in the
+/// a partition's parent (`CREATE TABLE ... PARTITION OF`) or the partition attached (their ACCESS
+/// EXCLUSIVE) its owner; the partition detached, nothing (the table's owner detaches it). Other statements are left to the server (they run in the
 /// migration's transaction).
 pub fn for_statements(label: &str, statements: &[Statement]) -> Vec<Need> {
     let mut needs = Vec::new();
@@ -112,6 +112,8 @@ pub fn for_statements(label: &str, statements: &[Statement]) -> Vec<Need> {
         for other in locks {
             let kind = if other.mode == LockMode::ShareRowExclusive {
                 Kind::Table(other.relation.clone(), "REFERENCES")
+            } else if crate::statements::detaches_partition(s) {
+                continue;
             } else {
                 Kind::Owner(other.relation.clone())
             };
@@ -383,7 +385,8 @@ mod tests {
              CREATE INDEX CONCURRENTLY i ON issued_coupons (x);
              SELECT 1;
              CREATE TABLE e27 PARTITION OF events FOR VALUES IN (2027);
-             ALTER TABLE events ATTACH PARTITION e28 FOR VALUES IN (2028);",
+             ALTER TABLE events ATTACH PARTITION e28 FOR VALUES IN (2028);
+             ALTER TABLE events DETACH PARTITION e20;",
         );
         let kinds: Vec<Kind> = for_statements("V9__x", &statements)
             .into_iter()
@@ -401,6 +404,7 @@ mod tests {
                 Kind::Owner("events".into()),
                 Kind::Owner("events".into()),
                 Kind::Owner("e28".into()),
+                Kind::Owner("events".into()),
             ]
         );
     }

@@ -280,13 +280,15 @@ fn alter_table(s: &mut Statement, tokens: &[Token]) {
     let foreign_key_only = has(rest, "foreign") && !has(rest, "column") && !has(rest, "check");
     // Only `ENABLE` / `DISABLE [ALWAYS | REPLICA] TRIGGER` actions: SHARE ROW EXCLUSIVE, as
     // creating a trigger (`ENABLE RULE`, `ROW LEVEL SECURITY` and the rest take ACCESS EXCLUSIVE).
-    let trigger_switch_only = top_level_actions(rest).iter().all(|action| {
-        (is_word(action.first(), "enable") || is_word(action.first(), "disable"))
-            && is_word(
-                action.get(skip_words(action, 1, &["always", "replica"])),
-                "trigger",
-            )
-    });
+    let actions = top_level_actions(rest);
+    let trigger_switch_only = !actions.is_empty()
+        && actions.iter().all(|action| {
+            (is_word(action.first(), "enable") || is_word(action.first(), "disable"))
+                && is_word(
+                    action.get(skip_words(action, 1, &["always", "replica"])),
+                    "trigger",
+                )
+        });
     // The partition attached or detached takes ACCESS EXCLUSIVE; the table, SHARE UPDATE
     // EXCLUSIVE for `ATTACH` and `DETACH ... CONCURRENTLY`, ACCESS EXCLUSIVE for `DETACH`.
     let attach = has(rest, "attach") && has(rest, "partition");

@@ -126,7 +126,11 @@ pub(super) fn candidates(statement: &Statement, tokens: &[Token]) -> Vec<LongLoc
     if first("alter") && is_word(tokens.get(1), "table") {
         return alter_table(tokens);
     }
-    if first("refresh") && !tokens.iter().any(|t| is_word(Some(t), "concurrently")) {
+    // `WITH NO DATA` empties the view at once: quick.
+    let no_data = tokens
+        .windows(2)
+        .any(|w| is_word(w.first(), "no") && is_word(w.get(1), "data"));
+    if first("refresh") && !no_data && !tokens.iter().any(|t| is_word(Some(t), "concurrently")) {
         if let Some(lock) = statement.locks.first() {
             return vec![LongLock {
                 table: lock.relation.clone(),
@@ -409,6 +413,7 @@ mod tests {
             [Form::RefreshWithoutConcurrently]
         );
         assert!(forms("REFRESH MATERIALIZED VIEW CONCURRENTLY sales_by_month").is_empty());
+        assert!(forms("REFRESH MATERIALIZED VIEW sales_by_month WITH NO DATA").is_empty());
         assert_eq!(
             forms("ALTER TABLE lines ADD CONSTRAINT fk FOREIGN KEY (p) REFERENCES products (id)"),
             [Form::ForeignKey]

@@ -121,6 +121,14 @@ pub fn not_null_check(statement: &Statement) -> Option<NotNullCheck> {
     long_lock::not_null_check(&tokenize(&statement.sql))
 }
 
+/// Whether `statement` is an `ALTER TABLE ... DETACH PARTITION` (the server asks for the owner
+/// of the table, not of the partition it detaches).
+pub fn detaches_partition(statement: &Statement) -> bool {
+    tokenize(&statement.sql)
+        .windows(2)
+        .any(|w| tokens::is_word(w.first(), "detach") && tokens::is_word(w.get(1), "partition"))
+}
+
 /// The constraint an `ALTER TABLE table VALIDATE CONSTRAINT name` validates, as (table, name).
 pub fn validated_constraint(statement: &Statement) -> Option<(String, String)> {
     match long_lock::not_null_check(&tokenize(&statement.sql))? {
