@@ -52,9 +52,7 @@ pub(super) fn analyze(sql: String, line: usize, tokens: &[Token]) -> Statement {
         "alter" if is_word(tokens.get(1), "table") => alter_table(s, tokens),
         // `ALTER TRIGGER` / `ALTER POLICY name ON table`: ACCESS EXCLUSIVE on the table.
         "alter" if is_word(tokens.get(1), "trigger") || is_word(tokens.get(1), "policy") => {
-            s.summary = upper(&words, 2);
-            s.locks
-                .extend(table_of(tokens, 1).map(|table| lock(table, LockMode::AccessExclusive)));
+            on_table(s, tokens, 1, LockMode::AccessExclusive)
         }
         "drop" if is_word(tokens.get(1), "index") => drop_index(s, tokens),
         "drop" => drop(s, tokens, &words),
@@ -64,8 +62,12 @@ pub(super) fn analyze(sql: String, line: usize, tokens: &[Token]) -> Statement {
             // (reads go on) when concurrently; either runs inside a transaction.
             let i = skip_words(tokens, 1, &["materialized", "view", "concurrently"]);
             let name = read_name(tokens, i).map(|(n, _)| n).unwrap_or_default();
-            s.summary = format!("{} {name}", upper(&words, 3));
-            let mode = if has(tokens, "concurrently") {
+            let concurrently = has(tokens, "concurrently");
+            s.summary = format!(
+                "REFRESH MATERIALIZED VIEW {}{name}",
+                if concurrently { "CONCURRENTLY " } else { "" }
+            );
+            let mode = if concurrently {
                 LockMode::Exclusive
             } else {
                 LockMode::AccessExclusive
@@ -171,9 +173,7 @@ fn create(s: &mut Statement, tokens: &[Token], words: &[&str]) {
     } else if is_word(tokens.get(i), "unique") || is_word(tokens.get(i), "index") {
         create_index(s, tokens, is_word(tokens.get(i), "unique"));
     } else if let Some(mode) = on_table_mode(tokens, i) {
-        s.summary = upper(words, 3);
-        s.locks
-            .extend(table_of(tokens, i).map(|table| lock(table, mode)));
+        on_table(s, tokens, i, mode);
     } else {
         // Schemas, types, functions, sequences, views: catalog entries, no table lock on
         // existing data (a view's query takes ACCESS SHARE at most).
@@ -201,12 +201,30 @@ fn on_table_mode(tokens: &[Token], i: usize) -> Option<LockMode> {
     }
 }
 
-/// The table of the trigger, policy or rule named at `tokens[i]`: the name after the first
-/// `ON`, but after `TO` for `CREATE RULE name AS ON event TO table`.
-fn table_of(tokens: &[Token], i: usize) -> Option<String> {
-    let rule_created = is_word(tokens.first(), "create") && is_word(tokens.get(i), "rule");
+/// A statement on a trigger, policy or rule (its kind's word at `tokens[i]`, after an optional
+/// `CONSTRAINT`): its summary (`DROP TRIGGER audit ON issued_coupons`) and `mode` on its table,
+/// the name after the first `ON`, but after `TO` for `CREATE RULE name AS ON event TO table`.
+fn on_table(s: &mut Statement, tokens: &[Token], i: usize, mode: LockMode) {
+    let kind = skip_words(tokens, i, &["constraint"]);
+    let verb: Vec<String> = tokens[..=kind.min(tokens.len().saturating_sub(1))]
+        .iter()
+        .filter_map(|t| match t {
+            Token::Word(w) => Some(w.to_uppercase()),
+            _ => None,
+        })
+        .collect();
+    let name = read_name(tokens, skip_words(tokens, kind + 1, &["if", "exists"]))
+        .map(|(n, _)| n)
+        .unwrap_or_default();
+    let rule_created = is_word(tokens.first(), "create") && is_word(tokens.get(kind), "rule");
     let after = if rule_created { "to" } else { "on" };
-    named_after(tokens, &[after]).into_iter().next()
+    let table = named_after(tokens, &[after]).into_iter().next();
+    s.summary = format!(
+        "{} {name} ON {}",
+        verb.join(" "),
+        table.as_deref().unwrap_or("?")
+    );
+    s.locks.extend(table.map(|table| lock(table, mode)));
 }
 
 /// `DROP TABLE`, `VIEW`, `MATERIALIZED VIEW`, `SEQUENCE`, `FOREIGN TABLE`: ACCESS EXCLUSIVE on
@@ -216,15 +234,14 @@ fn table_of(tokens: &[Token], i: usize) -> Option<String> {
 fn drop(s: &mut Statement, tokens: &[Token], words: &[&str]) {
     const RELATIONS: [&str; 5] = ["table", "view", "materialized", "sequence", "foreign"];
     if let Some(mode) = on_table_mode(tokens, 1) {
-        s.summary = upper(words, 3);
-        s.locks
-            .extend(table_of(tokens, 1).map(|table| lock(table, mode)));
+        on_table(s, tokens, 1, mode);
         return;
     }
     let relation = RELATIONS.iter().any(|w| is_word(tokens.get(1), w))
         && (!is_word(tokens.get(1), "foreign") || is_word(tokens.get(2), "table"));
     if !relation {
-        s.summary = upper(words, 3);
+        let name = read_name(tokens, skip_words(tokens, 2, &["if", "exists"]));
+        s.summary = format!("{} {}", upper(words, 2), name.unwrap_or_default().0);
         s.lock_assumed = true;
         s.locks
             .push(lock("(not recognised)".into(), LockMode::AccessExclusive));
@@ -460,7 +477,23 @@ mod tests {
         assert_eq!(s[0].summary, "DROP MATERIALIZED VIEW mv");
         // A schema, a function or a wrapper may take tables with it: assumed, and said.
         assert!(s[1].lock_assumed && s[2].lock_assumed && s[3].lock_assumed);
-        assert_eq!(s[1].summary, "DROP SCHEMA OLD");
+        assert_eq!(s[1].summary, "DROP SCHEMA old");
+        let s = split(
+            "DROP TRIGGER IF EXISTS audit ON issued_coupons;
+             CREATE OR REPLACE TRIGGER \"Audit\" AFTER UPDATE ON t FOR EACH ROW EXECUTE FUNCTION f();
+             CREATE RULE r AS ON INSERT TO campaigns DO INSTEAD NOTHING;
+             ALTER POLICY mine ON issued_coupons USING (false);",
+        );
+        let summaries: Vec<&str> = s.iter().map(|st| st.summary.as_str()).collect();
+        assert_eq!(
+            summaries,
+            [
+                "DROP TRIGGER audit ON issued_coupons",
+                "CREATE OR REPLACE TRIGGER Audit ON t",
+                "CREATE RULE r ON campaigns",
+                "ALTER POLICY mine ON issued_coupons",
+            ]
+        );
     }
 
     #[test]
